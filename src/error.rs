@@ -1,0 +1,172 @@
+//! The crate's typed error.
+//!
+//! Every explicit API returns [`Result`]; the `GlobalAlloc` path never builds an
+//! [`Error`] at all (it returns null). The type is `Copy` and holds no heap
+//! data, so it can be made anywhere, the allocator's own start-up included.
+
+use core::fmt;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// What kind of device a locality lookup was about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A PCI function named by its bus id, e.g. `0000:03:00.0`.
+    Pci,
+    /// A block device or partition, e.g. `nvme0n1`, `sda`.
+    Block,
+    /// A network interface, e.g. `eth0`.
+    Net,
+    /// A name that was tried as each of the kinds above.
+    Any,
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Pci => "PCI device",
+            DeviceKind::Block => "block device",
+            DeviceKind::Net => "network interface",
+            DeviceKind::Any => "device",
+        })
+    }
+}
+
+/// A short name stored inline (truncated at [`Name::CAPACITY`] bytes), so errors
+/// stay `Copy` and allocation-free.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Name {
+    buf: [u8; Name::CAPACITY],
+    len: u8,
+}
+
+impl Name {
+    /// Bytes kept; a longer name is cut and shown with a trailing `…`.
+    pub const CAPACITY: usize = 48;
+
+    /// Copies at most [`CAPACITY`](Self::CAPACITY) bytes of `s`.
+    pub fn new(s: &str) -> Self {
+        let mut buf = [0u8; Self::CAPACITY];
+        let mut n = s.len().min(Self::CAPACITY);
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        buf[..n].copy_from_slice(&s.as_bytes()[..n]);
+        let truncated = n < s.len();
+        Self { buf, len: n as u8 | if truncated { 0x80 } else { 0 } }
+    }
+
+    /// The stored (possibly truncated) name.
+    pub fn as_str(&self) -> &str {
+        let n = usize::from(self.len & 0x7f);
+        // Built from a `&str` cut at a char boundary.
+        core::str::from_utf8(&self.buf[..n]).unwrap_or("?")
+    }
+
+    fn truncated(&self) -> bool {
+        self.len & 0x80 != 0
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())?;
+        if self.truncated() {
+            f.write_str("…")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{self}\"")
+    }
+}
+
+/// Everything that can go wrong in the explicit (non-`GlobalAlloc`) APIs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A system call failed; `call` names it and `errno` is the kernel's answer.
+    Os {
+        /// The failing call, e.g. `"mbind"`.
+        call: &'static str,
+        /// The raw `errno` value.
+        errno: i32,
+    },
+    /// A node id that is not online in the topology (or is beyond
+    /// [`MAX_NODES`](crate::topology::MAX_NODES)).
+    InvalidNode {
+        /// The rejected id.
+        node: usize,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A size or alignment the crate cannot serve (overflow, beyond the documented maximum).
+    LayoutTooLarge {
+        /// Requested size in bytes.
+        size: usize,
+        /// Requested alignment in bytes.
+        align: usize,
+    },
+    /// A node could not supply the memory asked for.
+    NodeOutOfMemory {
+        /// The node that ran out.
+        node: usize,
+    },
+    /// A device name that does not exist, or is malformed.
+    NoSuchDevice {
+        /// What kind of device was looked up.
+        kind: DeviceKind,
+        /// The name as given.
+        name: Name,
+    },
+    /// A topology description (builder, `NUMAWEAVE_TOPOLOGY`, hwloc input) that is
+    /// not valid.
+    InvalidTopology {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// hwloc refused a request (only with the `hwloc` feature).
+    Hwloc {
+        /// The hwloc operation that failed.
+        what: &'static str,
+    },
+}
+
+impl Error {
+    /// The `errno` of the last failed libc call, tagged with the call's name.
+    pub(crate) fn last_os(call: &'static str) -> Self {
+        Error::Os { call, errno: crate::os::errno() }
+    }
+
+    /// For [`Error::Os`], the errno; `None` otherwise.
+    pub fn errno(&self) -> Option<i32> {
+        match *self {
+            Error::Os { errno, .. } => Some(errno),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Error::Os { call, errno } => {
+                write!(f, "{call} failed: {} (errno {errno})", crate::os::errno_name(errno))
+            }
+            Error::InvalidNode { node, reason } => write!(f, "invalid NUMA node {node}: {reason}"),
+            Error::LayoutTooLarge { size, align } => {
+                write!(f, "layout too large: {size} bytes aligned to {align}")
+            }
+            Error::NodeOutOfMemory { node } => write!(f, "NUMA node {node} is out of memory"),
+            Error::NoSuchDevice { kind, name } => write!(f, "no such {kind}: {name:?}"),
+            Error::InvalidTopology { reason } => write!(f, "invalid topology: {reason}"),
+            Error::Hwloc { what } => write!(f, "hwloc: {what} failed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

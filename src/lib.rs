@@ -1,0 +1,40 @@
+//! numaweave: a NUMA-aware memory allocator for storage and network software on
+//! multi-socket and CXL machines.
+//!
+//! The crate is built in layers, each in its own module:
+//!
+//! - [`topology`]: nodes, CPUs, distances, allowed nodes, device locality;
+//!   discovered without touching the heap. Synthetic topologies
+//!   (`NUMAWEAVE_TOPOLOGY=fake:N`, [`Topology::synthetic`]) make the NUMA logic
+//!   testable on one-node machines.
+//! - [`os`]: the only module that makes system calls: address space
+//!   (`mmap`), placement (`mbind`), release (`madvise`), and where pages really
+//!   are (`move_pages`, `/proc/self/pagemap`).
+//! - [`sync`]: the loom shim and the allocation-free one-time initialisation
+//!   cell every lazy global uses.
+//!
+//! ```
+//! use numaweave::os::mem::{MemPolicy, Region};
+//! use numaweave::topology::{NodeSet, Topology};
+//!
+//! let topo = Topology::global();
+//! let node = topo.current_node();
+//! // Memory for this node: the OS layer takes the kernel's node id.
+//! let region = Region::map(64 * 1024).unwrap();
+//! region
+//!     .bind(MemPolicy::Bind(NodeSet::single(topo.physical_node(node))))
+//!     .unwrap();
+//! // SAFETY: the region is mapped, writable and ours.
+//! unsafe { region.as_ptr().write_bytes(1, region.len()) };
+//! assert!(region.page_nodes_all(|n| n == Some(topo.physical_node(node))).unwrap());
+//! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod error;
+pub mod os;
+pub mod sync;
+pub mod topology;
+
+pub use error::{Error, Result};
+pub use topology::Topology;

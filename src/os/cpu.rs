@@ -1,0 +1,93 @@
+//! Which CPU and node a thread runs on, and where it may run.
+
+use crate::error::{Error, Result};
+
+/// The CPU and (kernel) node the calling thread runs on, from the `getcpu`
+/// system call. The answer may be stale as soon as it returns: the scheduler
+/// can move the thread at any time.
+pub fn getcpu() -> Result<(usize, usize)> {
+    let mut cpu: libc::c_uint = 0;
+    let mut node: libc::c_uint = 0;
+    // SAFETY: both out-pointers are valid for a write; the cache argument is
+    // unused since Linux 2.6.24 and may be null.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getcpu,
+            &mut cpu as *mut libc::c_uint,
+            &mut node as *mut libc::c_uint,
+            core::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    if r != 0 {
+        return Err(Error::last_os("getcpu"));
+    }
+    Ok((cpu as usize, node as usize))
+}
+
+/// The CPU the calling thread runs on, through glibc's `sched_getcpu` (served
+/// by rseq or the vDSO: a few nanoseconds, no system call). `None` when the
+/// kernel cannot tell.
+#[inline]
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no preconditions.
+    let c = unsafe { libc::sched_getcpu() };
+    usize::try_from(c).ok()
+}
+
+/// Restricts the calling thread to the single CPU `cpu` (`sched_setaffinity`).
+pub fn pin_current_thread(cpu: usize) -> Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(Error::Os { call: "sched_setaffinity", errno: libc::EINVAL });
+    }
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `cpu` was checked against CPU_SETSIZE above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_affinity(&set)
+}
+
+/// Lets the calling thread run on every CPU in `cpus` (kernel CPU ids).
+pub fn set_current_affinity(cpus: impl IntoIterator<Item = usize>) -> Result<()> {
+    // SAFETY: as above.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    for c in cpus {
+        if c < libc::CPU_SETSIZE as usize {
+            // SAFETY: `c` is below CPU_SETSIZE.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+    }
+    set_affinity(&set)
+}
+
+fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
+    // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the caller.
+    let r = unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), set) };
+    if r != 0 {
+        return Err(Error::last_os("sched_setaffinity"));
+    }
+    Ok(())
+}
+
+/// The CPUs the calling thread may run on (kernel ids, ascending), written
+/// into `out`; returns how many were written.
+pub fn current_affinity(out: &mut [usize]) -> Result<usize> {
+    // SAFETY: as above.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `set` is writable and of the size given.
+    let r = unsafe { libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Err(Error::last_os("sched_getaffinity"));
+    }
+    let mut n = 0;
+    for c in 0..libc::CPU_SETSIZE as usize {
+        if n == out.len() {
+            break;
+        }
+        // SAFETY: `c` is below CPU_SETSIZE.
+        if unsafe { libc::CPU_ISSET(c, &set) } {
+            out[n] = c;
+            n += 1;
+        }
+    }
+    Ok(n)
+}

@@ -1,0 +1,149 @@
+//! Raw reads of small kernel files and of the environment, into caller-provided
+//! buffers: topology discovery runs inside the allocator's start-up, where the
+//! heap is not available yet.
+
+use core::ffi::CStr;
+use core::fmt;
+
+use crate::error::{Error, Result};
+
+/// A NUL-terminated path built on the stack with `write!`.
+///
+/// ```
+/// use core::fmt::Write;
+/// let mut p = numaweave::os::file::PathBuf::new();
+/// write!(p, "/sys/devices/system/node/node{}/distance", 3).unwrap();
+/// assert_eq!(p.as_str(), "/sys/devices/system/node/node3/distance");
+/// ```
+pub struct PathBuf {
+    buf: [u8; Self::CAPACITY + 1],
+    len: usize,
+}
+
+impl PathBuf {
+    /// Longest path it holds; longer writes fail with `fmt::Error`.
+    pub const CAPACITY: usize = 255;
+
+    /// An empty path.
+    pub const fn new() -> Self {
+        Self { buf: [0; Self::CAPACITY + 1], len: 0 }
+    }
+
+    /// The path as text.
+    pub fn as_str(&self) -> &str {
+        // Only ever filled from `&str` pieces.
+        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+
+    /// The path with its NUL terminator, for the kernel.
+    pub fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.buf[..=self.len]).unwrap_or(c"")
+    }
+}
+
+impl Default for PathBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Write for PathBuf {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let b = s.as_bytes();
+        if self.len + b.len() > Self::CAPACITY || b.contains(&0) {
+            return Err(fmt::Error);
+        }
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+        self.buf[self.len] = 0;
+        Ok(())
+    }
+}
+
+/// Reads at most `buf.len()` bytes of the file at `path`, returns how many.
+///
+/// Made for sysfs and procfs files: a short file read in one or two `read`s.
+/// Fails with [`Error::Os`] naming `open` or `read`.
+pub fn read(path: &CStr, buf: &mut [u8]) -> Result<usize> {
+    // SAFETY: `path` is NUL-terminated; flags are valid.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("open"));
+    }
+    let mut n = 0;
+    let res = loop {
+        if n == buf.len() {
+            break Ok(n);
+        }
+        // SAFETY: the destination is the unfilled tail of `buf`, of the length given.
+        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) };
+        if r < 0 {
+            if super::errno() == libc::EINTR {
+                continue;
+            }
+            break Err(Error::last_os("read"));
+        }
+        if r == 0 {
+            break Ok(n);
+        }
+        n += r as usize;
+    };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    res
+}
+
+/// Reads the file at `path` into `buf` and returns its contents as trimmed text.
+pub fn read_str<'a>(path: &CStr, buf: &'a mut [u8]) -> Result<&'a str> {
+    let n = read(path, buf)?;
+    core::str::from_utf8(&buf[..n]).map(str::trim).map_err(|_| Error::Os { call: "read", errno: libc::EILSEQ })
+}
+
+/// Whether `path` exists (`access(F_OK)`).
+pub fn exists(path: &CStr) -> bool {
+    // SAFETY: `path` is NUL-terminated.
+    unsafe { libc::access(path.as_ptr(), libc::F_OK) == 0 }
+}
+
+/// The value of an environment variable, without allocating.
+///
+/// Reads `environ` through libc's `getenv`. Like every reader of the
+/// environment it must not race with `setenv`; the crate reads its variables
+/// once, at start-up.
+pub fn env(name: &CStr) -> Option<&'static str> {
+    // SAFETY: `name` is NUL-terminated; getenv returns null or a pointer into
+    // the environment block, which lives as long as the process unless
+    // modified (see the doc above).
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null getenv results are NUL-terminated strings.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str().ok()
+}
+
+/// Writes one line to stderr, formatted into a stack buffer (cut at 512
+/// bytes), with a single `write(2)`: usable where the heap is not, such as
+/// inside the allocator's start-up.
+pub fn report(args: fmt::Arguments<'_>) {
+    struct Buf {
+        b: [u8; 512],
+        n: usize,
+    }
+    impl fmt::Write for Buf {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let room = self.b.len() - 1 - self.n;
+            let k = s.len().min(room);
+            self.b[self.n..self.n + k].copy_from_slice(&s.as_bytes()[..k]);
+            self.n += k;
+            Ok(())
+        }
+    }
+    let mut buf = Buf { b: [0; 512], n: 0 };
+    let _ = fmt::write(&mut buf, args);
+    buf.b[buf.n] = b'\n';
+    // SAFETY: writes `n + 1` initialised bytes of our buffer to fd 2; a failed
+    // write to stderr is not worth reporting.
+    unsafe { libc::write(2, buf.b.as_ptr().cast(), buf.n + 1) };
+}

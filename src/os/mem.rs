@@ -1,0 +1,436 @@
+//! Address space and page placement: `mmap`, `munmap`, `mremap`, `mbind`,
+//! `madvise`, `move_pages` and `/proc/self/pagemap`.
+//!
+//! [`Region`] owns a mapping and unmaps it on drop; the `unsafe` free functions
+//! are the same operations on raw ranges, for code (the allocator) that keeps
+//! its mappings in its own headers.
+
+use core::ptr::NonNull;
+
+use crate::error::{Error, Result};
+use crate::topology::{MAX_NODES, NodeSet};
+
+use super::page_size;
+
+/// A kernel memory policy for a range of address space (`mbind`). Node ids are
+/// the kernel's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemPolicy {
+    /// The thread's or process's policy (`MPOL_DEFAULT`): usually "the node of
+    /// the CPU that first touches the page".
+    Default,
+    /// Only these nodes, never elsewhere (`MPOL_BIND`); a fault fails with
+    /// `SIGBUS`/OOM when they are full.
+    Bind(NodeSet),
+    /// This node first, others when it is full (`MPOL_PREFERRED`).
+    Preferred(usize),
+    /// Any node of the set first, others when they are full
+    /// (`MPOL_PREFERRED_MANY`, Linux 5.15+).
+    PreferredMany(NodeSet),
+    /// Page by page round-robin over the set (`MPOL_INTERLEAVE`).
+    Interleave(NodeSet),
+    /// The node of the CPU that touches the page (`MPOL_LOCAL`, Linux 3.8+).
+    Local,
+}
+
+const MPOL_DEFAULT: i32 = 0;
+const MPOL_PREFERRED: i32 = 1;
+const MPOL_BIND: i32 = 2;
+const MPOL_INTERLEAVE: i32 = 3;
+const MPOL_LOCAL: i32 = 4;
+const MPOL_PREFERRED_MANY: i32 = 5;
+
+/// `mbind` flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BindFlags(u32);
+
+impl BindFlags {
+    /// Set the policy for pages faulted from now on.
+    pub const NONE: BindFlags = BindFlags(0);
+    /// Fail (`EIO`) if pages already present do not follow the policy (`MPOL_MF_STRICT`).
+    pub const STRICT: BindFlags = BindFlags(1);
+    /// Migrate pages already present that do not follow the policy
+    /// (`MPOL_MF_MOVE | MPOL_MF_STRICT`).
+    pub const MOVE: BindFlags = BindFlags(1 | 2);
+}
+
+impl MemPolicy {
+    fn raw(&self) -> Result<(i32, u64)> {
+        let check = |s: &NodeSet| {
+            if s.is_empty() {
+                Err(Error::InvalidNode { node: 0, reason: "empty node set in a memory policy" })
+            } else {
+                Ok(s.bits())
+            }
+        };
+        Ok(match *self {
+            MemPolicy::Default => (MPOL_DEFAULT, 0),
+            MemPolicy::Local => (MPOL_LOCAL, 0),
+            MemPolicy::Bind(s) => (MPOL_BIND, check(&s)?),
+            MemPolicy::Interleave(s) => (MPOL_INTERLEAVE, check(&s)?),
+            MemPolicy::PreferredMany(s) => (MPOL_PREFERRED_MANY, check(&s)?),
+            MemPolicy::Preferred(n) => {
+                if n >= MAX_NODES {
+                    return Err(Error::InvalidNode { node: n, reason: "beyond MAX_NODES" });
+                }
+                (MPOL_PREFERRED, 1u64 << n)
+            }
+        })
+    }
+}
+
+fn check_len(len: usize) -> Result<usize> {
+    let page = page_size();
+    if len == 0 || len > isize::MAX as usize - page {
+        return Err(Error::LayoutTooLarge { size: len, align: page });
+    }
+    Ok((len + page - 1) & !(page - 1))
+}
+
+/// Maps `len` bytes (rounded up to pages) of private anonymous memory, readable
+/// and writable, without reserving swap (`MAP_NORESERVE`): pages are committed
+/// by the first touch, on the node the range's policy picks.
+pub fn map(len: usize) -> Result<NonNull<u8>> {
+    let len = check_len(len)?;
+    // SAFETY: an anonymous mapping at an address of the kernel's choosing
+    // cannot alias anything.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::last_os("mmap"));
+    }
+    NonNull::new(p.cast()).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
+}
+
+/// Like [`map`], with the start aligned to `align` (a power of two; at least a
+/// page is always given). Over-maps by `align` and trims both ends.
+pub fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
+    let page = page_size();
+    if !align.is_power_of_two() {
+        return Err(Error::LayoutTooLarge { size: len, align });
+    }
+    if align <= page {
+        return map(len);
+    }
+    let len = check_len(len)?;
+    let total = len.checked_add(align).ok_or(Error::LayoutTooLarge { size: len, align })?;
+    let base = map(total)?;
+    let start = base.as_ptr() as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let head = aligned - start;
+    let tail = total - head - len;
+    // SAFETY: head and tail are page-aligned pieces of the mapping made above,
+    // outside the range handed out.
+    unsafe {
+        if head != 0 {
+            unmap(base, head)?;
+        }
+        if tail != 0 {
+            unmap(NonNull::new_unchecked((aligned + len) as *mut u8), tail)?;
+        }
+    }
+    // SAFETY: `aligned` lies inside the mapping, hence non-null.
+    Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
+}
+
+/// Unmaps `[ptr, ptr+len)`.
+///
+/// # Safety
+/// The range must be mapped by this crate and no live reference may point into it.
+pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    if unsafe { libc::munmap(ptr.as_ptr().cast(), len) } != 0 {
+        return Err(Error::last_os("munmap"));
+    }
+    Ok(())
+}
+
+/// Grows or shrinks a mapping with `mremap`; with `may_move` the kernel may
+/// move it (the old address becomes invalid), else it fails with `ENOMEM` when
+/// the neighbouring address space is taken.
+///
+/// # Safety
+/// `[ptr, ptr+old_len)` must be a whole mapping made by this crate; if it
+/// moves, no reference to the old range may be used afterwards.
+pub unsafe fn remap(ptr: NonNull<u8>, old_len: usize, new_len: usize, may_move: bool) -> Result<NonNull<u8>> {
+    let new_len = check_len(new_len)?;
+    let flags = if may_move { libc::MREMAP_MAYMOVE } else { 0 };
+    // SAFETY: forwarded to the caller.
+    let p = unsafe { libc::mremap(ptr.as_ptr().cast(), old_len, new_len, flags) };
+    if p == libc::MAP_FAILED {
+        return Err(Error::last_os("mremap"));
+    }
+    NonNull::new(p.cast()).ok_or(Error::Os { call: "mremap", errno: libc::ENOMEM })
+}
+
+/// Sets the memory policy of `[ptr, ptr+len)` (`mbind`). Node ids are the kernel's.
+///
+/// Fails with `EINVAL` when the set holds no node this process may use
+/// (`Mems_allowed`), and with `EIO` under [`BindFlags::STRICT`] when present
+/// pages break the policy and cannot be moved.
+///
+/// # Safety
+/// The range must be page-aligned and mapped by this crate. With
+/// [`BindFlags::MOVE`] pages may migrate; their contents are kept.
+pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindFlags) -> Result<()> {
+    let (mode, mask) = policy.raw()?;
+    let mask = [mask];
+    // The kernel reads `maxnode - 1` bits (a historical off-by-one that libnuma
+    // also compensates for), so pass one more than the bits in the mask.
+    let maxnode = if mode == MPOL_DEFAULT || mode == MPOL_LOCAL { 0 } else { MAX_NODES as u64 + 1 };
+    let maskp = if maxnode == 0 { core::ptr::null() } else { mask.as_ptr() };
+    // SAFETY: forwarded to the caller for the range; the mask outlives the call
+    // and holds `maxnode - 1` bits.
+    let r = unsafe { libc::syscall(libc::SYS_mbind, ptr.as_ptr(), len, mode, maskp, maxnode, flags.0) };
+    if r != 0 {
+        return Err(Error::last_os("mbind"));
+    }
+    Ok(())
+}
+
+/// Returns the pages of `[ptr, ptr+len)` to the OS (`MADV_DONTNEED`): the range
+/// stays mapped, reads give zeroes, and the next touch faults a fresh page under
+/// the range's policy.
+///
+/// # Safety
+/// The range must be page-aligned and mapped by this crate, and its contents
+/// must no longer be needed by anyone.
+pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    if unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) } != 0 {
+        return Err(Error::last_os("madvise(MADV_DONTNEED)"));
+    }
+    Ok(())
+}
+
+/// Asks for (`MADV_HUGEPAGE`) or against (`MADV_NOHUGEPAGE`) transparent huge
+/// pages on `[ptr, ptr+len)`. Fails with `EINVAL` where THP is not built in.
+///
+/// # Safety
+/// The range must be page-aligned and mapped by this crate.
+pub unsafe fn set_hugepages(ptr: NonNull<u8>, len: usize, enable: bool) -> Result<()> {
+    let advice = if enable { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+    // SAFETY: forwarded to the caller.
+    if unsafe { libc::madvise(ptr.as_ptr().cast(), len, advice) } != 0 {
+        return Err(Error::last_os(if enable { "madvise(MADV_HUGEPAGE)" } else { "madvise(MADV_NOHUGEPAGE)" }));
+    }
+    Ok(())
+}
+
+/// Where the pages holding `addrs` are, from `move_pages` with null nodes
+/// (which moves nothing). `status[i]` gets the kernel node id of `addrs[i]`'s
+/// page, or a negative errno: `-ENOENT` for a page not present (never
+/// touched or decommitted), `-EFAULT` for an unmapped address.
+///
+/// The addresses are not dereferenced, so any value is safe to pass.
+pub fn page_nodes(addrs: &[*const u8], status: &mut [i32]) -> Result<()> {
+    if status.len() < addrs.len() {
+        return Err(Error::Os { call: "move_pages", errno: libc::EINVAL });
+    }
+    if addrs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `addrs` and `status` are valid for `addrs.len()` elements; a null
+    // `nodes` array makes move_pages a pure query.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            addrs.len() as libc::c_ulong,
+            addrs.as_ptr(),
+            core::ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(Error::last_os("move_pages"));
+    }
+    Ok(())
+}
+
+/// The kernel node id of the page holding `addr`, `None` when the page is not
+/// present.
+pub fn page_node(addr: *const u8) -> Result<Option<usize>> {
+    let mut st = [0i32];
+    page_nodes(&[addr], &mut st)?;
+    match st[0] {
+        n if n >= 0 => Ok(Some(n as usize)),
+        e if -e == libc::ENOENT => Ok(None),
+        e => Err(Error::Os { call: "move_pages", errno: -e }),
+    }
+}
+
+/// The physical frame number of the page holding `addr`, from
+/// `/proc/self/pagemap`; `None` when the page is not present. The kernel shows
+/// frame numbers only to `CAP_SYS_ADMIN` (others read 0, reported as an
+/// `EPERM` error).
+pub fn page_frame(addr: *const u8) -> Result<Option<u64>> {
+    // SAFETY: literal path, valid flags.
+    let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("open(/proc/self/pagemap)"));
+    }
+    let mut entry = 0u64;
+    let off = (addr as usize / page_size() * 8) as libc::off_t;
+    // SAFETY: reads 8 bytes into a u64 on the stack.
+    let r = unsafe { libc::pread(fd, (&mut entry as *mut u64).cast(), 8, off) };
+    let err = (r != 8).then(|| Error::last_os("pread(/proc/self/pagemap)"));
+    // SAFETY: `fd` is ours.
+    unsafe { libc::close(fd) };
+    if let Some(e) = err {
+        return Err(e);
+    }
+    if entry >> 63 == 0 {
+        return Ok(None);
+    }
+    let pfn = entry & ((1 << 55) - 1);
+    if pfn == 0 {
+        return Err(Error::Os { call: "pread(/proc/self/pagemap)", errno: libc::EPERM });
+    }
+    Ok(Some(pfn))
+}
+
+/// An owned, page-aligned anonymous mapping, unmapped on drop.
+///
+/// ```
+/// use numaweave::os::mem::{MemPolicy, Region};
+/// let r = Region::map(1 << 20).unwrap();
+/// r.bind(MemPolicy::Local).unwrap();
+/// // SAFETY-free: the region owns its pages and hands out a raw pointer.
+/// unsafe { r.as_ptr().write_bytes(0xAB, r.len()) };
+/// assert!(r.page_nodes_all(|n| n.is_some()).unwrap());
+/// ```
+#[derive(Debug)]
+pub struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Region is an owned range of address space; the raw pointer carries
+// no thread affinity.
+unsafe impl Send for Region {}
+// SAFETY: every `&self` method is a system call on the range, which the kernel
+// serialises; none hands out references into the memory.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Maps `len` bytes (rounded up to whole pages), see [`map`].
+    pub fn map(len: usize) -> Result<Self> {
+        let ptr = map(len)?;
+        Ok(Self { ptr, len: check_len(len)? })
+    }
+
+    /// Maps `len` bytes aligned to `align`, see [`map_aligned`].
+    pub fn map_aligned(len: usize, align: usize) -> Result<Self> {
+        let ptr = map_aligned(len, align)?;
+        Ok(Self { ptr, len: check_len(len)? })
+    }
+
+    /// First byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes (a whole number of pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a region holds at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    fn sub(&self, offset: usize, len: usize) -> Result<NonNull<u8>> {
+        let page = page_size();
+        let end = offset.checked_add(len).ok_or(Error::LayoutTooLarge { size: len, align: page })?;
+        if offset % page != 0 || end > self.len || len == 0 {
+            return Err(Error::Os { call: "region range", errno: libc::EINVAL });
+        }
+        // SAFETY: offset < self.len, so the result stays in the mapping.
+        Ok(unsafe { self.ptr.add(offset) })
+    }
+
+    /// Sets the policy of the whole region for pages faulted from now on.
+    pub fn bind(&self, policy: MemPolicy) -> Result<()> {
+        self.bind_range(0, self.len, policy, BindFlags::NONE)
+    }
+
+    /// Sets the policy of `[offset, offset+len)`; `len` is rounded up to pages.
+    pub fn bind_range(&self, offset: usize, len: usize, policy: MemPolicy, flags: BindFlags) -> Result<()> {
+        let p = self.sub(offset, len)?;
+        // SAFETY: a page-aligned range inside our own mapping; with MOVE the
+        // kernel migrates pages but keeps contents.
+        unsafe { bind(p, round_up_page(len).min(self.len - offset), policy, flags) }
+    }
+
+    /// Returns `[offset, offset+len)` to the OS; it reads as zeroes afterwards.
+    pub fn decommit(&self, offset: usize, len: usize) -> Result<()> {
+        let p = self.sub(offset, len)?;
+        // SAFETY: our own mapping; the region hands out only raw pointers, so
+        // dropping contents cannot break a Rust reference.
+        unsafe { decommit(p, round_up_page(len).min(self.len - offset)) }
+    }
+
+    /// Asks for or against transparent huge pages on the whole region.
+    pub fn set_hugepages(&self, enable: bool) -> Result<()> {
+        // SAFETY: our own mapping.
+        unsafe { set_hugepages(self.ptr, self.len, enable) }
+    }
+
+    /// The node of every page of the region (see [`page_nodes`]), one entry per
+    /// page: `None` for a page not present.
+    pub fn page_node_list(&self, out: &mut Vec<Option<usize>>) -> Result<()> {
+        let page = page_size();
+        let pages = self.len / page;
+        let addrs: Vec<*const u8> = (0..pages).map(|i| self.ptr.as_ptr().wrapping_add(i * page).cast_const()).collect();
+        let mut st = vec![0i32; pages];
+        page_nodes(&addrs, &mut st)?;
+        out.clear();
+        out.extend(st.iter().map(|&s| usize::try_from(s).ok()));
+        Ok(())
+    }
+
+    /// Whether `f` holds for the node of every page.
+    pub fn page_nodes_all(&self, f: impl Fn(Option<usize>) -> bool) -> Result<bool> {
+        let mut v = Vec::new();
+        self.page_node_list(&mut v)?;
+        Ok(v.into_iter().all(f))
+    }
+
+    /// Gives up ownership without unmapping.
+    pub fn into_raw(self) -> (NonNull<u8>, usize) {
+        let r = (self.ptr, self.len);
+        core::mem::forget(self);
+        r
+    }
+
+    /// Takes ownership of a mapping made by [`map`], [`map_aligned`] or [`Region::into_raw`].
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must be such a whole mapping, owned by nobody else.
+    pub unsafe fn from_raw(ptr: NonNull<u8>, len: usize) -> Self {
+        Self { ptr, len }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: we own the whole mapping and hand out no references into it.
+        let _ = unsafe { unmap(self.ptr, self.len) };
+    }
+}
+
+fn round_up_page(len: usize) -> usize {
+    let page = page_size();
+    (len + page - 1) & !(page - 1)
+}

@@ -1,0 +1,79 @@
+//! The OS layer: the only module that makes system calls.
+//!
+//! Like mimalloc's `prim/` and snmalloc's platform layer, everything above this
+//! module is written against a handful of small, documented primitives:
+//!
+//! - [`mem`]: reserve and release address space (`mmap`/`munmap`/`mremap`), bind a
+//!   range to a node or node set (`mbind`), return pages to the OS
+//!   (`madvise(MADV_DONTNEED)`), ask for transparent huge pages, and ask where
+//!   pages really are (`move_pages` with null nodes, `/proc/self/pagemap`).
+//! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), thread affinity.
+//! - [`file`]: raw reads of small sysfs/procfs files into caller buffers, and the
+//!   environment, without touching the heap.
+//!
+//! Node ids at this layer are the kernel's (physical) ids. The topology layer maps
+//! the logical nodes of a synthetic topology onto them before calling here.
+//!
+//! Every failure is an [`Error::Os`](crate::Error::Os) naming the call and errno.
+
+pub mod cpu;
+pub mod file;
+pub mod mem;
+
+/// The calling thread's `errno`.
+#[inline]
+pub(crate) fn errno() -> i32 {
+    // SAFETY: `__errno_location` always returns a valid pointer to this
+    // thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// The size of a base page in bytes (read once from `sysconf`, 4096 on x86-64).
+pub fn page_size() -> usize {
+    // A plain std atomic, not the loom shim: this cache is not a modelled
+    // structure, and a racing first call only repeats an idempotent sysconf.
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static PAGE: AtomicUsize = AtomicUsize::new(0);
+    let p = PAGE.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let v = if v > 0 { v as usize } else { 4096 };
+    PAGE.store(v, Ordering::Relaxed);
+    v
+}
+
+/// The symbolic name of an errno value (`"EINVAL"`), or `"E?"` for one not listed.
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::ENFILE => "ENFILE",
+        libc::EMFILE => "EMFILE",
+        libc::ENOSPC => "ENOSPC",
+        libc::ERANGE => "ERANGE",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        _ => "E?",
+    }
+}

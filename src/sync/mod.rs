@@ -1,0 +1,52 @@
+//! Synchronisation primitives, switched to loom's under `cfg(loom)`.
+//!
+//! Every concurrent structure in the crate imports its atomics and cells from
+//! here, never from `std` directly, so that the models in `loom-tests/` explore
+//! the same code that ships (the approach of sharded-slab's `sync.rs`).
+
+mod once;
+pub use once::InitCell;
+
+#[cfg(loom)]
+#[allow(unused_imports)]
+pub(crate) use loom::{
+    cell::UnsafeCell,
+    hint::spin_loop,
+    sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    thread::yield_now,
+};
+
+#[cfg(not(loom))]
+#[allow(unused_imports)]
+pub(crate) use std::{
+    hint::spin_loop,
+    sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    thread::yield_now,
+};
+
+/// `std::cell::UnsafeCell` with loom's closure-based access API, so callers
+/// write the same code under both configurations.
+#[cfg(not(loom))]
+#[derive(Debug)]
+#[allow(dead_code)]
+pub(crate) struct UnsafeCell<T: ?Sized>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) const fn new(data: T) -> Self {
+        Self(std::cell::UnsafeCell::new(data))
+    }
+}
+
+#[cfg(not(loom))]
+impl<T: ?Sized> UnsafeCell<T> {
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}

@@ -1,0 +1,159 @@
+//! A one-time initialised cell that never allocates and never takes a lock
+//! that could allocate, so the allocator and topology discovery can use it
+//! during their own start-up.
+
+use core::mem::MaybeUninit;
+
+use super::{AtomicU8, Ordering, UnsafeCell, spin_loop, yield_now};
+
+const UNINIT: u8 = 0;
+const RUNNING: u8 = 1;
+const READY: u8 = 2;
+
+/// A cell written once by the first caller of [`get_or_init`](Self::get_or_init);
+/// concurrent callers wait (spinning, then yielding) until the value is published.
+///
+/// Unlike `std::sync::OnceLock` it is modelled with loom (`loom-tests/`), and its
+/// state machine is small enough to argue about in one screen:
+/// `UNINIT -> RUNNING` by one CAS winner, `RUNNING -> READY` by a `Release`
+/// store after the value is written, readers `Acquire` the `READY` state before
+/// they read the value. A panicking initialiser resets the state to `UNINIT`, so a
+/// later caller retries instead of waiting forever.
+///
+/// Calling `get_or_init` on the same cell from inside its own initialiser
+/// deadlocks; the crate never does (topology discovery does not allocate).
+///
+/// ```
+/// use numaweave::sync::InitCell;
+/// static ANSWER: InitCell<u32> = InitCell::new();
+/// assert_eq!(*ANSWER.get_or_init(|| 42), 42);
+/// assert_eq!(ANSWER.get(), Some(&42));
+/// ```
+pub struct InitCell<T> {
+    state: AtomicU8,
+    value: UnsafeCell<MaybeUninit<T>>,
+}
+
+// SAFETY: the value is written by exactly one thread before READY is published
+// with Release, and only read after READY is observed with Acquire; sharing the
+// cell hands out `&T` across threads (needs `Sync`) and may drop `T` on another
+// thread than the writer (needs `Send`).
+unsafe impl<T: Send + Sync> Sync for InitCell<T> {}
+// SAFETY: moving the cell moves the `T` it may own.
+unsafe impl<T: Send> Send for InitCell<T> {}
+
+impl<T> InitCell<T> {
+    /// An empty cell.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Self { state: AtomicU8::new(UNINIT), value: UnsafeCell::new(MaybeUninit::uninit()) }
+    }
+
+    /// An empty cell (loom's atomics are not `const`).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Self { state: AtomicU8::new(UNINIT), value: UnsafeCell::new(MaybeUninit::uninit()) }
+    }
+
+    /// The value, if some caller has finished initialising it.
+    #[inline]
+    pub fn get(&self) -> Option<&T> {
+        if self.state.load(Ordering::Acquire) == READY {
+            // SAFETY: READY was observed with Acquire, so the initialiser's write
+            // of the value happens-before this read, and the value is never
+            // written again while `self` is borrowed.
+            Some(unsafe { self.read() })
+        } else {
+            None
+        }
+    }
+
+    /// The value, initialised by `init` if no caller has done so yet. Exactly one
+    /// `init` runs to completion per cell (unless it panics, then another may).
+    #[inline]
+    pub fn get_or_init(&self, init: impl FnOnce() -> T) -> &T {
+        match self.get() {
+            Some(v) => v,
+            None => self.init_slow(init),
+        }
+    }
+
+    #[cold]
+    fn init_slow(&self, init: impl FnOnce() -> T) -> &T {
+        let mut init = Some(init);
+        let mut spins = 0u32;
+        loop {
+            match self.state.compare_exchange(UNINIT, RUNNING, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => {
+                    // Reset to UNINIT if `init` unwinds, so waiters retry.
+                    struct Reset<'a>(&'a AtomicU8);
+                    impl Drop for Reset<'_> {
+                        fn drop(&mut self) {
+                            self.0.store(UNINIT, Ordering::Release);
+                        }
+                    }
+                    let reset = Reset(&self.state);
+                    let f = init.take().expect("InitCell: initialiser consumed twice");
+                    let v = f();
+                    self.value.with_mut(|p| {
+                        // SAFETY: the RUNNING state gives this thread exclusive
+                        // access: nobody reads before READY, nobody else writes.
+                        unsafe { (*p).write(v) };
+                    });
+                    core::mem::forget(reset);
+                    self.state.store(READY, Ordering::Release);
+                    // SAFETY: this thread wrote the value just above.
+                    return unsafe { self.read() };
+                }
+                Err(READY) => {
+                    // SAFETY: READY observed with Acquire (failure ordering).
+                    return unsafe { self.read() };
+                }
+                Err(_) => {
+                    // Another thread is initialising: the work is short (a few
+                    // sysfs reads), so spin briefly, then give up the CPU.
+                    if spins < 64 {
+                        spins += 1;
+                        spin_loop();
+                    } else {
+                        yield_now();
+                    }
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The state must have been observed as READY with Acquire ordering (or
+    /// the caller wrote the value itself).
+    unsafe fn read(&self) -> &T {
+        let p: *const T = self.value.with(|p| p.cast::<T>());
+        // SAFETY: per the contract the value is initialised and published, and it
+        // is immutable from now on, so a shared reference tied to `&self` is sound.
+        unsafe { &*p }
+    }
+}
+
+impl<T> Default for InitCell<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Drop for InitCell<T> {
+    fn drop(&mut self) {
+        if self.state.load(Ordering::Acquire) == READY {
+            self.value.with_mut(|p| {
+                // SAFETY: READY means the value was written; `&mut self` means no
+                // reader is left.
+                unsafe { (*p).assume_init_drop() };
+            });
+        }
+    }
+}
+
+impl<T: core::fmt::Debug> core::fmt::Debug for InitCell<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("InitCell").field(&self.get()).finish()
+    }
+}

@@ -1,0 +1,327 @@
+//! Synthetic topologies for testing topology-dependent logic on a one-node
+//! host: logical nodes laid over the real ones, as the kernel's `numa=fake`
+//! splits real memory into emulated nodes.
+//!
+//! Memory placement stays real: the [OS layer](crate::os) is always given the
+//! physical node behind a logical one ([`Topology::physical_node`]), so a
+//! "node 3" allocation on a one-node host is an allocation on node 0 that the
+//! rest of the crate books as node 3.
+
+use super::{LOCAL_DISTANCE, MAX_CPUS, MAX_NODES, NodeSet, REMOTE_DISTANCE, Source, Topology};
+use crate::error::{Error, Result};
+
+/// Distance to and from a memory-only node when the builder is not told
+/// otherwise (the numa-vm harness uses the same: farther than a socket hop).
+pub const MEMORY_ONLY_DISTANCE: u8 = 30;
+
+/// Builds a synthetic [`Topology`]: `nodes` nodes with CPUs (numbered from 0,
+/// `cpus_per_node` consecutive CPU ids each), then `memory_only` nodes with
+/// memory and no CPU. Distances default to 10 local, 20 between CPU nodes and
+/// 30 to or from a memory-only node.
+///
+/// ```
+/// use numaweave::topology::Topology;
+/// let t = Topology::synthetic(2)
+///     .cpus_per_node(4)
+///     .memory_only_nodes(1)
+///     .distance(0, 1, 21)
+///     .build()
+///     .unwrap();
+/// assert!(t.is_synthetic());
+/// assert_eq!(t.nodes().to_string(), "0-2");
+/// assert_eq!(t.memory_only_nodes().to_string(), "2");
+/// assert_eq!(t.cpus_of(1).to_string(), "4-7");
+/// assert_eq!(t.distance(1, 0), 21);
+/// assert_eq!(t.nodes_by_distance(2).collect::<Vec<_>>(), [2, 0, 1]);
+/// ```
+#[derive(Clone)]
+pub struct SyntheticBuilder {
+    nodes: usize,
+    cpus_per_node: usize,
+    memory_only: usize,
+    memory_per_node: u64,
+    distance: [[u8; MAX_NODES]; MAX_NODES],
+    allowed: Option<NodeSet>,
+}
+
+impl SyntheticBuilder {
+    /// `nodes` nodes with one CPU each and 1 GiB of memory each.
+    pub fn new(nodes: usize) -> Self {
+        Self {
+            nodes,
+            cpus_per_node: 1,
+            memory_only: 0,
+            memory_per_node: 1 << 30,
+            distance: [[0; MAX_NODES]; MAX_NODES],
+            allowed: None,
+        }
+    }
+
+    /// CPUs on each node with CPUs.
+    pub fn cpus_per_node(mut self, cpus: usize) -> Self {
+        self.cpus_per_node = cpus;
+        self
+    }
+
+    /// Memory-only nodes (CXL-like), numbered after the CPU nodes.
+    pub fn memory_only_nodes(mut self, count: usize) -> Self {
+        self.memory_only = count;
+        self
+    }
+
+    /// Bytes of memory reported for each node.
+    pub fn memory_per_node(mut self, bytes: u64) -> Self {
+        self.memory_per_node = bytes;
+        self
+    }
+
+    /// Sets the distance between `a` and `b` (both directions). Out-of-range
+    /// ids or values are reported by [`build`](Self::build).
+    pub fn distance(mut self, a: usize, b: usize, d: u8) -> Self {
+        if a < MAX_NODES && b < MAX_NODES {
+            self.distance[a][b] = d;
+            self.distance[b][a] = d;
+        } else {
+            // Remembered as an impossible entry so build() can reject it.
+            self.distance[0][0] = u8::MAX;
+        }
+        self
+    }
+
+    /// Restricts the nodes the process may use (as a cpuset's `mems` would).
+    pub fn allowed(mut self, nodes: NodeSet) -> Self {
+        self.allowed = Some(nodes);
+        self
+    }
+
+    /// Lays the topology over this machine's real memory nodes (see
+    /// [`build_over`](Self::build_over)).
+    pub fn build(self) -> Result<Topology> {
+        self.build_over(&Topology::detect()?)
+    }
+
+    /// Builds the topology, laying logical node `k` over the `k mod R`-th
+    /// memory node of `real` (R = its number of memory nodes).
+    pub fn build_over(self, real: &Topology) -> Result<Topology> {
+        let total = self.nodes + self.memory_only;
+        if self.nodes == 0 && self.memory_only == 0 {
+            return Err(Error::InvalidTopology { reason: "a topology needs at least one node" });
+        }
+        if total > MAX_NODES {
+            return Err(Error::InvalidTopology { reason: "more than MAX_NODES (64) nodes" });
+        }
+        if self.nodes == 0 || self.cpus_per_node == 0 {
+            return Err(Error::InvalidTopology { reason: "at least one node with at least one CPU is needed" });
+        }
+        if self.nodes.checked_mul(self.cpus_per_node).is_none_or(|c| c > MAX_CPUS) {
+            return Err(Error::InvalidTopology { reason: "more than MAX_CPUS (1024) CPUs" });
+        }
+        let mut t = Topology::empty(Source::Synthetic { physical_nodes: 0, fake: false });
+        t.online = NodeSet::first_n(total);
+        t.with_cpus = NodeSet::first_n(self.nodes);
+        t.with_memory = t.online;
+        for n in 0..self.nodes {
+            for c in 0..self.cpus_per_node {
+                t.cpu_node[n * self.cpus_per_node + c] = n as u8;
+            }
+        }
+        for a in 0..MAX_NODES {
+            for b in 0..MAX_NODES {
+                let given = self.distance[a][b];
+                let inside = a < total && b < total;
+                if given != 0 && !inside {
+                    return Err(Error::InvalidTopology { reason: "distance given for a node that does not exist" });
+                }
+                if !inside {
+                    continue;
+                }
+                t.distance[a][b] = match given {
+                    0 if a == b => LOCAL_DISTANCE,
+                    0 if a >= self.nodes || b >= self.nodes => MEMORY_ONLY_DISTANCE,
+                    0 => REMOTE_DISTANCE,
+                    d if a == b && d != LOCAL_DISTANCE => {
+                        return Err(Error::InvalidTopology { reason: "a node's distance to itself must be 10" });
+                    }
+                    d if a != b && d <= LOCAL_DISTANCE => {
+                        return Err(Error::InvalidTopology { reason: "distances between nodes must exceed 10" });
+                    }
+                    d => d,
+                };
+            }
+        }
+        for n in 0..total {
+            t.memory[n] = self.memory_per_node;
+        }
+        lay_over(&mut t, real, false)?;
+        if let Some(a) = self.allowed {
+            if !a.is_subset(&t.online) {
+                return Err(Error::InvalidTopology { reason: "allowed nodes outside the topology" });
+            }
+            t.allowed = t.allowed.intersection(&a);
+            if t.allowed.is_empty() {
+                return Err(Error::InvalidTopology { reason: "no allowed node left" });
+            }
+        }
+        Ok(t)
+    }
+
+    /// `fake:N`: splits `real` into `n` logical nodes like `numa=fake=N`. The
+    /// real CPUs are dealt round-robin (the i-th online CPU goes to node
+    /// `i mod n`), so with more nodes than CPUs the last nodes are memory-only.
+    /// Each real memory node's memory is shared equally among the logical nodes
+    /// laid over it. Distances: 10 local; between logical nodes over the same
+    /// real node 20, so that fallback order is exercised; otherwise the real
+    /// distance.
+    pub fn fake(real: &Topology, n: usize) -> Result<Topology> {
+        if n == 0 || n > MAX_NODES {
+            return Err(Error::InvalidTopology { reason: "fake:N needs 1 <= N <= 64" });
+        }
+        let mut t = Topology::empty(Source::Synthetic { physical_nodes: 0, fake: true });
+        t.online = NodeSet::first_n(n);
+        t.with_memory = t.online;
+        t.ignored_cpus = real.ignored_cpus;
+        for (i, c) in real.cpus().iter().enumerate() {
+            t.cpu_node[c] = (i % n) as u8;
+            t.with_cpus.insert(i % n);
+        }
+        lay_over(&mut t, real, true)?;
+        Ok(t)
+    }
+}
+
+/// Maps every logical node of `t` onto a real memory node of `real`, fills in
+/// memory shares (when `split_memory`) and distances left unset, and derives
+/// the allowed set.
+fn lay_over(t: &mut Topology, real: &Topology, split_memory: bool) -> Result<()> {
+    let mut phys = [0u8; MAX_NODES];
+    let mut count = 0;
+    for p in real.memory_nodes().iter() {
+        phys[count] = p as u8;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(Error::InvalidTopology { reason: "the real topology has no memory node" });
+    }
+    for n in t.online.iter() {
+        t.physical[n] = phys[n % count];
+    }
+    let on_same = |t: &Topology, p: usize| t.online.iter().filter(|&m| t.physical_node(m) == p).count() as u64;
+    for n in t.online.iter() {
+        let p = t.physical_node(n);
+        if split_memory {
+            t.memory[n] = real.memory_of(p) / on_same(t, p).max(1);
+        }
+        for m in t.online.iter() {
+            if t.distance[n][m] == 0 {
+                let q = t.physical_node(m);
+                t.distance[n][m] = if n == m {
+                    LOCAL_DISTANCE
+                } else if p == q {
+                    REMOTE_DISTANCE
+                } else {
+                    real.distance(p, q).max(LOCAL_DISTANCE + 1)
+                };
+            }
+        }
+    }
+    t.allowed = t.online.iter().filter(|&n| real.allowed_nodes().contains(t.physical_node(n))).collect();
+    t.source = match t.source {
+        Source::Synthetic { fake, .. } => Source::Synthetic { physical_nodes: count as u8, fake },
+        s => s,
+    };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_node_real(cpus: usize) -> Topology {
+        let mut t = Topology::empty(Source::Sysfs);
+        t.online = NodeSet::single(0);
+        t.with_cpus = t.online;
+        t.with_memory = t.online;
+        t.allowed = t.online;
+        t.distance[0][0] = 10;
+        t.memory[0] = 8 << 30;
+        for c in 0..cpus {
+            t.cpu_node[c] = 0;
+        }
+        t
+    }
+
+    #[test]
+    fn fake_deals_cpus_round_robin() {
+        let real = one_node_real(8);
+        let t = SyntheticBuilder::fake(&real, 4).unwrap();
+        assert_eq!(t.node_count(), 4);
+        assert!(t.is_synthetic());
+        assert_eq!(t.cpus_of(0).to_string(), "0,4");
+        assert_eq!(t.cpus_of(3).to_string(), "3,7");
+        assert_eq!(t.memory_of(2), 2 << 30);
+        assert_eq!(t.distance(0, 3), 20);
+        assert_eq!(t.allowed_nodes().to_string(), "0-3");
+        assert!((0..4).all(|n| t.physical_node(n) == 0));
+        assert_eq!(t.memory_only_nodes(), NodeSet::new());
+    }
+
+    #[test]
+    fn fake_with_more_nodes_than_cpus_has_memory_only_nodes() {
+        let t = SyntheticBuilder::fake(&one_node_real(2), 4).unwrap();
+        assert_eq!(t.cpu_nodes().to_string(), "0-1");
+        assert_eq!(t.memory_only_nodes().to_string(), "2-3");
+    }
+
+    #[test]
+    fn builder_rejects_nonsense() {
+        let real = one_node_real(2);
+        let bad = [
+            SyntheticBuilder::new(0),
+            SyntheticBuilder::new(65),
+            SyntheticBuilder::new(2).cpus_per_node(0),
+            SyntheticBuilder::new(2).cpus_per_node(1000),
+            SyntheticBuilder::new(2).distance(0, 1, 5),
+            SyntheticBuilder::new(2).distance(0, 0, 12),
+            SyntheticBuilder::new(2).distance(0, 7, 20),
+            SyntheticBuilder::new(2).distance(0, 70, 20),
+            SyntheticBuilder::new(2).allowed(NodeSet::single(5)),
+        ];
+        for b in bad {
+            assert!(matches!(b.build_over(&real), Err(Error::InvalidTopology { .. })));
+        }
+        assert!(SyntheticBuilder::fake(&real, 0).is_err());
+        assert!(SyntheticBuilder::fake(&real, 65).is_err());
+    }
+
+    #[test]
+    fn fallback_order_follows_distances() {
+        let t = SyntheticBuilder::new(4)
+            .memory_only_nodes(1)
+            .distance(0, 1, 12)
+            .distance(0, 2, 32)
+            .distance(0, 3, 22)
+            .build_over(&one_node_real(2))
+            .unwrap();
+        assert_eq!(t.nodes_by_distance(0).collect::<Vec<_>>(), [0, 1, 3, 4, 2]);
+        assert_eq!(t.nodes_by_distance(4).collect::<Vec<_>>(), [4, 0, 1, 2, 3]);
+        assert_eq!(t.distance(4, 2), MEMORY_ONLY_DISTANCE);
+    }
+
+    #[test]
+    fn logical_nodes_spread_over_real_ones() {
+        let mut real = one_node_real(4);
+        real.online = "0-1".parse().unwrap();
+        real.with_memory = real.online;
+        real.allowed = NodeSet::single(1);
+        real.distance[0][1] = 21;
+        real.distance[1][0] = 21;
+        real.distance[1][1] = 10;
+        let t = SyntheticBuilder::fake(&real, 4).unwrap();
+        assert_eq!((0..4).map(|n| t.physical_node(n)).collect::<Vec<_>>(), [0, 1, 0, 1]);
+        assert_eq!(t.distance(0, 1), 21);
+        assert_eq!(t.distance(0, 2), 20);
+        assert_eq!(t.allowed_nodes().to_string(), "1,3");
+        assert_eq!(t.logical_node(1), Some(1));
+        assert_eq!(t.physical_set("0-3".parse().unwrap()).to_string(), "0-1");
+    }
+}

@@ -1,0 +1,217 @@
+//! Discovery from `/sys/devices/system/node`, `/sys/devices/system/cpu` and
+//! `/proc/self/status`, into fixed tables with stack buffers only.
+
+use core::fmt::Write;
+
+use super::{LOCAL_DISTANCE, MAX_CPUS, MAX_NODES, NO_NODE, NodeSet, REMOTE_DISTANCE, Source, Topology};
+use crate::error::{Error, Result};
+use crate::os::file::{self, PathBuf};
+
+const NODE_DIR: &str = "/sys/devices/system/node";
+
+/// Builds a path from format arguments; every path here is far below the cap.
+fn path(args: core::fmt::Arguments<'_>) -> PathBuf {
+    let mut p = PathBuf::new();
+    let _ = p.write_fmt(args);
+    p
+}
+
+pub(super) fn detect() -> Result<Topology> {
+    // 4 KiB holds any list file below MAX_CPUS and one node's distance row.
+    let mut buf = [0u8; 4096];
+    let online = match file::read_str(c"/sys/devices/system/node/online", &mut buf) {
+        Ok(s) => s,
+        Err(Error::Os { errno: libc::ENOENT, .. }) => return Ok(single_node_fallback()),
+        Err(e) => return Err(e),
+    };
+    let (online, ignored) = NodeSet::parse_list(online)?;
+    if online.is_empty() {
+        return Err(Error::InvalidTopology { reason: "sysfs lists no online node" });
+    }
+    let mut t = Topology::empty(Source::Sysfs);
+    t.online = online;
+    t.ignored_nodes = ignored as u16;
+    t.with_cpus = read_set(c"/sys/devices/system/node/has_cpu", &mut buf)?.unwrap_or(online);
+    // `has_memory` is the nodes with any memory; kernels before 2.6.35 lack it.
+    t.with_memory = read_set(c"/sys/devices/system/node/has_memory", &mut buf)?.unwrap_or(online);
+    t.with_cpus = t.with_cpus.intersection(&online);
+    t.with_memory = t.with_memory.intersection(&online);
+
+    for n in online.iter() {
+        read_distances(&mut t, n, &mut buf)?;
+        t.memory[n] = read_node_memory(n, &mut buf)?;
+        let p = path(format_args!("{NODE_DIR}/node{n}/cpulist"));
+        let (cpus, dropped) = super::CpuSet::parse_list(file::read_str(p.as_cstr(), &mut buf)?)?;
+        t.ignored_cpus += dropped as u16;
+        for c in cpus.iter() {
+            t.cpu_node[c] = n as u8;
+        }
+    }
+    // A node without a cpulist entry still counts as a CPU node if has_cpu says
+    // so; the converse (CPUs listed, has_cpu silent) is fixed up here.
+    for c in 0..MAX_CPUS {
+        if t.cpu_node[c] != NO_NODE {
+            t.with_cpus.insert(usize::from(t.cpu_node[c]));
+        }
+    }
+    t.allowed = read_mems_allowed()?.unwrap_or(online).intersection(&t.with_memory);
+    if t.allowed.is_empty() {
+        // A cpuset may allow only memory-less nodes on odd firmware; never
+        // leave the allocator without a node.
+        t.allowed = t.with_memory;
+    }
+    Ok(t)
+}
+
+/// One node 0 with every online CPU and all of `MemTotal`, for kernels built
+/// without NUMA and for failed discovery.
+pub(super) fn single_node_fallback() -> Topology {
+    let mut t = Topology::empty(Source::NoNuma);
+    let mut buf = [0u8; 4096];
+    t.online = NodeSet::single(0);
+    t.with_cpus = t.online;
+    t.with_memory = t.online;
+    t.allowed = t.online;
+    t.distance[0][0] = LOCAL_DISTANCE;
+    let cpus = file::read_str(c"/sys/devices/system/cpu/online", &mut buf)
+        .ok()
+        .and_then(|s| super::CpuSet::parse_list(s).ok());
+    match cpus {
+        Some((cpus, dropped)) => {
+            t.ignored_cpus = dropped as u16;
+            for c in cpus.iter() {
+                t.cpu_node[c] = 0;
+            }
+        }
+        None => t.cpu_node[0] = 0,
+    }
+    if let Ok(s) = file::read_str(c"/proc/meminfo", &mut buf) {
+        t.memory[0] = meminfo_kb(s, "MemTotal:").unwrap_or(0) * 1024;
+    }
+    t
+}
+
+fn read_set(p: &core::ffi::CStr, buf: &mut [u8]) -> Result<Option<NodeSet>> {
+    match file::read_str(p, buf) {
+        Ok(s) => Ok(Some(NodeSet::parse_list(s)?.0)),
+        Err(Error::Os { errno: libc::ENOENT, .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn read_distances(t: &mut Topology, n: usize, buf: &mut [u8]) -> Result<()> {
+    let p = path(format_args!("{NODE_DIR}/node{n}/distance"));
+    // The row lists distances to every online node, in ascending id order.
+    let row = match file::read_str(p.as_cstr(), buf) {
+        Ok(s) => s,
+        Err(Error::Os { errno: libc::ENOENT, .. }) => "",
+        Err(e) => return Err(e),
+    };
+    let mut targets = t.online.iter();
+    let mut seen = 0;
+    for tok in row.split_ascii_whitespace() {
+        let d: u8 = tok.parse().map_err(|_| Error::InvalidTopology { reason: "malformed node distance" })?;
+        let Some(m) = targets.next() else { break };
+        t.distance[n][m] = d;
+        seen += 1;
+    }
+    if seen == 0 {
+        for m in t.online.iter() {
+            t.distance[n][m] = if m == n { LOCAL_DISTANCE } else { REMOTE_DISTANCE };
+        }
+    }
+    Ok(())
+}
+
+fn read_node_memory(n: usize, buf: &mut [u8]) -> Result<u64> {
+    let p = path(format_args!("{NODE_DIR}/node{n}/meminfo"));
+    match file::read_str(p.as_cstr(), buf) {
+        // Lines look like "Node 0 MemTotal:       16303300 kB".
+        Ok(s) => Ok(meminfo_kb(s, "MemTotal:").unwrap_or(0) * 1024),
+        Err(Error::Os { errno: libc::ENOENT, .. }) => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// The kB figure after `key` in a meminfo-style text.
+fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let rest = &l[l.find(key)? + key.len()..];
+        rest.split_ascii_whitespace().next()?.parse().ok()
+    })
+}
+
+/// `Mems_allowed_list` from `/proc/self/status`; `None` when the kernel does not
+/// report it (no cpusets).
+fn read_mems_allowed() -> Result<Option<NodeSet>> {
+    // The status file grows with the CPU count (Cpus_allowed); 16 KiB holds
+    // MAX_CPUS comfortably.
+    let mut buf = [0u8; 16384];
+    let text = file::read_str(c"/proc/self/status", &mut buf)?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("Mems_allowed_list:"))
+        .and_then(|v| NodeSet::parse_list(v.trim()).ok())
+        .map(|(s, _)| s))
+}
+
+/// The kernel node whose memory holds physical frame `pfn` (from
+/// [`os::mem::page_frame`](crate::os::mem::page_frame)), from the memory blocks
+/// sysfs lists under each node (`nodeN/memoryM`). `None` when no node lists
+/// the block (memory hot-plug sysfs absent).
+pub fn node_of_frame(pfn: u64) -> Result<Option<usize>> {
+    let mut buf = [0u8; 64];
+    let s = file::read_str(c"/sys/devices/system/memory/block_size_bytes", &mut buf)?;
+    let block = u64::from_str_radix(s, 16).map_err(|_| Error::InvalidTopology { reason: "bad block_size_bytes" })?;
+    if block == 0 {
+        return Ok(None);
+    }
+    let id = pfn * crate::os::page_size() as u64 / block;
+    for n in 0..MAX_NODES {
+        if file::exists(path(format_args!("{NODE_DIR}/node{n}/memory{id}")).as_cstr()) {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_parsing() {
+        let s = "Node 0 MemTotal:       16303300 kB\nNode 0 MemFree:        1 kB\n";
+        assert_eq!(meminfo_kb(s, "MemTotal:"), Some(16303300));
+        assert_eq!(meminfo_kb(s, "MemFree:"), Some(1));
+        assert_eq!(meminfo_kb(s, "Nope:"), None);
+    }
+
+    #[test]
+    fn detect_agrees_with_sysfs_files() {
+        let t = detect().unwrap();
+        let online = std::fs::read_to_string("/sys/devices/system/node/online");
+        if let Ok(online) = online {
+            assert_eq!(t.nodes().to_string(), online.trim());
+            for n in t.nodes().iter() {
+                let cpus = std::fs::read_to_string(format!("{NODE_DIR}/node{n}/cpulist")).unwrap();
+                assert_eq!(t.cpus_of(n).to_string(), cpus.trim());
+                let row = std::fs::read_to_string(format!("{NODE_DIR}/node{n}/distance")).unwrap();
+                let ours: Vec<String> = t.nodes().iter().map(|m| t.distance(n, m).to_string()).collect();
+                assert_eq!(ours.join(" "), row.trim());
+            }
+        } else {
+            assert_eq!(t.source(), Source::NoNuma);
+        }
+        // Every CPU the kernel says is online has a node.
+        let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        let cpus: super::super::CpuSet = cpus.trim().parse().unwrap();
+        for c in cpus.iter() {
+            assert!(t.node_of_cpu(c).is_some(), "cpu {c} has no node");
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let mems = status.lines().find_map(|l| l.strip_prefix("Mems_allowed_list:")).unwrap();
+        let mems: NodeSet = mems.trim().parse().unwrap();
+        assert_eq!(t.allowed_nodes(), mems.intersection(&t.memory_nodes()));
+    }
+}
