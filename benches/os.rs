@@ -13,9 +13,7 @@ use numaweave::topology::{NodeSet, Topology};
 fn current_node(c: &mut Criterion) {
     let topo = Topology::global();
     let mut g = c.benchmark_group("current_node");
-    g.bench_function("topology.current_node (sched_getcpu + table)", |b| {
-        b.iter(|| black_box(topo.current_node()))
-    });
+    g.bench_function("topology.current_node (sched_getcpu + table)", |b| b.iter(|| black_box(topo.current_node())));
     g.bench_function("getcpu syscall", |b| b.iter(|| black_box(numaweave::os::cpu::getcpu().unwrap())));
     g.finish();
 }

@@ -1,0 +1,349 @@
+//! Placement checks against a real kernel: run inside the numa-vm guest by
+//! `.ci/vm-tests` with `NUMAWEAVE_VM_LAYOUT` describing the guest, and on any
+//! host as a one-node sanity check (checks that need the guest's layout or
+//! root in a throwaway VM are skipped there, and say so).
+//!
+//! `NUMAWEAVE_VM_LAYOUT=nodes:4,cpus-per-node:2,memory-only:1,mem-per-node:512M`
+//! `NUMAWEAVE_VM_DISTANCES=10,20,30;20,10,30;30,30,10` (optional; default as
+//! the harness: 10 local, 20 between CPU nodes, 30 to or from memory-only ones)
+//!
+//! The binary has its own harness (`harness = false`): it re-runs itself as a
+//! child inside a cpuset cgroup, and prints the closing line
+//! `N passed, N failed, N skipped`.
+
+use std::io::Write as _;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::Command;
+
+use numaweave::Error;
+use numaweave::os::{self, mem::BindFlags, mem::MemPolicy, mem::Region};
+use numaweave::topology::{self, CpuSet, NodeSet, Topology};
+
+const PAGES: usize = 32;
+
+/// The guest layout the harness was asked for.
+#[derive(Debug, Clone)]
+struct Layout {
+    cpu_nodes: usize,
+    cpus_per_node: usize,
+    memory_only: usize,
+    mem_per_node: u64,
+    distances: Vec<Vec<u8>>,
+}
+
+impl Layout {
+    fn from_env() -> Option<Layout> {
+        let spec = std::env::var("NUMAWEAVE_VM_LAYOUT").ok()?;
+        let mut l =
+            Layout { cpu_nodes: 2, cpus_per_node: 2, memory_only: 0, mem_per_node: 512 << 20, distances: vec![] };
+        for kv in spec.split(',') {
+            let (k, v) = kv.split_once(':').expect("NUMAWEAVE_VM_LAYOUT: want key:value pairs");
+            match k {
+                "nodes" => l.cpu_nodes = v.parse().unwrap(),
+                "cpus-per-node" => l.cpus_per_node = v.parse().unwrap(),
+                "memory-only" => l.memory_only = v.parse().unwrap(),
+                "mem-per-node" => {
+                    let (n, shift) = match v.as_bytes().last() {
+                        Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
+                        Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
+                        _ => (v, 20),
+                    };
+                    l.mem_per_node = n.parse::<u64>().unwrap() << shift;
+                }
+                other => panic!("NUMAWEAVE_VM_LAYOUT: unknown key {other}"),
+            }
+        }
+        let total = l.cpu_nodes + l.memory_only;
+        l.distances = match std::env::var("NUMAWEAVE_VM_DISTANCES") {
+            Ok(m) => m.split(';').map(|row| row.split(',').map(|d| d.trim().parse().unwrap()).collect()).collect(),
+            Err(_) => (0..total)
+                .map(|i| {
+                    (0..total)
+                        .map(|j| match (i == j, i >= l.cpu_nodes || j >= l.cpu_nodes) {
+                            (true, _) => 10,
+                            (false, true) => 30,
+                            (false, false) => 20,
+                        })
+                        .collect()
+                })
+                .collect(),
+        };
+        assert_eq!(l.distances.len(), total, "distance matrix size");
+        Some(l)
+    }
+}
+
+enum Outcome {
+    Pass,
+    Skip(&'static str),
+}
+
+type Check = fn(&Topology, Option<&Layout>) -> Outcome;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--cpuset-child") {
+        cpuset_child(&args[i + 1], &args[i + 2]);
+        return;
+    }
+    let filter = args.iter().find(|a| !a.starts_with('-')).cloned();
+    let layout = Layout::from_env();
+    let topo = Topology::detect().expect("topology discovery");
+    println!("{topo}");
+
+    let checks: &[(&str, Check)] = &[
+        ("topology_matches_the_guest_exactly", topology_matches_the_guest_exactly),
+        ("each_cpu_reports_its_own_node", each_cpu_reports_its_own_node),
+        ("bound_pages_land_on_their_node", bound_pages_land_on_their_node),
+        ("pagemap_frames_belong_to_the_bound_node", pagemap_frames_belong_to_the_bound_node),
+        ("interleave_rotates_page_by_page", interleave_rotates_page_by_page),
+        ("preferred_and_move_place_pages", preferred_and_move_place_pages),
+        ("strict_bind_outside_allowed_is_a_typed_error", strict_bind_outside_allowed_is_a_typed_error),
+        ("cpuset_mems_confine_every_page", cpuset_mems_confine_every_page),
+    ];
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    for (name, check) in checks {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        print!("test {name} ... ");
+        let _ = std::io::stdout().flush();
+        match catch_unwind(AssertUnwindSafe(|| check(&topo, layout.as_ref()))) {
+            Ok(Outcome::Pass) => {
+                println!("ok");
+                passed += 1;
+            }
+            Ok(Outcome::Skip(why)) => {
+                println!("skipped ({why})");
+                skipped += 1;
+            }
+            Err(_) => {
+                println!("FAILED");
+                failed += 1;
+            }
+        }
+    }
+    println!("multinode: {passed} passed, {failed} failed, {skipped} skipped");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+/// Maps `PAGES` pages with 4 KiB granularity (no THP), under `policy`, touched.
+fn touched(policy: MemPolicy) -> Region {
+    let r = Region::map(PAGES * os::page_size()).unwrap();
+    r.set_hugepages(false).unwrap();
+    r.bind(policy).unwrap();
+    touch(&r);
+    r
+}
+
+fn touch(r: &Region) {
+    for i in 0..r.len() / os::page_size() {
+        // SAFETY: inside the region, which is mapped and writable.
+        unsafe { r.as_ptr().add(i * os::page_size()).write_volatile(i as u8 | 1) };
+    }
+}
+
+fn nodes_of(r: &Region) -> Vec<Option<usize>> {
+    let mut v = Vec::new();
+    r.page_node_list(&mut v).unwrap();
+    v
+}
+
+fn topology_matches_the_guest_exactly(t: &Topology, layout: Option<&Layout>) -> Outcome {
+    let Some(l) = layout else { return Outcome::Skip("needs NUMAWEAVE_VM_LAYOUT (numa-vm guest)") };
+    let total = l.cpu_nodes + l.memory_only;
+    assert!(!t.is_synthetic());
+    assert_eq!(t.nodes(), NodeSet::first_n(total), "online nodes");
+    assert_eq!(t.cpu_nodes(), NodeSet::first_n(l.cpu_nodes), "nodes with CPUs");
+    assert_eq!(t.memory_nodes(), NodeSet::first_n(total), "nodes with memory");
+    let memonly: NodeSet = (l.cpu_nodes..total).collect();
+    assert_eq!(t.memory_only_nodes(), memonly, "memory-only nodes");
+    assert_eq!(t.allowed_nodes(), NodeSet::first_n(total), "allowed nodes");
+    assert_eq!(t.ignored_nodes(), 0);
+    for n in 0..total {
+        let want: CpuSet =
+            if n < l.cpu_nodes { (n * l.cpus_per_node..(n + 1) * l.cpus_per_node).collect() } else { CpuSet::new() };
+        assert_eq!(t.cpus_of(n), want, "cpus of node {n}");
+        for m in 0..total {
+            assert_eq!(t.distance(n, m), l.distances[n][m], "distance {n}->{m}");
+        }
+        // The kernel keeps some of each node (node 0 most) for itself.
+        let mem = t.memory_of(n);
+        assert!(mem <= l.mem_per_node && mem >= l.mem_per_node / 2, "memory of node {n}: {mem}");
+    }
+    // Fallback order from each node follows the distances.
+    for n in 0..total {
+        let order: Vec<usize> = t.nodes_by_distance(n).collect();
+        assert_eq!(order[0], n);
+        assert!(order.windows(2).all(|w| t.distance(n, w[0]) <= t.distance(n, w[1])), "order from {n}: {order:?}");
+    }
+    Outcome::Pass
+}
+
+fn each_cpu_reports_its_own_node(t: &Topology, layout: Option<&Layout>) -> Outcome {
+    let cpus: Vec<usize> = t.cpus().iter().collect();
+    assert!(!cpus.is_empty());
+    std::thread::scope(|s| {
+        for &cpu in &cpus {
+            s.spawn(move || {
+                os::cpu::pin_current_thread(cpu).unwrap();
+                let (c, n) = os::cpu::getcpu().unwrap();
+                assert_eq!(c, cpu, "getcpu after pinning to {cpu}");
+                assert_eq!(t.node_of_cpu(cpu), Some(n), "cpu {cpu}: table vs getcpu");
+                assert_eq!(t.current_cpu(), Some(cpu));
+                assert_eq!(t.current_node(), n);
+                if let Some(l) = layout {
+                    assert_eq!(n, cpu / l.cpus_per_node, "cpu {cpu} is on the wrong node");
+                }
+            });
+        }
+    });
+    println!("\n  checked {} CPUs", cpus.len());
+    Outcome::Pass
+}
+
+fn bound_pages_land_on_their_node(t: &Topology, _: Option<&Layout>) -> Outcome {
+    for n in t.memory_nodes().iter() {
+        let r = touched(MemPolicy::Bind(NodeSet::single(n)));
+        let got = nodes_of(&r);
+        assert!(got.iter().all(|&g| g == Some(n)), "bind to node {n}: pages on {got:?}");
+        // Contents survive: the pages are real, not a zero page.
+        // SAFETY: inside the region.
+        assert_eq!(unsafe { r.as_ptr().add(3 * os::page_size()).read() }, 3 | 1);
+    }
+    Outcome::Pass
+}
+
+fn pagemap_frames_belong_to_the_bound_node(t: &Topology, _: Option<&Layout>) -> Outcome {
+    for n in t.memory_nodes().iter() {
+        let r = touched(MemPolicy::Bind(NodeSet::single(n)));
+        for i in [0, PAGES / 2, PAGES - 1] {
+            let p = r.as_ptr().wrapping_add(i * os::page_size());
+            let pfn = match os::mem::page_frame(p) {
+                Ok(Some(pfn)) => pfn,
+                Err(Error::Os { errno: libc::EPERM, .. }) => {
+                    return Outcome::Skip("pagemap hides frames (no CAP_SYS_ADMIN)");
+                }
+                other => panic!("pagemap for page {i}: {other:?}"),
+            };
+            match topology::node_of_frame(pfn).unwrap() {
+                Some(m) => assert_eq!(m, n, "frame {pfn:#x} of a page bound to node {n}"),
+                None => return Outcome::Skip("no memory-block sysfs on this kernel"),
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+fn interleave_rotates_page_by_page(t: &Topology, _: Option<&Layout>) -> Outcome {
+    let set = t.memory_nodes();
+    let ids: Vec<usize> = set.iter().collect();
+    let r = touched(MemPolicy::Interleave(set));
+    let got: Vec<usize> = nodes_of(&r).into_iter().map(|g| g.expect("page not present")).collect();
+    for w in got.windows(2) {
+        let i = ids.iter().position(|&x| x == w[0]).expect("page outside the interleave set");
+        assert_eq!(w[1], ids[(i + 1) % ids.len()], "interleave sequence {got:?}");
+    }
+    for &n in &ids {
+        let c = got.iter().filter(|&&g| g == n).count();
+        assert!(c.abs_diff(PAGES / ids.len()) <= 1, "node {n} got {c} of {PAGES} pages");
+    }
+    Outcome::Pass
+}
+
+fn preferred_and_move_place_pages(t: &Topology, _: Option<&Layout>) -> Outcome {
+    let nodes: Vec<usize> = t.memory_nodes().iter().collect();
+    let last = *nodes.last().unwrap();
+    // Preferred: plenty of memory, so every page lands on the preferred node.
+    let r = touched(MemPolicy::Preferred(last));
+    assert!(nodes_of(&r).iter().all(|&g| g == Some(last)), "preferred {last}");
+    // Migration of present pages keeps their contents.
+    let r = touched(MemPolicy::Bind(NodeSet::single(nodes[0])));
+    r.bind_range(0, r.len(), MemPolicy::Bind(NodeSet::single(last)), BindFlags::MOVE).unwrap();
+    assert!(nodes_of(&r).iter().all(|&g| g == Some(last)), "moved to {last}");
+    for i in 0..PAGES {
+        // SAFETY: inside the region.
+        assert_eq!(unsafe { r.as_ptr().add(i * os::page_size()).read() }, i as u8 | 1);
+    }
+    // Decommitted pages are gone and come back zeroed.
+    r.decommit(0, r.len()).unwrap();
+    assert!(nodes_of(&r).iter().all(|g| g.is_none()), "decommitted pages still present");
+    // SAFETY: inside the region.
+    assert_eq!(unsafe { r.as_ptr().read() }, 0);
+    Outcome::Pass
+}
+
+fn strict_bind_outside_allowed_is_a_typed_error(t: &Topology, _: Option<&Layout>) -> Outcome {
+    let r = Region::map(os::page_size()).unwrap();
+    // A node beyond the topology: the kernel refuses it, and the error names the call.
+    let bogus = t.nodes().last().unwrap() + 1;
+    let e = r.bind(MemPolicy::Bind(NodeSet::single(bogus))).unwrap_err();
+    assert_eq!(e, Error::Os { call: "mbind", errno: libc::EINVAL });
+    assert!(e.to_string().contains("mbind failed: EINVAL"), "{e}");
+    assert!(matches!(r.bind(MemPolicy::Bind(NodeSet::new())), Err(Error::InvalidNode { .. })));
+    Outcome::Pass
+}
+
+const CGROUP: &str = "/sys/fs/cgroup";
+
+fn write_file(path: &str, what: &str) {
+    std::fs::write(path, what).unwrap_or_else(|e| panic!("write {what:?} to {path}: {e}"));
+}
+
+fn cpuset_mems_confine_every_page(t: &Topology, layout: Option<&Layout>) -> Outcome {
+    let Some(_) = layout else { return Outcome::Skip("mounts cgroup2: only inside the numa-vm guest") };
+    // Confine a child to the last CPU node; node 0 (where it will also run)
+    // and any memory-only node are then off limits.
+    let confined = t.cpu_nodes().last().unwrap();
+    assert!(confined != 0, "needs at least two CPU nodes");
+    let c = std::ffi::CString::new(CGROUP).unwrap();
+    // SAFETY: plain mount(2) of cgroup2 on sysfs's mount point in the guest.
+    let r = unsafe { libc::mount(c"none".as_ptr(), c.as_ptr(), c"cgroup2".as_ptr(), 0, std::ptr::null()) };
+    assert!(r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY), "mount cgroup2");
+    write_file(&format!("{CGROUP}/cgroup.subtree_control"), "+cpuset");
+    let group = format!("{CGROUP}/numaweave-test");
+    let _ = std::fs::create_dir(&group);
+    write_file(&format!("{group}/cpuset.mems"), &confined.to_string());
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let out = Command::new(exe).args(["--cpuset-child", &group, &confined.to_string()]).output().unwrap();
+    print!("\n{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "cpuset child failed: {}", out.status);
+    Outcome::Pass
+}
+
+/// Runs in a child process: joins the cgroup, then tries every way to get
+/// memory elsewhere.
+fn cpuset_child(group: &str, confined: &str) {
+    let confined: usize = confined.parse().unwrap();
+    // "0" moves the writing process (all its threads) into the group.
+    write_file(&format!("{group}/cgroup.procs"), "0");
+    let t = Topology::detect().unwrap();
+    assert_eq!(t.allowed_nodes(), NodeSet::single(confined), "Mems_allowed after joining the cpuset");
+    let ok = |what: &str, r: &Region| {
+        let got = nodes_of(r);
+        assert!(got.iter().all(|&g| g == Some(confined)), "{what}: pages on {got:?}, cpuset allows {confined}");
+        println!("  cpuset child: {what}: {} pages, all on node {confined}", got.len());
+    };
+    ok("default policy", &touched(MemPolicy::Default));
+    ok("interleave over every node", &touched(MemPolicy::Interleave(t.nodes())));
+    ok("preferred-many over every node", &touched(MemPolicy::PreferredMany(t.nodes())));
+    // A policy naming only nodes outside the cpuset is refused outright.
+    for p in [MemPolicy::Bind(NodeSet::single(0)), MemPolicy::Preferred(0)] {
+        let e = Region::map(os::page_size()).unwrap().bind(p).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::EINVAL), "{p:?} outside the cpuset: {e}");
+        println!("  cpuset child: {p:?} refused: {e}");
+    }
+    // From every CPU, node 0's included, first touches stay inside.
+    std::thread::scope(|s| {
+        for cpu in t.cpus().iter() {
+            let ok = &ok;
+            s.spawn(move || {
+                os::cpu::pin_current_thread(cpu).unwrap();
+                ok(&format!("touched from cpu {cpu}"), &touched(MemPolicy::Local));
+            });
+        }
+    });
+}
