@@ -36,6 +36,7 @@ pub use synthetic::{MEMORY_ONLY_DISTANCE, SyntheticBuilder};
 pub use sysfs::node_of_frame;
 
 use crate::error::{Error, Result};
+#[cfg(not(loom))]
 use crate::sync::InitCell;
 
 /// Largest node id + 1 that the crate represents. Fits one `u64` node mask,
@@ -135,8 +136,10 @@ impl Topology {
     pub fn global() -> &'static Topology {
         #[cfg(not(loom))]
         static GLOBAL: InitCell<Topology> = InitCell::new();
+        // Under loom, `InitCell` holds loom atomics, which can live in no
+        // process-wide static; the models exercise `InitCell` directly.
         #[cfg(loom)]
-        loom::lazy_static! { static ref GLOBAL: InitCell<Topology> = InitCell::new(); }
+        static GLOBAL: std::sync::OnceLock<Topology> = std::sync::OnceLock::new();
         GLOBAL.get_or_init(from_env)
     }
 
