@@ -8,7 +8,7 @@
 //!   (`madvise(MADV_DONTNEED)`), ask for transparent huge pages, and ask where
 //!   pages really are (`move_pages` with null nodes, `/proc/self/pagemap`).
 //! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), thread affinity.
-//! - [`file`]: raw reads of small sysfs/procfs files into caller buffers, and the
+//! - [`file`](mod@file): raw reads of small sysfs/procfs files into caller buffers, and the
 //!   environment, without touching the heap.
 //!
 //! Node ids at this layer are the kernel's (physical) ids. The topology layer maps
