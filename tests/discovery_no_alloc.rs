@@ -1,0 +1,64 @@
+//! Topology discovery must not touch the heap: the allocator calls it from its
+//! own start-up. A counting global allocator proves it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to System; the counters are plain atomics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn allocations_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    ALLOCS.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::SeqCst);
+    let r = f();
+    COUNTING.store(false, Ordering::SeqCst);
+    (r, ALLOCS.load(Ordering::Relaxed))
+}
+
+// One test function: the counter is process-wide, and libtest's own threads
+// would allocate concurrently with a second test.
+#[test]
+fn discovery_and_queries_never_allocate() {
+    let (t, n) = allocations_during(numaweave::Topology::detect);
+    let t = t.unwrap();
+    assert_eq!(n, 0, "Topology::detect allocated {n} times");
+
+    let (fake, n) = allocations_during(|| numaweave::topology::SyntheticBuilder::fake(&t, 8));
+    assert_eq!(n, 0, "fake:8 allocated {n} times");
+    let fake = fake.unwrap();
+
+    let (_, n) = allocations_during(|| {
+        let g = numaweave::Topology::global();
+        let here = g.current_node();
+        let order: usize = g.nodes_by_distance(here).sum();
+        (g.cpus_of(here).len(), order, fake.current_node(), fake.physical_node(7))
+    });
+    assert_eq!(n, 0, "global topology and queries allocated {n} times");
+
+    let (_, n) = allocations_during(|| {
+        let r = numaweave::os::mem::Region::map(1 << 16).unwrap();
+        r.bind(numaweave::os::mem::MemPolicy::Local).unwrap();
+        numaweave::os::mem::page_node(r.as_ptr()).unwrap()
+    });
+    assert_eq!(n, 0, "OS layer allocated {n} times");
+}
