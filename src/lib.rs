@@ -31,10 +31,16 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(not(loom))]
+pub mod alloc;
 pub mod error;
 pub mod os;
+#[cfg(not(loom))]
+pub mod stats;
 pub mod sync;
 pub mod topology;
 
+#[cfg(not(loom))]
+pub use alloc::{Config, Mode, NumaAlloc};
 pub use error::{Error, Result};
 pub use topology::Topology;

@@ -113,8 +113,15 @@ pub fn map(len: usize) -> Result<NonNull<u8>> {
 /// Like [`map`], with the start aligned to `align` (a power of two; at least a
 /// page is always given). Over-maps by `align` and trims both ends.
 pub fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
+    map_aligned_at(len, align, 0)
+}
+
+/// Like [`map`], placed so that `start + offset` is a multiple of `align` (a
+/// power of two): for a header followed by a block aligned to `align`.
+/// `offset` must be a multiple of the page size.
+pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull<u8>> {
     let page = page_size();
-    if !align.is_power_of_two() {
+    if !align.is_power_of_two() || offset % page != 0 || offset > len {
         return Err(Error::LayoutTooLarge { size: len, align });
     }
     if align <= page {
@@ -124,7 +131,7 @@ pub fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
     let total = len.checked_add(align).ok_or(Error::LayoutTooLarge { size: len, align })?;
     let base = map(total)?;
     let start = base.as_ptr() as usize;
-    let aligned = (start + align - 1) & !(align - 1);
+    let aligned = (start + offset).next_multiple_of(align) - offset;
     let head = aligned - start;
     let tail = total - head - len;
     // SAFETY: head and tail are page-aligned pieces of the mapping made above,
@@ -165,6 +172,26 @@ pub unsafe fn remap(ptr: NonNull<u8>, old_len: usize, new_len: usize, may_move: 
     let flags = if may_move { libc::MREMAP_MAYMOVE } else { 0 };
     // SAFETY: forwarded to the caller.
     let p = unsafe { libc::mremap(ptr.as_ptr().cast(), old_len, new_len, flags) };
+    if p == libc::MAP_FAILED {
+        return Err(Error::last_os("mremap"));
+    }
+    NonNull::new(p.cast()).ok_or(Error::Os { call: "mremap", errno: libc::ENOMEM })
+}
+
+/// Moves a whole mapping to `[to, to+new_len)` with `mremap(MREMAP_FIXED)`:
+/// the pages move (no copy) and keep their node and policy; whatever was
+/// mapped at `to` is replaced.
+///
+/// # Safety
+/// `[ptr, ptr+old_len)` must be a whole mapping made by this crate, `to` a
+/// page-aligned range of `new_len` bytes that this crate reserved and nobody
+/// uses; no reference to the old range may be used afterwards.
+pub unsafe fn remap_to(ptr: NonNull<u8>, old_len: usize, new_len: usize, to: NonNull<u8>) -> Result<NonNull<u8>> {
+    let new_len = check_len(new_len)?;
+    // SAFETY: forwarded to the caller.
+    let p = unsafe {
+        libc::mremap(ptr.as_ptr().cast(), old_len, new_len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to.as_ptr())
+    };
     if p == libc::MAP_FAILED {
         return Err(Error::last_os("mremap"));
     }

@@ -5,14 +5,18 @@
 //! the same code that ships (the approach of sharded-slab's `sync.rs`).
 
 mod once;
+mod spin;
+mod stack;
 pub use once::InitCell;
+pub use spin::{SpinGuard, SpinLock};
+pub use stack::{AtomicStack, Linked};
 
 #[cfg(loom)]
 #[allow(unused_imports)]
 pub(crate) use loom::{
     cell::UnsafeCell,
     hint::spin_loop,
-    sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     thread::yield_now,
 };
 
@@ -20,7 +24,7 @@ pub(crate) use loom::{
 #[allow(unused_imports)]
 pub(crate) use std::{
     hint::spin_loop,
-    sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     thread::yield_now,
 };
 

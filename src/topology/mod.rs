@@ -24,7 +24,7 @@
 //! process may not use: binding goes through the kernel, which checks.
 
 mod device;
-mod display;
+pub(crate) mod display;
 #[cfg(feature = "hwloc")]
 pub mod hwloc;
 mod set;
@@ -153,6 +153,12 @@ impl Topology {
     /// the kernel's `numa=fake=N`; see [`SyntheticBuilder::fake`].
     pub fn fake(n: usize) -> Result<Self> {
         SyntheticBuilder::fake(&Self::detect()?, n)
+    }
+
+    /// One node 0 with every online CPU and all memory (what a kernel without
+    /// NUMA support looks like). Never allocates.
+    pub(crate) fn single_node() -> Self {
+        sysfs::single_node_fallback()
     }
 
     /// Where this topology came from.

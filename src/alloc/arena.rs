@@ -1,0 +1,332 @@
+//! Per-node arenas: each owns the segments bound to its node, hands pages to
+//! heaps, takes empty pages back, returns memory to the OS past a threshold,
+//! and keeps the heaps of exited threads for new threads to adopt.
+//!
+//! Everything here is a slow path, under the arena's spin lock: a thread comes
+//! here once per page (64 KiB – 2 MiB of blocks), not per block.
+
+use core::ptr::{self, NonNull};
+
+use super::heap::Heap;
+use super::segment::{SMALL, Page, SLOT_SIZE, SLOTS, SEGMENT_SIZE, Segment, SmallSegment};
+use super::size_class::{class_size, page_slots};
+use super::state::{Mode, State};
+use crate::os::mem::{self, BindFlags, MemPolicy};
+use crate::sync::{AtomicU64, Ordering, SpinLock};
+use crate::topology::NodeSet;
+
+/// Counters of one arena, written under its lock or with single atomic adds.
+#[derive(Default)]
+pub(crate) struct ArenaCounters {
+    /// Address space mapped (segments and huge blocks).
+    pub(crate) reserved: AtomicU64,
+    /// Memory returned to the OS with `MADV_DONTNEED` (cumulative).
+    pub(crate) purged: AtomicU64,
+    /// Pages' bytes currently handed to heaps.
+    pub(crate) pages_in_use: AtomicU64,
+    /// Free page bytes still committed (not yet purged).
+    pub(crate) dirty: AtomicU64,
+    /// Segments this arena's heaps had to take from another node.
+    pub(crate) fallbacks: AtomicU64,
+    /// Huge blocks live, and their bytes.
+    pub(crate) huge_live: AtomicU64,
+    pub(crate) huge_bytes: AtomicU64,
+    pub(crate) huge_allocs: AtomicU64,
+    pub(crate) huge_frees: AtomicU64,
+}
+
+pub(crate) struct ArenaInner {
+    /// Segments with at least one free slot first; all segments are listed.
+    segments: *mut SmallSegment,
+    /// Heaps of exited threads, for adoption (linked through `Heap::next_orphan`).
+    pub(crate) orphans: *mut Heap,
+    /// Set when this node was found out of memory; segment requests go to
+    /// the nearest node until it counts down.
+    exhausted: u32,
+}
+
+// SAFETY: the raw pointers are owned by the arena and only used under its lock.
+unsafe impl Send for ArenaInner {}
+
+pub(crate) struct Arena {
+    /// Logical node (index in `State::arenas`).
+    pub(crate) node: usize,
+    /// Kernel node to bind to, or `None` (flat mode: first touch decides).
+    pub(crate) bind_to: Option<usize>,
+    pub(crate) inner: SpinLock<ArenaInner>,
+    pub(crate) counters: ArenaCounters,
+}
+
+impl Arena {
+    pub(crate) const fn new(node: usize, bind_to: Option<usize>) -> Self {
+        Self {
+            node,
+            bind_to,
+            inner: SpinLock::new(ArenaInner { segments: ptr::null_mut(), orphans: ptr::null_mut(), exhausted: 0 }),
+            counters: ArenaCounters {
+                reserved: AtomicU64::new(0),
+                purged: AtomicU64::new(0),
+                pages_in_use: AtomicU64::new(0),
+                dirty: AtomicU64::new(0),
+                fallbacks: AtomicU64::new(0),
+                huge_live: AtomicU64::new(0),
+                huge_bytes: AtomicU64::new(0),
+                huge_allocs: AtomicU64::new(0),
+                huge_frees: AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// The kernel policy for this arena's mappings.
+    pub(crate) fn policy(&self, state: &State) -> MemPolicy {
+        match self.bind_to {
+            None => MemPolicy::Default,
+            Some(p) if state.config.strict => MemPolicy::Bind(NodeSet::single(p)),
+            Some(p) => MemPolicy::Preferred(p),
+        }
+    }
+
+    /// A fresh page of class `class` for `heap`, from this arena or, when its
+    /// node is out of memory, from the nearest one that is not.
+    pub(crate) fn alloc_page(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
+        let slots = page_slots(class);
+        {
+            let mut g = self.inner.lock();
+            if let Some(p) = take_slots(&mut g, slots, &self.counters) {
+                drop(g);
+                return Some(init_page(p, class, heap));
+            }
+            if g.exhausted > 0 {
+                g.exhausted -= 1;
+                drop(g);
+                return self.fallback_page(state, class, heap);
+            }
+        }
+        // Map outside the lock: mmap and mbind can take a while.
+        match self.map_segment(state) {
+            Some(seg) => {
+                let mut g = self.inner.lock();
+                // SAFETY: a fresh segment, ours alone until linked.
+                unsafe { (*seg.as_ptr()).seg.next = g.segments };
+                g.segments = seg.as_ptr();
+                let p = take_slots(&mut g, slots, &self.counters);
+                drop(g);
+                p.map(|p| init_page(p, class, heap))
+            }
+            None => self.fallback_page(state, class, heap),
+        }
+    }
+
+    fn fallback_page(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
+        if state.config.strict || state.mode == Mode::Flat {
+            return None;
+        }
+        for n in state.topology.nodes_by_distance(self.node).skip(1) {
+            let Some(other) = state.arena(n) else { continue };
+            if other.node == self.node {
+                continue;
+            }
+            if other.inner.lock().exhausted > 0 {
+                continue;
+            }
+            if let Some(p) = other.alloc_page_no_fallback(state, class, heap) {
+                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    fn alloc_page_no_fallback(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
+        let slots = page_slots(class);
+        if let Some(p) = take_slots(&mut self.inner.lock(), slots, &self.counters) {
+            return Some(init_page(p, class, heap));
+        }
+        let seg = self.map_segment(state)?;
+        let mut g = self.inner.lock();
+        // SAFETY: fresh segment.
+        unsafe { (*seg.as_ptr()).seg.next = g.segments };
+        g.segments = seg.as_ptr();
+        take_slots(&mut g, slots, &self.counters).map(|p| init_page(p, class, heap))
+    }
+
+    /// Maps, binds and initialises a small segment; `None` when the OS has no
+    /// memory or (per-node mode) the node turned out to be full.
+    fn map_segment(&self, state: &State) -> Option<NonNull<SmallSegment>> {
+        let base = mem::map_aligned(SEGMENT_SIZE, SEGMENT_SIZE).ok()?;
+        let policy = self.policy(state);
+        if policy != MemPolicy::Default {
+            // SAFETY: our fresh, segment-aligned mapping.
+            if unsafe { mem::bind(base, SEGMENT_SIZE, policy, BindFlags::NONE) }.is_err() {
+                // SAFETY: ours, unused.
+                let _ = unsafe { mem::unmap(base, SEGMENT_SIZE) };
+                return None;
+            }
+        }
+        let seg = base.as_ptr().cast::<SmallSegment>();
+        // SAFETY: the header fits slot 0 (checked at compile time); the
+        // mapping is zeroed, so only non-zero fields need writing. This first
+        // touch commits the header page under the arena's policy.
+        unsafe {
+            ptr::addr_of_mut!((*seg).seg).write(Segment {
+                kind: SMALL,
+                arena: self.node as u8,
+                map_base: base.as_ptr(),
+                map_len: SEGMENT_SIZE,
+                huge_size: 0,
+                next: ptr::null_mut(),
+            });
+            (*seg).free_slots = !1u64; // slot 0 is the header
+            (*seg).dirty_slots = 0;
+            for i in 0..SLOTS {
+                ptr::addr_of_mut!((*seg).pages[i]).write(Page::empty());
+            }
+        }
+        // Preferred binding falls back silently when the node is full: look
+        // where the header page landed, and treat the node as exhausted if
+        // it is elsewhere (one query per 4 MiB segment).
+        if let (Some(phys), false) = (self.bind_to, state.config.strict) {
+            if state.multi_node {
+                if let Ok(Some(actual)) = mem::page_node(base.as_ptr()) {
+                    if actual != phys {
+                        self.inner.lock().exhausted = 64;
+                        // SAFETY: ours, unused.
+                        let _ = unsafe { mem::unmap(base, SEGMENT_SIZE) };
+                        return None;
+                    }
+                }
+            }
+        }
+        self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
+        // SAFETY: non-null mapping.
+        Some(unsafe { NonNull::new_unchecked(seg) })
+    }
+
+    /// Takes back an empty page (its heap has let go of it), and purges free
+    /// memory once more than the configured threshold has piled up.
+    ///
+    /// # Safety
+    /// `page` must be a page of one of this arena's segments, with no live block
+    /// and no heap referring to it.
+    pub(crate) unsafe fn free_page(&self, state: &State, page: *mut Page) {
+        // SAFETY: per the contract.
+        let (seg, first, slots) = unsafe {
+            let seg = super::segment::segment_of((*page).start) as *mut SmallSegment;
+            ((seg), (*page).first_slot as usize, (*page).slots as usize)
+        };
+        let mask = slot_mask(first, slots);
+        let bytes = (slots * SLOT_SIZE) as u64;
+        let mut g = self.inner.lock();
+        // SAFETY: segment fields are guarded by the arena lock.
+        unsafe {
+            (*page).heap.store(ptr::null_mut(), Ordering::Relaxed);
+            (*seg).free_slots |= mask;
+            (*seg).dirty_slots |= mask;
+        }
+        self.counters.pages_in_use.fetch_sub(bytes, Ordering::Relaxed);
+        let dirty = self.counters.dirty.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if g.exhausted > 0 {
+            // Memory came back: give the home node another chance.
+            g.exhausted = 0;
+        }
+        if dirty as usize > state.config.purge_threshold {
+            self.purge(&mut g);
+        }
+    }
+
+    /// Returns every free, committed slot to the OS, and unmaps segments that
+    /// are entirely free, keeping one for reuse.
+    fn purge(&self, g: &mut ArenaInner) {
+        let mut kept_empty = false;
+        let mut link: *mut *mut SmallSegment = &mut g.segments;
+        // SAFETY: the list and its segments are guarded by the lock we hold.
+        unsafe {
+            while !(*link).is_null() {
+                let seg = *link;
+                if (*seg).free_slots == !1u64 && kept_empty {
+                    *link = (*seg).seg.next;
+                    let dirty = ((*seg).dirty_slots.count_ones() as usize * SLOT_SIZE) as u64;
+                    self.counters.dirty.fetch_sub(dirty, Ordering::Relaxed);
+                    self.counters.purged.fetch_add(dirty, Ordering::Relaxed);
+                    self.counters.reserved.fetch_sub(SEGMENT_SIZE as u64, Ordering::Relaxed);
+                    let _ = mem::unmap(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE);
+                    continue;
+                }
+                kept_empty |= (*seg).free_slots == !1u64;
+                let mut d = (*seg).dirty_slots;
+                while d != 0 {
+                    let start = d.trailing_zeros() as usize;
+                    let run = (d >> start).trailing_ones() as usize;
+                    let p = NonNull::new_unchecked(seg.cast::<u8>().add(start * SLOT_SIZE));
+                    if mem::decommit(p, run * SLOT_SIZE).is_ok() {
+                        let b = (run * SLOT_SIZE) as u64;
+                        self.counters.dirty.fetch_sub(b, Ordering::Relaxed);
+                        self.counters.purged.fetch_add(b, Ordering::Relaxed);
+                    }
+                    d &= !slot_mask(start, run);
+                }
+                (*seg).dirty_slots = 0;
+                link = &mut (*seg).seg.next;
+            }
+        }
+    }
+
+    /// Purges now, whatever the threshold (for `NumaAlloc::collect`).
+    pub(crate) fn purge_now(&self) {
+        let mut g = self.inner.lock();
+        self.purge(&mut g);
+    }
+}
+
+fn slot_mask(first: usize, slots: usize) -> u64 {
+    if slots >= 64 { !0 } else { ((1u64 << slots) - 1) << first }
+}
+
+/// Finds `slots` free slots, aligned to `slots`, in the arena's segments.
+fn take_slots(g: &mut ArenaInner, slots: usize, c: &ArenaCounters) -> Option<(*mut SmallSegment, usize, usize)> {
+    let mut seg = g.segments;
+    while !seg.is_null() {
+        // SAFETY: listed segments are live; their slot maps are ours under the lock.
+        unsafe {
+            let free = (*seg).free_slots;
+            let mut first = 0;
+            while first < SLOTS {
+                let m = slot_mask(first, slots);
+                if free & m == m {
+                    (*seg).free_slots &= !m;
+                    let dirty = ((*seg).dirty_slots & m).count_ones() as u64 * SLOT_SIZE as u64;
+                    (*seg).dirty_slots &= !m;
+                    c.dirty.fetch_sub(dirty, Ordering::Relaxed);
+                    c.pages_in_use.fetch_add((slots * SLOT_SIZE) as u64, Ordering::Relaxed);
+                    return Some((seg, first, slots));
+                }
+                first += slots;
+            }
+            seg = (*seg).seg.next;
+        }
+    }
+    None
+}
+
+/// Writes a fresh page descriptor for `class` owned by `heap`.
+fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usize, heap: *mut Heap) -> NonNull<Page> {
+    let bs = class_size(class);
+    // SAFETY: the slots were just taken under the arena lock, so nobody else
+    // uses this descriptor or the slot map entries.
+    unsafe {
+        for s in first..first + slots {
+            (*seg).slot_page[s] = first as u8;
+        }
+        let page = (*seg).pages.as_mut_ptr().add(first);
+        let start = seg.cast::<u8>().add(first * SLOT_SIZE);
+        ptr::write(page, Page::empty());
+        (*page).capacity = ((slots * SLOT_SIZE) / bs) as u32;
+        (*page).block_size = bs as u32;
+        (*page).class = class as u8;
+        (*page).slots = slots as u8;
+        (*page).first_slot = first as u8;
+        (*page).start = start;
+        (*page).heap.store(heap, Ordering::Relaxed);
+        NonNull::new_unchecked(page)
+    }
+}

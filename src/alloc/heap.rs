@@ -1,0 +1,431 @@
+//! Thread-local heaps: the fast paths.
+//!
+//! Each thread allocates through its own [`Heap`]: one "direct" page per size
+//! class whose free list it pops with no atomic operation and no lock. A heap
+//! refills from the arena of the node the thread runs on *now* (re-checked at
+//! every refill, so a migrated thread follows its node). Blocks freed by other
+//! threads come back through the pages' lock-free `thread_free` lists.
+//!
+//! When a thread exits, its heap gives back its empty pages and waits, whole,
+//! on its node's arena for a new thread to adopt it: spawning and joining
+//! threads reuses heaps instead of growing memory.
+
+use core::cell::Cell;
+use core::ptr;
+
+use super::segment::{Block, Page};
+use super::size_class::CLASSES;
+use super::state::State;
+use crate::sync::{AtomicStack, AtomicU64, Ordering};
+
+thread_local! {
+    /// The calling thread's heap; null before its first allocation and after it
+    /// exited. `const`-initialised with no destructor: a plain TLS load.
+    static HEAP: Cell<*mut Heap> = const { Cell::new(ptr::null_mut()) };
+}
+
+/// The page every empty direct slot points to, so the fast path needs no null
+/// check: its free list is always empty.
+static EMPTY_PAGE: EmptyPage = EmptyPage(Page::empty());
+#[repr(transparent)]
+struct EmptyPage(Page);
+// SAFETY: never written: `free` stays null, so no path reaches past the check
+// that sends callers to the slow path, which replaces it before touching it.
+unsafe impl Sync for EmptyPage {}
+
+#[inline(always)]
+fn empty_page() -> *mut Page {
+    ptr::addr_of!(EMPTY_PAGE.0).cast_mut()
+}
+
+/// Per-heap counters: written only by the thread that owns the heap (relaxed
+/// load + store, no read-modify-write), read by anyone and summed into
+/// [`Stats`](crate::stats::Stats).
+#[derive(Default)]
+pub(crate) struct HeapCounters {
+    pub(crate) allocs: AtomicU64,
+    pub(crate) frees: AtomicU64,
+    pub(crate) bytes_alloc: AtomicU64,
+    pub(crate) bytes_freed: AtomicU64,
+    /// Blocks other threads freed into this heap's pages, collected here.
+    pub(crate) remote_frees: AtomicU64,
+}
+
+#[inline(always)]
+fn bump(c: &AtomicU64, by: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
+}
+
+/// A list of pages of one class that (may) have free blocks.
+#[derive(Clone, Copy)]
+struct PageList {
+    head: *mut Page,
+}
+
+pub(crate) struct Heap {
+    /// Per class, the page to allocate from: hot, first.
+    direct: [*mut Page; CLASSES],
+    lists: [PageList; CLASSES],
+    /// Pages of this heap with remote frees waiting.
+    pub(crate) remote_pages: AtomicStack<Page>,
+    /// The node the heap was made or adopted on (stats are booked there).
+    pub(crate) node: usize,
+    pub(crate) counters: HeapCounters,
+    /// Links: all heaps (registry), orphans of an arena.
+    pub(crate) next_all: *mut Heap,
+    pub(crate) next_orphan: *mut Heap,
+    /// Whether a live thread owns it.
+    pub(crate) owned: AtomicU64,
+}
+
+/// The calling thread's heap, if it has one.
+#[inline(always)]
+pub(crate) fn current() -> *mut Heap {
+    HEAP.with(|h| h.get())
+}
+
+impl Heap {
+    /// Allocates a block of class `class` (fast path inlined into `alloc`).
+    ///
+    /// # Safety
+    /// `heap` must be the calling thread's heap.
+    #[inline(always)]
+    pub(crate) unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
+        // SAFETY: the heap is this thread's; `class < CLASSES` by construction.
+        unsafe {
+            let page = *(*heap).direct.get_unchecked(class);
+            let block = (*page).free;
+            if !block.is_null() {
+                (*page).free = (*block).next;
+                (*page).used += 1;
+                bump(&(*heap).counters.allocs, 1);
+                bump(&(*heap).counters.bytes_alloc, u64::from((*page).block_size));
+                return block.cast();
+            }
+            Heap::alloc_slow(heap, class)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_slow(heap: *mut Heap, class: usize) -> *mut u8 {
+        let Some(state) = State::try_get() else { return ptr::null_mut() };
+        // SAFETY: the heap is this thread's (caller's contract).
+        unsafe {
+            Heap::collect_remote(heap, state);
+            let mut page = (*heap).direct[class];
+            loop {
+                if page != empty_page() {
+                    if (*page).free.is_null() {
+                        carve(page);
+                    }
+                    if !(*page).free.is_null() {
+                        (*heap).direct[class] = page;
+                        return Heap::alloc_class(heap, class);
+                    }
+                    // Full: off the list until a block comes back.
+                    (*heap).unlink(page);
+                    (*page).in_full = true;
+                }
+                page = (*heap).lists[class].head;
+                if page.is_null() {
+                    break;
+                }
+            }
+            // A fresh page from the arena of the node this thread runs on now.
+            let arena = state.current_arena();
+            match arena.alloc_page(state, class, heap) {
+                Some(p) => {
+                    let p = p.as_ptr();
+                    (*heap).push_front(p);
+                    carve(p);
+                    (*heap).direct[class] = p;
+                    Heap::alloc_class(heap, class)
+                }
+                None => {
+                    (*heap).direct[class] = empty_page();
+                    ptr::null_mut()
+                }
+            }
+        }
+    }
+
+    /// Frees `block` of `page`, which this heap owns.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap and owns `page`; `block` is a live
+    /// block of `page`.
+    #[inline(always)]
+    pub(crate) unsafe fn free_local(heap: *mut Heap, page: *mut Page, block: *mut Block) {
+        // SAFETY: per the contract; owner-only fields.
+        unsafe {
+            (*block).next = (*page).free;
+            (*page).free = block;
+            (*page).used -= 1;
+            bump(&(*heap).counters.frees, 1);
+            bump(&(*heap).counters.bytes_freed, u64::from((*page).block_size));
+            if (*page).used == 0 || (*page).in_full {
+                Heap::page_event(heap, page);
+            }
+        }
+    }
+
+    /// A page got a block back while full, or became empty.
+    #[cold]
+    unsafe fn page_event(heap: *mut Heap, page: *mut Page) {
+        // SAFETY: the caller owns the heap and the page.
+        unsafe {
+            if (*page).in_full {
+                (*page).in_full = false;
+                (*heap).push_front(page);
+            }
+            let class = usize::from((*page).class);
+            if (*page).used == 0 && (*heap).direct[class] != page {
+                (*heap).retire(page);
+            }
+        }
+    }
+
+    /// Gives an empty page back to its arena.
+    unsafe fn retire(&mut self, page: *mut Page) {
+        let Some(state) = State::try_get() else { return };
+        // SAFETY: the page is empty and ours; after unlinking, nothing here
+        // refers to it.
+        unsafe {
+            self.unlink(page);
+            let seg = super::segment::segment_of((*page).start);
+            let arena = &state.arenas[usize::from((*seg).arena)];
+            arena.free_page(state, page);
+        }
+    }
+
+    /// Moves every block other threads freed into this heap's pages back onto
+    /// the pages' local free lists.
+    ///
+    /// # Safety
+    /// `heap` must be the calling thread's heap (or an orphan being adopted).
+    pub(crate) unsafe fn collect_remote(heap: *mut Heap, _state: &State) {
+        // SAFETY: pages on `remote_pages` are this heap's; see `Page`'s Linked impl
+        // for why each is on the stack at most once.
+        unsafe {
+            let mut page = (*heap).remote_pages.take_all();
+            while !page.is_null() {
+                // Read the link before emptying `thread_free`: from then on a
+                // remote thread may push the page again and rewrite it.
+                let next = (*page).remote_next;
+                let mut b = (*page).thread_free.take_all();
+                let mut n = 0u32;
+                while !b.is_null() {
+                    let nb = (*b).next;
+                    (*b).next = (*page).free;
+                    (*page).free = b;
+                    n += 1;
+                    b = nb;
+                }
+                (*page).used -= n;
+                let c = &(*heap).counters;
+                bump(&c.remote_frees, u64::from(n));
+                bump(&c.frees, u64::from(n));
+                bump(&c.bytes_freed, u64::from(n) * u64::from((*page).block_size));
+                if (*page).in_full || (*page).used == 0 {
+                    Heap::page_event(heap, page);
+                }
+                page = next;
+            }
+        }
+    }
+
+    fn push_front(&mut self, page: *mut Page) {
+        // SAFETY: owner-only list fields of pages this heap owns.
+        unsafe {
+            let class = usize::from((*page).class);
+            let head = self.lists[class].head;
+            (*page).prev = ptr::null_mut();
+            (*page).next = head;
+            if !head.is_null() {
+                (*head).prev = page;
+            }
+            self.lists[class].head = page;
+        }
+    }
+
+    fn unlink(&mut self, page: *mut Page) {
+        // SAFETY: as above. A page off every list has null links and is not a head.
+        unsafe {
+            let class = usize::from((*page).class);
+            let (prev, next) = ((*page).prev, (*page).next);
+            if !prev.is_null() {
+                (*prev).next = next;
+            } else if self.lists[class].head == page {
+                self.lists[class].head = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+            (*page).prev = ptr::null_mut();
+            (*page).next = ptr::null_mut();
+            if self.direct[class] == page {
+                self.direct[class] = empty_page();
+            }
+        }
+    }
+
+    /// Lets go of every empty page (thread exit, `collect`).
+    unsafe fn release_empty_pages(heap: *mut Heap, state: &State) {
+        // SAFETY: the heap is the caller's.
+        unsafe {
+            Heap::collect_remote(heap, state);
+            for class in 0..CLASSES {
+                (*heap).direct[class] = empty_page();
+                let mut p = (*heap).lists[class].head;
+                while !p.is_null() {
+                    let next = (*p).next;
+                    if (*p).used == 0 {
+                        (*heap).retire(p);
+                    }
+                    p = next;
+                }
+            }
+        }
+    }
+}
+
+/// The calling thread's heap, made (or adopted) on first use. `None` only when
+/// the OS refuses the memory for a heap descriptor.
+#[cold]
+#[inline(never)]
+pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
+    let node = state.topology.current_node();
+    let arena = state.home_arena(node);
+    // Adopt a heap left by an exited thread of this node, else make one.
+    let heap = {
+        let mut g = arena.inner.lock();
+        let h = g.orphans;
+        if !h.is_null() {
+            // SAFETY: orphans are live heaps owned by nobody.
+            g.orphans = unsafe { (*h).next_orphan };
+        }
+        h
+    };
+    let heap = if heap.is_null() {
+        let p = state.alloc_meta(core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
+        let h = p.as_ptr().cast::<Heap>();
+        // SAFETY: fresh, suitably aligned metadata memory.
+        unsafe {
+            ptr::write(
+                h,
+                Heap {
+                    direct: [empty_page(); CLASSES],
+                    lists: [PageList { head: ptr::null_mut() }; CLASSES],
+                    remote_pages: AtomicStack::new(),
+                    node: arena.node,
+                    counters: HeapCounters::default(),
+                    next_all: ptr::null_mut(),
+                    next_orphan: ptr::null_mut(),
+                    owned: AtomicU64::new(1),
+                },
+            );
+            let mut all = state.heaps.lock();
+            (*h).next_all = *all;
+            *all = h;
+        }
+        h
+    } else {
+        // SAFETY: adopted: ours now. Its pages and their free lists come along;
+        // remote frees that arrived meanwhile are collected at the next refill.
+        unsafe {
+            (*heap).next_orphan = ptr::null_mut();
+            (*heap).owned.store(1, Ordering::Relaxed);
+        }
+        heap
+    };
+    HEAP.with(|c| c.set(heap));
+    // Ask for `thread_exit` at thread exit. glibc keeps the first 32 keys'
+    // values inside the thread descriptor, so this does not allocate.
+    // SAFETY: a key made at start-up.
+    unsafe { libc::pthread_setspecific(state.key, heap.cast()) };
+    Some(heap)
+}
+
+/// Thread-exit destructor (pthread key): release empty pages, leave the heap
+/// for adoption. Allocations after this (from later destructors) make or
+/// adopt a heap again, and the key brings us back for it.
+pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
+    let heap = heap.cast::<Heap>();
+    let Some(state) = State::try_get() else { return };
+    if heap.is_null() {
+        return;
+    }
+    HEAP.with(|c| c.set(ptr::null_mut()));
+    // SAFETY: the heap was this thread's; nobody else uses it until adopted.
+    unsafe {
+        Heap::release_empty_pages(heap, state);
+        (*heap).owned.store(0, Ordering::Relaxed);
+        let arena = state.home_arena((*heap).node);
+        let mut g = arena.inner.lock();
+        (*heap).next_orphan = g.orphans;
+        g.orphans = heap;
+    }
+}
+
+/// Returns the calling thread's empty pages and purges the arenas.
+pub(crate) fn collect_current(state: &State) {
+    let h = current();
+    if !h.is_null() {
+        // SAFETY: the calling thread's heap.
+        unsafe { Heap::release_empty_pages(h, state) };
+    }
+    for n in state.nodes().iter() {
+        if let Some(a) = state.arena(n) {
+            a.purge_now();
+        }
+    }
+}
+
+/// Carves up to 16 KiB worth of blocks from the page's untouched tail onto its
+/// free list (touching memory as late as possible keeps RSS low).
+unsafe fn carve(page: *mut Page) {
+    // SAFETY: owner-only fields of the caller's page.
+    unsafe {
+        let left = (*page).capacity - (*page).carved;
+        if left == 0 {
+            return;
+        }
+        let bs = (*page).block_size as usize;
+        let n = left.min((16 * 1024 / bs).max(1) as u32);
+        let first = (*page).start.add((*page).carved as usize * bs);
+        for i in 0..n as usize {
+            let b = first.add(i * bs).cast::<Block>();
+            (*b).next = if i + 1 < n as usize { first.add((i + 1) * bs).cast() } else { (*page).free };
+        }
+        (*page).free = first.cast();
+        (*page).carved += n;
+    }
+}
+
+impl Heap {
+    /// Whether a live thread owns the heap.
+    pub(crate) fn is_owned(&self) -> bool {
+        self.owned.load(Ordering::Relaxed) != 0
+    }
+
+    /// The heap's node and (allocs, frees, bytes allocated, bytes freed, remote frees).
+    pub(crate) fn node_and_counters(&self) -> (usize, (u64, u64, u64, u64, u64)) {
+        let c = &self.counters;
+        let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
+        (self.node, (ld(&c.allocs), ld(&c.frees), ld(&c.bytes_alloc), ld(&c.bytes_freed), ld(&c.remote_frees)))
+    }
+}
+
+/// Heaps for stats: every heap ever made.
+pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(&Heap)) {
+    let mut h = *state.heaps.lock();
+    while !h.is_null() {
+        // SAFETY: heaps are never freed; `next_all` is written once, under the
+        // registry lock, before the heap is published.
+        unsafe {
+            f(&*h);
+            h = (*h).next_all;
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Blocks larger than [`SMALL_MAX`](super::size_class::SMALL_MAX), or aligned
+//! beyond 64 KiB: each gets its own mapping, bound to the node of the thread
+//! that allocates it, with a one-page [`Segment`] header in front so that
+//! `segment_of` finds it like any other block. Growing reallocations move the
+//! pages with `mremap` (in place when the address space after the block is
+//! free, else to a new aligned range), never copying.
+
+use core::ptr::{self, NonNull};
+
+use super::segment::{HUGE, SEGMENT_SIZE, Segment, segment_of};
+use super::state::State;
+use crate::os::{self, mem};
+use crate::sync::Ordering;
+
+/// Largest alignment served (1 GiB). Larger requests get null.
+pub const MAX_ALIGN: usize = 1 << 30;
+
+/// Header-to-block offset for `align`: one page, or the alignment itself, or
+/// (beyond the segment size) exactly one segment, so the header always sits on
+/// a segment boundary just before the block.
+fn block_offset(align: usize) -> usize {
+    if align <= SEGMENT_SIZE { align.max(os::page_size()) } else { SEGMENT_SIZE }
+}
+
+fn map_len(offset: usize, size: usize) -> Option<usize> {
+    let page = os::page_size();
+    let total = offset.checked_add(size)?.checked_add(page - 1)? & !(page - 1);
+    (total <= isize::MAX as usize / 2).then_some(total)
+}
+
+fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
+    if align <= SEGMENT_SIZE {
+        mem::map_aligned(total, SEGMENT_SIZE).ok()
+    } else {
+        mem::map_aligned_at(total, align, offset).ok()
+    }
+}
+
+/// Allocates a huge block; null on failure.
+pub(crate) fn alloc(state: &State, size: usize, align: usize) -> *mut u8 {
+    if align > MAX_ALIGN {
+        return ptr::null_mut();
+    }
+    let off = block_offset(align);
+    let Some(total) = map_len(off, size) else { return ptr::null_mut() };
+    let Some(base) = reserve(total, align, off) else { return ptr::null_mut() };
+    let arena = state.current_arena();
+    let policy = arena.policy(state);
+    if policy != mem::MemPolicy::Default {
+        // SAFETY: our fresh mapping. A failed bind leaves first-touch placement,
+        // which is still a valid block.
+        let _ = unsafe { mem::bind(base, total, policy, mem::BindFlags::NONE) };
+    }
+    let h = base.as_ptr().cast::<Segment>();
+    // SAFETY: the header page is the start of our mapping.
+    unsafe {
+        ptr::write(
+            h,
+            Segment {
+                kind: HUGE,
+                arena: arena.node as u8,
+                map_base: base.as_ptr(),
+                map_len: total,
+                huge_size: size,
+                next: ptr::null_mut(),
+            },
+        );
+    }
+    let c = &arena.counters;
+    c.reserved.fetch_add(total as u64, Ordering::Relaxed);
+    c.huge_live.fetch_add(1, Ordering::Relaxed);
+    c.huge_bytes.fetch_add(total as u64, Ordering::Relaxed);
+    c.huge_allocs.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: inside the mapping.
+    unsafe { base.as_ptr().add(off) }
+}
+
+/// Frees the huge block whose header is `seg`.
+///
+/// # Safety
+/// `seg` must be the header of a live huge block.
+pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
+    // SAFETY: per the contract.
+    let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
+    let c = &state.arenas[arena].counters;
+    c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
+    c.huge_live.fetch_sub(1, Ordering::Relaxed);
+    c.huge_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+    c.huge_frees.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the whole mapping of a block nobody uses any more.
+    let _ = unsafe { mem::unmap(NonNull::new_unchecked(base), len) };
+}
+
+/// Resizes the huge block `p` (aligned to `align`) to `new_size` (> SMALL_MAX)
+/// without copying; null when the address space cannot be had (the block is
+/// then untouched).
+///
+/// # Safety
+/// `p` must be a live huge block of this allocator.
+pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: usize) -> *mut u8 {
+    let seg = segment_of(p);
+    // SAFETY: per the contract the header is live.
+    let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
+    let off = p as usize - base as usize;
+    let Some(total) = map_len(off, new_size) else { return ptr::null_mut() };
+    let c = &state.arenas[arena].counters;
+    // SAFETY: `base` is the start of our whole mapping.
+    let old = unsafe { NonNull::new_unchecked(base) };
+    let new_base = if total == len {
+        Some(old)
+    } else if total < len || align <= SEGMENT_SIZE {
+        // In place: shrinking always works; growing when the range after it is free.
+        // SAFETY: our whole mapping; it does not move.
+        match unsafe { mem::remap(old, len, total, false) } {
+            Ok(b) => Some(b),
+            Err(_) if total > len => {
+                // Move the pages to a fresh, segment-aligned range.
+                reserve(total, align, off).and_then(|to| {
+                    // SAFETY: `to` is our fresh reservation of `total` bytes.
+                    unsafe { mem::remap_to(old, len, total, to) }.ok().or_else(|| {
+                        // SAFETY: the reservation is unused.
+                        let _ = unsafe { mem::unmap(to, total) };
+                        None
+                    })
+                })
+            }
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    let Some(b) = new_base else { return ptr::null_mut() };
+    // SAFETY: the header moved with the pages (it is their first page).
+    unsafe {
+        let h = b.as_ptr().cast::<Segment>();
+        (*h).map_base = b.as_ptr();
+        (*h).map_len = total;
+        (*h).huge_size = new_size;
+    }
+    if total >= len {
+        c.reserved.fetch_add((total - len) as u64, Ordering::Relaxed);
+        c.huge_bytes.fetch_add((total - len) as u64, Ordering::Relaxed);
+    } else {
+        c.reserved.fetch_sub((len - total) as u64, Ordering::Relaxed);
+        c.huge_bytes.fetch_sub((len - total) as u64, Ordering::Relaxed);
+    }
+    // SAFETY: same offset inside the (possibly moved) mapping.
+    unsafe { b.as_ptr().add(off) }
+}
+
+/// Usable size of the huge block whose header is `seg`.
+///
+/// # Safety
+/// `seg` must be the header of a live huge block.
+pub(crate) unsafe fn usable_size(seg: *mut Segment, p: *const u8) -> usize {
+    // SAFETY: per the contract.
+    unsafe { (*seg).map_base as usize + (*seg).map_len - p as usize }
+}

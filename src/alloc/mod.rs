@@ -1,0 +1,283 @@
+//! [`NumaAlloc`]: a general-purpose `GlobalAlloc` with per-node arenas.
+//!
+//! ```
+//! use numaweave::NumaAlloc;
+//! # /*
+//! #[global_allocator]
+//! static A: NumaAlloc = NumaAlloc::new();
+//! # */
+//! # static A: NumaAlloc = NumaAlloc::new();
+//! # use std::alloc::{GlobalAlloc, Layout};
+//! # let l = Layout::from_size_align(100, 8).unwrap();
+//! # let p = unsafe { A.alloc(l) };
+//! # assert!(!p.is_null());
+//! # unsafe { A.dealloc(p, l) };
+//! ```
+//!
+//! # How it is built
+//!
+//! - **Segments** (`segment.rs`): 4 MiB-aligned mappings, bound to their node
+//!   with `mbind`, cut into 64 KiB slots. The owner of any pointer (segment,
+//!   page, heap, node) is found by masking the pointer: O(1), no lock.
+//! - **Arenas** (`arena.rs`): one per node with memory (per-node mode) or one
+//!   in all (flat mode). They hand pages to heaps under a spin lock, take empty
+//!   pages back, purge free memory with `MADV_DONTNEED` past a threshold, and
+//!   keep exited threads' heaps for adoption.
+//! - **Heaps** (`heap.rs`): one per thread. Allocation pops the free list of
+//!   the class's direct page: a TLS load, two dependent loads and a store, no
+//!   atomic operation, no node lookup. Freeing a block of one's own page pushes
+//!   it back the same way; a block of another heap's page goes onto that page's
+//!   lock-free `thread_free` list, and the owner collects it at its next refill:
+//!   memory returns to the heap, and so the node, it came from.
+//! - **Huge blocks** (`huge.rs`): above 256 KiB, or aligned beyond 64 KiB, a
+//!   mapping of their own, bound to the allocating thread's node; `realloc`
+//!   moves their pages with `mremap` instead of copying.
+//!
+//! In flat mode, and on a one-node machine in `Auto` mode, nothing on the fast
+//! paths differs from per-node mode: the node is consulted only when a heap
+//! takes a fresh page.
+//!
+//! # Limits and failure
+//! `alloc` returns null (it never panics or aborts) when the OS refuses
+//! memory, for sizes whose mapping would exceed `isize::MAX / 2`, and for
+//! alignments above [`MAX_ALIGN`] (1 GiB).
+
+mod arena;
+mod heap;
+mod huge;
+mod segment;
+pub(crate) mod size_class;
+pub(crate) mod state;
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::{self, NonNull};
+
+pub(crate) use heap::for_each_heap;
+pub use huge::MAX_ALIGN;
+pub use size_class::SMALL_MAX;
+pub use state::{Config, Mode};
+
+use crate::error::{Error, Result};
+use heap::Heap;
+use segment::{Block, HUGE, SMALL, SmallSegment, page_of, segment_of};
+use size_class::{class_for, class_of, class_size};
+use state::State;
+
+/// The allocator. All values share one process-wide allocator, set up by the
+/// first allocation with the configuration of the value that made it (and the
+/// `NUMAWEAVE_*` variables, see [`Config`]).
+#[derive(Clone, Copy, Debug)]
+pub struct NumaAlloc {
+    config: Config,
+}
+
+impl NumaAlloc {
+    /// The allocator with the default [`Config`].
+    pub const fn new() -> Self {
+        Self { config: Config::new() }
+    }
+
+    /// The allocator with `config` (used if this value makes the first
+    /// allocation in the process).
+    pub const fn with_config(config: Config) -> Self {
+        Self { config }
+    }
+
+    fn state(&self) -> &'static State {
+        State::get(&self.config)
+    }
+
+    /// The mode in force (after resolving [`Mode::Auto`]).
+    pub fn mode(&self) -> Mode {
+        self.state().mode
+    }
+
+    /// Allocates `layout`, with a typed error instead of null.
+    pub fn try_alloc(&self, layout: Layout) -> Result<NonNull<u8>> {
+        if layout.align() > MAX_ALIGN || layout.size() > isize::MAX as usize / 2 {
+            return Err(Error::LayoutTooLarge { size: layout.size(), align: layout.align() });
+        }
+        // SAFETY: a valid layout; a zero size is served as one byte.
+        let p = unsafe { self.alloc(layout) };
+        NonNull::new(p).ok_or(Error::NodeOutOfMemory { node: self.state().topology.current_node() })
+    }
+
+    /// The usable size of the block at `p` (at least what was asked for).
+    ///
+    /// # Safety
+    /// `p` must be a live block of this allocator.
+    pub unsafe fn usable_size(&self, p: *const u8) -> usize {
+        let seg = segment_of(p);
+        // SAFETY: per the contract the segment header is live.
+        unsafe {
+            if (*seg).kind == SMALL {
+                (*page_of(seg.cast::<SmallSegment>(), p)).block_size as usize
+            } else {
+                huge::usable_size(seg, p)
+            }
+        }
+    }
+
+    /// The node whose arena owns the block at `p` (its segment's node).
+    ///
+    /// # Safety
+    /// `p` must be a live block of this allocator.
+    pub unsafe fn node_of(&self, p: *const u8) -> usize {
+        // SAFETY: per the contract.
+        usize::from(unsafe { (*segment_of(p)).arena })
+    }
+
+    /// Returns the calling thread's empty pages to their arenas and every
+    /// arena's free memory to the OS now, whatever the threshold.
+    pub fn collect(&self) {
+        heap::collect_current(self.state());
+    }
+
+    /// A snapshot of the allocator's statistics.
+    pub fn stats(&self) -> crate::stats::Stats {
+        crate::stats::Stats::collect(self.state())
+    }
+
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_slow(&self, size: usize, align: usize) -> *mut u8 {
+        let state = self.state();
+        match class_for(size, align) {
+            Some(class) => {
+                let mut heap = heap::current();
+                if heap.is_null() {
+                    match heap::init_current(state) {
+                        Some(h) => heap = h,
+                        None => return ptr::null_mut(),
+                    }
+                }
+                // SAFETY: the calling thread's heap.
+                unsafe { Heap::alloc_class(heap, class) }
+            }
+            None => huge::alloc(state, size, align),
+        }
+    }
+}
+
+impl Default for NumaAlloc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Frees `p`, a live block of this allocator.
+#[inline(always)]
+unsafe fn free(p: *mut u8) {
+    let seg = segment_of(p);
+    // SAFETY: `p` is a live block (caller's contract), so its segment header
+    // is live, and for a small segment the slot belongs to a page.
+    unsafe {
+        if (*seg).kind == SMALL {
+            let page = page_of(seg.cast::<SmallSegment>(), p);
+            let heap = heap::current();
+            if (*page).heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
+                Heap::free_local(heap, page, p.cast::<Block>());
+            } else {
+                free_remote(page, p.cast::<Block>());
+            }
+        } else if let Some(state) = State::try_get() {
+            debug_assert_eq!((*seg).kind, HUGE);
+            huge::free(state, seg);
+        }
+    }
+}
+
+/// A block of another heap's page: push it on the page's `thread_free`; the
+/// first push onto an empty list also queues the page on its heap, once.
+#[cold]
+unsafe fn free_remote(page: *mut segment::Page, block: *mut Block) {
+    // SAFETY: the block is live and ours to give back; the page and its heap
+    // outlive it (heaps are never freed, pages not reassigned while they hold
+    // a live block).
+    unsafe {
+        if (*page).thread_free.push(block) {
+            let heap = (*page).heap.load(core::sync::atomic::Ordering::Relaxed);
+            (*heap).remote_pages.push(page);
+        }
+    }
+}
+
+// SAFETY: blocks are disjoint (each is on at most one free list or handed out
+// once), aligned as asked (size classes whose size is a multiple of the
+// alignment, from 64 KiB-aligned pages; huge blocks placed at aligned
+// offsets), and null is returned on every failure.
+unsafe impl GlobalAlloc for NumaAlloc {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let size = layout.size();
+        if layout.align() <= size_class::MIN_BLOCK && size <= SMALL_MAX {
+            let heap = heap::current();
+            if !heap.is_null() {
+                // SAFETY: the calling thread's heap; class_of is in range.
+                return unsafe { Heap::alloc_class(heap, class_of(size)) };
+            }
+        }
+        // SAFETY: same contract.
+        unsafe { self.alloc_slow(size, layout.align()) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
+        // SAFETY: forwarded contract: `p` is a live block of this allocator.
+        unsafe { free(p) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.alloc(layout) };
+        if !p.is_null() {
+            // SAFETY: `p` holds at least `layout.size()` bytes. Huge blocks are
+            // fresh mappings and already zero.
+            unsafe {
+                if (*segment_of(p)).kind == SMALL {
+                    ptr::write_bytes(p, 0, layout.size());
+                }
+            }
+        }
+        p
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let align = layout.align();
+        let seg = segment_of(p);
+        // SAFETY: `p` is a live block (caller's contract).
+        unsafe {
+            if (*seg).kind == SMALL {
+                let page = page_of(seg.cast::<SmallSegment>(), p);
+                let bs = (*page).block_size as usize;
+                // Keep the block if the new size fits and would not waste over
+                // half of it (shrinking to a much smaller class frees memory).
+                if new_size <= bs && (new_size >= bs / 2 || bs <= 64) && class_for(new_size, align).is_some() {
+                    return p;
+                }
+            } else if new_size > SMALL_MAX {
+                if let Some(state) = State::try_get() {
+                    let q = huge::realloc(state, p, align, new_size);
+                    if !q.is_null() {
+                        return q;
+                    }
+                }
+            }
+            // SAFETY: `new_size` with the old alignment is a valid layout per
+            // the GlobalAlloc contract.
+            let new_layout = Layout::from_size_align_unchecked(new_size, align);
+            let q = self.alloc(new_layout);
+            if !q.is_null() {
+                ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                free(p);
+            }
+            q
+        }
+    }
+}
+
+/// The block size a request of `size` bytes gets from a size class, `None` when
+/// it is served by a huge mapping.
+pub fn size_class_of(size: usize) -> Option<usize> {
+    (size <= SMALL_MAX).then(|| class_size(class_of(size)))
+}

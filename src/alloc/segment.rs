@@ -1,0 +1,162 @@
+//! Segments: 4 MiB-aligned mappings, each owned by one node arena and bound to
+//! its node. Any pointer's owner is found in O(1) without a lock: mask the
+//! pointer to its segment, read the segment's kind, then (small segments) index
+//! the page table by the 64 KiB slot the pointer falls in.
+//!
+//! Small segment layout: slot 0 holds the [`SmallSegment`] header (the segment
+//! fields, a slot→page map and 64 page descriptors); slots 1..64 are handed out
+//! as pages of 1, 4 or 32 slots. A huge segment holds one block larger than
+//! [`SMALL_MAX`](super::size_class::SMALL_MAX) and starts with a [`Segment`]
+//! header only; see `huge.rs`.
+
+use core::ptr;
+
+use super::heap::Heap;
+use crate::sync::{AtomicPtr, AtomicStack, Linked};
+
+pub(crate) const SEGMENT_SHIFT: usize = 22;
+/// Size and alignment of a small segment (4 MiB).
+pub(crate) const SEGMENT_SIZE: usize = 1 << SEGMENT_SHIFT;
+pub(crate) const SEGMENT_MASK: usize = SEGMENT_SIZE - 1;
+pub(crate) const SLOT_SHIFT: usize = 16;
+/// A page is 1, 4 or 32 slots of 64 KiB.
+pub(crate) const SLOT_SIZE: usize = 1 << SLOT_SHIFT;
+pub(crate) const SLOTS: usize = SEGMENT_SIZE / SLOT_SIZE;
+
+/// Segment kinds, stored as a plain byte (read through raw pointers).
+pub(crate) const SMALL: u8 = 0x5a;
+pub(crate) const HUGE: u8 = 0xa5;
+
+/// Fields common to both kinds, at the start of every segment.
+#[repr(C)]
+pub(crate) struct Segment {
+    pub(crate) kind: u8,
+    /// The arena (logical node index) that owns the segment.
+    pub(crate) arena: u8,
+    /// Huge: the mapping's start and length (the header may not be at its start
+    /// when the block is aligned beyond the segment size), and the block size.
+    pub(crate) map_base: *mut u8,
+    pub(crate) map_len: usize,
+    pub(crate) huge_size: usize,
+    /// Small: link in the arena's segment list (under the arena lock).
+    pub(crate) next: *mut SmallSegment,
+}
+
+/// A free-list node stored in a free block.
+#[repr(C)]
+pub(crate) struct Block {
+    pub(crate) next: *mut Block,
+}
+
+// SAFETY: `next` is the block's own first word, unused by anyone else while
+// the block is free (on a list).
+unsafe impl Linked for Block {
+    unsafe fn next_ptr(node: *mut Self) -> *mut *mut Self {
+        // SAFETY: the caller passes a live block.
+        unsafe { ptr::addr_of_mut!((*node).next) }
+    }
+}
+
+/// A page descriptor. The owner-only fields are touched by the owning heap's
+/// thread alone; `thread_free` and `remote_next` are the lock-free remote-free
+/// protocol (see `free.rs`).
+#[repr(C)]
+pub(crate) struct Page {
+    /// Local free list (owner only).
+    pub(crate) free: *mut Block,
+    /// Blocks handed out and not yet returned to `free` (owner only; remote
+    /// frees still on `thread_free` count as used).
+    pub(crate) used: u32,
+    /// Blocks the page holds, and how many have been carved from it so far.
+    pub(crate) capacity: u32,
+    pub(crate) carved: u32,
+    pub(crate) block_size: u32,
+    pub(crate) class: u8,
+    /// Unlinked from its heap's class list because it had no free block.
+    pub(crate) in_full: bool,
+    pub(crate) slots: u8,
+    pub(crate) first_slot: u8,
+    /// First block.
+    pub(crate) start: *mut u8,
+    /// Links in the owning heap's class list (owner only).
+    pub(crate) prev: *mut Page,
+    pub(crate) next: *mut Page,
+    /// The owning heap; set when the page is handed to a heap, read by threads
+    /// freeing a block of this page from elsewhere (they hold a live block, so
+    /// the page cannot change owner meanwhile).
+    pub(crate) heap: AtomicPtr<Heap>,
+    /// Blocks freed by other threads, taken by the owner in one swap.
+    pub(crate) thread_free: AtomicStack<Block>,
+    /// Link in the owning heap's list of pages with remote frees waiting.
+    pub(crate) remote_next: *mut Page,
+}
+
+// SAFETY: `remote_next` is used only as the link of a heap's `remote_pages`
+// stack, and a page is on at most one such stack at a time (it is pushed only
+// when its `thread_free` goes from empty to non-empty, and that list is emptied
+// only by the owner after it took the page off the stack).
+unsafe impl Linked for Page {
+    unsafe fn next_ptr(node: *mut Self) -> *mut *mut Self {
+        // SAFETY: the caller passes a live page.
+        unsafe { ptr::addr_of_mut!((*node).remote_next) }
+    }
+}
+
+impl Page {
+    pub(crate) const fn empty() -> Self {
+        Self {
+            free: ptr::null_mut(),
+            used: 0,
+            capacity: 0,
+            carved: 0,
+            block_size: 0,
+            class: 0,
+            in_full: false,
+            slots: 0,
+            first_slot: 0,
+            start: ptr::null_mut(),
+            prev: ptr::null_mut(),
+            next: ptr::null_mut(),
+            heap: AtomicPtr::new(ptr::null_mut()),
+            thread_free: AtomicStack::new(),
+            remote_next: ptr::null_mut(),
+        }
+    }
+}
+
+/// The header of a small segment, in its slot 0.
+#[repr(C)]
+pub(crate) struct SmallSegment {
+    pub(crate) seg: Segment,
+    /// Free slots (bit i = slot i), under the arena lock.
+    pub(crate) free_slots: u64,
+    /// Free slots whose memory is still committed (not yet purged).
+    pub(crate) dirty_slots: u64,
+    /// For each slot of a page, the page's first slot.
+    pub(crate) slot_page: [u8; SLOTS],
+    pub(crate) pages: [Page; SLOTS],
+}
+
+const _: () = assert!(core::mem::size_of::<SmallSegment>() <= SLOT_SIZE);
+
+/// The segment holding `p`: `(p - 1)` rounded down, so a huge block aligned
+/// to exactly the segment size still finds the header just before it.
+#[inline(always)]
+pub(crate) fn segment_of(p: *const u8) -> *mut Segment {
+    ((p as usize).wrapping_sub(1) & !SEGMENT_MASK) as *mut Segment
+}
+
+/// The page descriptor for `p` in small segment `seg`.
+///
+/// # Safety
+/// `p` must point into a slot of `seg` that belongs to a page.
+#[inline(always)]
+pub(crate) unsafe fn page_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page {
+    let slot = (p as usize - seg as usize) >> SLOT_SHIFT;
+    // SAFETY: per the contract `slot` indexes a live page's slot; the map holds
+    // the page's first slot, whose descriptor is the page's.
+    unsafe {
+        let first = *(*seg).slot_page.get_unchecked(slot) as usize;
+        (*seg).pages.as_mut_ptr().add(first)
+    }
+}

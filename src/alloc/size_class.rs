@@ -1,0 +1,118 @@
+//! Size classes: 16-byte steps up to 128 bytes, then four classes per power of
+//! two up to [`SMALL_MAX`] (256 KiB). Internal waste is at most 25% (a 129-byte
+//! request gets a 160-byte block) and on average about 10%.
+
+/// Largest size served from size-class pages; larger blocks get their own
+/// node-bound mapping.
+pub const SMALL_MAX: usize = 256 * 1024;
+
+/// Number of size classes.
+pub const CLASSES: usize = 52;
+
+/// Smallest block (and the alignment every block has).
+pub const MIN_BLOCK: usize = 16;
+
+/// Class of a request of `size` bytes (`1 ..= SMALL_MAX`; 0 is treated as 1).
+#[inline(always)]
+pub fn class_of(size: usize) -> usize {
+    if size <= 128 {
+        // 0 and 1..=16 -> 0, 17..=32 -> 1, …
+        return size.saturating_sub(1) >> 4;
+    }
+    let s = size - 1;
+    let b = (usize::BITS - 1 - s.leading_zeros()) as usize; // 7 ..= 17
+    8 + (b - 7) * 4 + ((s >> (b - 2)) & 3)
+}
+
+/// Block size of class `c`.
+#[inline(always)]
+pub const fn class_size(c: usize) -> usize {
+    if c < 8 {
+        return (c + 1) * 16;
+    }
+    let b = 7 + (c - 8) / 4;
+    let k = (c - 8) % 4;
+    (1 << b) + (k + 1) * (1 << (b - 2))
+}
+
+/// The class serving `size` bytes aligned to `align` (a power of two), if a
+/// size class can: blocks sit at multiples of their size from a 64 KiB-aligned
+/// page start, so a class whose size is a multiple of `align` gives aligned
+/// blocks.
+#[inline]
+pub fn class_for(size: usize, align: usize) -> Option<usize> {
+    if align <= MIN_BLOCK {
+        return (size <= SMALL_MAX).then(|| class_of(size));
+    }
+    if align > super::segment::SLOT_SIZE {
+        return None;
+    }
+    let mut c = class_of(size.max(align));
+    while c < CLASSES {
+        if class_size(c) % align == 0 {
+            return Some(c);
+        }
+        c += 1;
+    }
+    None
+}
+
+/// Slots (64 KiB each) of a page for class `c`: enough for at least four
+/// blocks (eight for the 2 MiB pages of the largest classes).
+pub const fn page_slots(c: usize) -> usize {
+    let bs = class_size(c);
+    if bs <= 16 * 1024 {
+        1
+    } else if bs <= 64 * 1024 {
+        4
+    } else {
+        32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_cover_every_size_with_bounded_waste() {
+        assert_eq!(class_size(CLASSES - 1), SMALL_MAX);
+        assert_eq!(class_of(SMALL_MAX), CLASSES - 1);
+        let mut prev = 0;
+        for c in 0..CLASSES {
+            assert!(class_size(c) > prev, "class sizes increase");
+            assert_eq!(class_size(c) % MIN_BLOCK, 0);
+            prev = class_size(c);
+        }
+        for size in 1..=SMALL_MAX {
+            let c = class_of(size);
+            let bs = class_size(c);
+            assert!(bs >= size, "size {size} in class {c} of {bs}");
+            assert!(c == 0 || class_size(c - 1) < size, "size {size} not in the smallest class");
+            assert!(bs - size <= (size / 4).max(15), "waste over 25% for {size}: {bs}");
+        }
+        assert_eq!(class_of(0), 0);
+    }
+
+    #[test]
+    fn aligned_classes_give_aligned_blocks() {
+        for align in [32, 64, 128, 4096, 65536] {
+            for size in [1, 24, 100, 1000, 5000, 70000] {
+                if let Some(c) = class_for(size, align) {
+                    assert_eq!(class_size(c) % align, 0);
+                    assert!(class_size(c) >= size);
+                }
+            }
+        }
+        assert_eq!(class_for(10, 1 << 17), None);
+        assert_eq!(class_for(SMALL_MAX + 1, 8), None);
+    }
+
+    #[test]
+    fn pages_hold_several_blocks() {
+        for c in 0..CLASSES {
+            let cap = page_slots(c) * 65536 / class_size(c);
+            assert!(cap >= 4, "class {c}: {cap} blocks");
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Process-wide allocator state, set up once at the first allocation: the
+//! topology, the mode, the arenas, and the registry of heaps.
+//!
+//! Start-up never recurses: topology discovery and the environment are read
+//! without the heap, and heap descriptors come from `mmap`ed metadata chunks.
+
+use core::ptr::{self, NonNull};
+
+use super::arena::Arena;
+use super::heap::Heap;
+use crate::os::{file, mem};
+use crate::sync::{InitCell, SpinLock};
+use crate::topology::{MAX_NODES, NodeSet, Topology};
+
+/// How arenas map to nodes, chosen once at start-up (as knfsd chose its pool
+/// mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `Flat` on one node, `PerNode` on several.
+    Auto,
+    /// One arena, memory placed by first touch: what a NUMA-unaware
+    /// allocator does.
+    Flat,
+    /// One arena per node with memory, each bound to its node; threads take
+    /// pages from the arena of the node they run on.
+    PerNode,
+}
+
+/// Allocator configuration, `const` so it can sit in the `#[global_allocator]`
+/// static. Environment variables, read once at start-up, override it:
+///
+/// | variable | values | default |
+/// | --- | --- | --- |
+/// | `NUMAWEAVE_MODE` | `auto`, `flat`, `per-node` | `auto` |
+/// | `NUMAWEAVE_STRICT` | `0`, `1`: bind strictly (`MPOL_BIND`), never fall back to another node | `0` |
+/// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS | `8M` |
+/// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
+///
+/// An invalid value is reported once on stderr and the configured value kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub(crate) mode: Mode,
+    pub(crate) strict: bool,
+    pub(crate) purge_threshold: usize,
+}
+
+impl Config {
+    /// The defaults: `Auto`, not strict, 8 MiB purge threshold.
+    pub const fn new() -> Self {
+        Self { mode: Mode::Auto, strict: false, purge_threshold: 8 << 20 }
+    }
+
+    /// Sets the mode.
+    pub const fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Strict binding: memory of a node comes from that node or not at all
+    /// (`MPOL_BIND`; when the node is full the kernel's OOM handling applies,
+    /// as under `numactl --membind`). Default: preferred binding, falling back
+    /// to the nearest node by distance, every fallback counted.
+    pub const fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
+    /// Free page memory (per arena) kept committed for reuse before it is
+    /// returned to the OS with `MADV_DONTNEED`.
+    pub const fn purge_threshold(mut self, bytes: usize) -> Self {
+        self.purge_threshold = bytes;
+        self
+    }
+
+    fn apply_env(mut self) -> Self {
+        if let Some(v) = file::env(c"NUMAWEAVE_MODE") {
+            match v.trim() {
+                "auto" => self.mode = Mode::Auto,
+                "flat" => self.mode = Mode::Flat,
+                "per-node" | "pernode" => self.mode = Mode::PerNode,
+                _ => file::report(format_args!("numaweave: ignoring NUMAWEAVE_MODE={v:?} (want auto, flat or per-node)")),
+            }
+        }
+        if let Some(v) = file::env(c"NUMAWEAVE_STRICT") {
+            match v.trim() {
+                "0" | "false" | "no" => self.strict = false,
+                "1" | "true" | "yes" => self.strict = true,
+                _ => file::report(format_args!("numaweave: ignoring NUMAWEAVE_STRICT={v:?} (want 0 or 1)")),
+            }
+        }
+        if let Some(v) = file::env(c"NUMAWEAVE_PURGE") {
+            match parse_bytes(v) {
+                Some(b) => self.purge_threshold = b,
+                None => file::report(format_args!("numaweave: ignoring NUMAWEAVE_PURGE={v:?} (want bytes, e.g. 8M)")),
+            }
+        }
+        self
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `"8M"` → 8 MiB; plain digits are bytes.
+pub(crate) fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, shift) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    num.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+pub(crate) struct State {
+    pub(crate) config: Config,
+    /// The mode after resolving `Auto`.
+    pub(crate) mode: Mode,
+    pub(crate) topology: Topology,
+    /// More than one node with memory (and per-node mode): fallbacks are checked.
+    pub(crate) multi_node: bool,
+    pub(crate) arenas: [Arena; MAX_NODES],
+    /// For each logical node, the arena its threads use (nearest allowed node
+    /// with memory).
+    home: [u8; MAX_NODES],
+    /// Every heap ever made, linked through `Heap::next_all` (never shrinks:
+    /// heaps are adopted, not freed).
+    pub(crate) heaps: SpinLock<*mut Heap>,
+    meta: SpinLock<MetaChunk>,
+    pub(crate) key: libc::pthread_key_t,
+}
+
+// SAFETY: raw pointers inside are guarded by the spin locks around them.
+unsafe impl Sync for State {}
+// SAFETY: as above.
+unsafe impl Send for State {}
+
+struct MetaChunk {
+    next: *mut u8,
+    end: *mut u8,
+}
+
+static STATE: InitCell<State> = InitCell::new();
+
+impl State {
+    /// The state, set up by the first caller with `config`.
+    #[inline]
+    pub(crate) fn get(config: &Config) -> &'static State {
+        match STATE.get() {
+            Some(s) => s,
+            None => STATE.get_or_init(|| State::init(*config)),
+        }
+    }
+
+    /// The state if it exists.
+    #[inline]
+    pub(crate) fn try_get() -> Option<&'static State> {
+        STATE.get()
+    }
+
+    #[cold]
+    fn init(config: Config) -> State {
+        let config = config.apply_env();
+        let topology = allocator_topology();
+        let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
+        let mode = match config.mode {
+            Mode::Auto if mem_nodes.len() > 1 => Mode::PerNode,
+            Mode::Auto => Mode::Flat,
+            m => m,
+        };
+        let arenas = core::array::from_fn(|n| {
+            let bind = (mode == Mode::PerNode && mem_nodes.contains(n)).then(|| topology.physical_node(n));
+            Arena::new(n, bind)
+        });
+        let mut home = [0u8; MAX_NODES];
+        if mode == Mode::PerNode {
+            for n in topology.nodes().iter() {
+                let h = topology.nodes_by_distance(n).find(|&m| mem_nodes.contains(m)).unwrap_or(0);
+                home[n] = h as u8;
+            }
+        }
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is writable; the destructor is an `extern "C" fn(*mut c_void)`.
+        unsafe { libc::pthread_key_create(&mut key, Some(super::heap::thread_exit)) };
+        State {
+            config,
+            mode,
+            multi_node: mode == Mode::PerNode && mem_nodes.len() > 1,
+            topology,
+            arenas,
+            home,
+            heaps: SpinLock::new(ptr::null_mut()),
+            meta: SpinLock::new(MetaChunk { next: ptr::null_mut(), end: ptr::null_mut() }),
+            key,
+        }
+    }
+
+    /// The arena for logical node `node` (`None` if it has no memory here).
+    pub(crate) fn arena(&self, node: usize) -> Option<&Arena> {
+        match self.mode {
+            Mode::PerNode => (node < MAX_NODES && self.arenas[node].bind_to.is_some()).then(|| &self.arenas[node]),
+            _ => (node == 0).then(|| &self.arenas[0]),
+        }
+    }
+
+    /// The arena a thread running on `node` draws from.
+    #[inline]
+    pub(crate) fn home_arena(&self, node: usize) -> &Arena {
+        match self.mode {
+            Mode::PerNode => &self.arenas[usize::from(self.home[node % MAX_NODES])],
+            _ => &self.arenas[0],
+        }
+    }
+
+    /// The arena of the calling thread's current node.
+    #[inline]
+    pub(crate) fn current_arena(&self) -> &Arena {
+        match self.mode {
+            Mode::PerNode => self.home_arena(self.topology.current_node()),
+            _ => &self.arenas[0],
+        }
+    }
+
+    /// Memory for one heap descriptor, from `mmap`ed chunks (never the heap
+    /// itself: this runs when a thread has no heap yet).
+    pub(crate) fn alloc_meta(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
+        const CHUNK: usize = 1 << 20;
+        let mut g = self.meta.lock();
+        let mut p = (g.next as usize).next_multiple_of(align);
+        if g.next.is_null() || p + size > g.end as usize {
+            let chunk = mem::map(CHUNK).ok()?;
+            g.next = chunk.as_ptr();
+            // SAFETY: end of the fresh chunk.
+            g.end = unsafe { chunk.as_ptr().add(CHUNK) };
+            p = (g.next as usize).next_multiple_of(align);
+        }
+        g.next = (p + size) as *mut u8;
+        NonNull::new(p as *mut u8)
+    }
+
+    /// The memory nodes the allocator places on.
+    pub(crate) fn nodes(&self) -> NodeSet {
+        match self.mode {
+            Mode::PerNode => (0..MAX_NODES).filter(|&n| self.arenas[n].bind_to.is_some()).collect(),
+            _ => NodeSet::single(0),
+        }
+    }
+}
+
+/// The topology as the allocator sees it: `NUMAWEAVE_TOPOLOGY` honoured
+/// except `hwloc`, which allocates and so cannot serve the allocator's own
+/// start-up.
+fn allocator_topology() -> Topology {
+    if file::env(c"NUMAWEAVE_TOPOLOGY").is_some_and(|v| v.trim() == "hwloc") {
+        file::report(format_args!("numaweave: the allocator reads the topology from sysfs (hwloc allocates)"));
+        return Topology::detect().unwrap_or_else(|_| Topology::single_node());
+    }
+    Topology::global().clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("8M"), Some(8 << 20));
+        assert_eq!(parse_bytes("512k"), Some(512 << 10));
+        assert_eq!(parse_bytes("1G"), Some(1 << 30));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("M"), None);
+        assert_eq!(parse_bytes("-1"), None);
+        assert_eq!(parse_bytes(""), None);
+    }
+}

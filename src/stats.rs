@@ -1,0 +1,162 @@
+//! Allocator statistics: per node, summed when read from per-heap and
+//! per-arena counters (nothing shared is written on the fast path), and a
+//! printer in the spirit of `mi_stats_print` / `malloc_stats_print`.
+
+use core::fmt;
+
+use crate::alloc::Mode;
+use crate::alloc::state::State;
+use crate::topology::{MAX_NODES, NodeSet};
+
+/// Counters of one node's arena, in bytes or counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Address space mapped for the node (segments and huge blocks).
+    pub reserved: u64,
+    /// Memory in pages handed to heaps, free pages not yet purged, and huge
+    /// blocks: an upper bound of the resident memory.
+    pub committed: u64,
+    /// Bytes of live blocks (size-class bytes, plus huge mappings).
+    pub in_use: u64,
+    /// Bytes returned to the OS with `MADV_DONTNEED` or unmapping (cumulative).
+    pub returned: u64,
+    /// Allocations and frees served (cumulative).
+    pub allocs: u64,
+    /// Frees (cumulative), remote ones included.
+    pub frees: u64,
+    /// Blocks freed by a thread other than their owner and collected back by
+    /// the owner (cumulative).
+    pub remote_frees: u64,
+    /// Pages this node's threads had to take from another node because this
+    /// one was out of memory (cumulative).
+    pub fallbacks: u64,
+    /// Huge blocks live.
+    pub huge_live: u64,
+}
+
+impl NodeStats {
+    fn add(&mut self, o: &NodeStats) {
+        self.reserved += o.reserved;
+        self.committed += o.committed;
+        self.in_use += o.in_use;
+        self.returned += o.returned;
+        self.allocs += o.allocs;
+        self.frees += o.frees;
+        self.remote_frees += o.remote_frees;
+        self.fallbacks += o.fallbacks;
+        self.huge_live += o.huge_live;
+    }
+}
+
+/// A snapshot of [`NumaAlloc::stats`](crate::NumaAlloc::stats). Counters of
+/// other threads are read without stopping them, so a snapshot taken while they
+/// run is approximate (each counter is exact, the sums are not simultaneous).
+#[derive(Clone, Debug)]
+pub struct Stats {
+    /// The mode in force.
+    pub mode: Mode,
+    /// Nodes the allocator places memory on (node 0 alone in flat mode).
+    pub nodes: NodeSet,
+    /// Per node (index = node id); zero for nodes not in `nodes`.
+    pub per_node: [NodeStats; MAX_NODES],
+    /// Thread heaps made so far, and how many of them wait for adoption.
+    pub heaps: usize,
+    /// Heaps of exited threads, waiting for a new thread to adopt them.
+    pub orphan_heaps: usize,
+    /// Whether the topology is synthetic.
+    pub synthetic: bool,
+}
+
+impl Stats {
+    pub(crate) fn collect(state: &State) -> Stats {
+        let mut per_node = [NodeStats::default(); MAX_NODES];
+        let nodes = state.nodes();
+        for n in nodes.iter() {
+            let Some(a) = state.arena(n) else { continue };
+            let c = &a.counters;
+            let ld = |x: &crate::sync::AtomicU64| x.load(crate::sync::Ordering::Relaxed);
+            let s = &mut per_node[n];
+            s.reserved = ld(&c.reserved);
+            s.committed = ld(&c.pages_in_use) + ld(&c.dirty) + ld(&c.huge_bytes);
+            s.returned = ld(&c.purged);
+            s.fallbacks = ld(&c.fallbacks);
+            s.huge_live = ld(&c.huge_live);
+            s.in_use = ld(&c.huge_bytes);
+            s.allocs = ld(&c.huge_allocs);
+            s.frees = ld(&c.huge_frees);
+        }
+        let (mut heaps, mut orphan_heaps) = (0, 0);
+        crate::alloc::for_each_heap(state, |h| {
+            heaps += 1;
+            if !h.is_owned() {
+                orphan_heaps += 1;
+            }
+            let (n, c) = h.node_and_counters();
+            let s = &mut per_node[n % MAX_NODES];
+            s.allocs += c.0;
+            s.frees += c.1;
+            s.in_use = s.in_use.wrapping_add(c.2.wrapping_sub(c.3));
+            s.remote_frees += c.4;
+        });
+        Stats {
+            mode: state.mode,
+            nodes,
+            per_node,
+            heaps,
+            orphan_heaps,
+            synthetic: state.topology.is_synthetic(),
+        }
+    }
+
+    /// All nodes summed.
+    pub fn total(&self) -> NodeStats {
+        let mut t = NodeStats::default();
+        for n in self.nodes.iter() {
+            t.add(&self.per_node[n]);
+        }
+        t
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::topology::display::human_bytes as h;
+        writeln!(
+            f,
+            "numaweave: mode {:?}{}, {} node{}, {} heaps ({} waiting for adoption)",
+            self.mode,
+            if self.synthetic { " on a SYNTHETIC topology" } else { "" },
+            self.nodes.len(),
+            if self.nodes.len() == 1 { "" } else { "s" },
+            self.heaps,
+            self.orphan_heaps
+        )?;
+        writeln!(
+            f,
+            "{:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>12} {:>9} {:>5}",
+            "node", "reserved", "committed", "in use", "returned", "allocs", "frees", "remote frees", "fallbacks", "huge"
+        )?;
+        let row = |f: &mut fmt::Formatter<'_>, name: &str, s: &NodeStats| {
+            writeln!(
+                f,
+                "{name:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>12} {:>9} {:>5}",
+                h(s.reserved),
+                h(s.committed),
+                h(s.in_use),
+                h(s.returned),
+                s.allocs,
+                s.frees,
+                s.remote_frees,
+                s.fallbacks,
+                s.huge_live
+            )
+        };
+        for n in self.nodes.iter() {
+            row(f, &n.to_string(), &self.per_node[n])?;
+        }
+        if self.nodes.len() > 1 {
+            row(f, "total", &self.total())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,104 @@
+//! A test-and-test-and-set spin lock for the allocator's slow paths (taking a
+//! fresh page from a node arena, thread start and exit). It never allocates
+//! and never sleeps in the kernel, so it is usable inside `GlobalAlloc`.
+//! Critical sections under it are a few dozen instructions plus, rarely, an
+//! `mmap`.
+
+use core::ops::{Deref, DerefMut};
+
+use super::{AtomicBool, Ordering, UnsafeCell, spin_loop, yield_now};
+
+/// A spin lock owning a `T`.
+///
+/// ```
+/// use numaweave::sync::SpinLock;
+/// let l = SpinLock::new(0u32);
+/// *l.lock() += 1;
+/// assert_eq!(*l.lock(), 1);
+/// ```
+pub struct SpinLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the lock hands out `&mut T` to one thread at a time (Acquire on
+// lock, Release on unlock), like `Mutex<T>`.
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+// SAFETY: moving the lock moves the `T`.
+unsafe impl<T: Send> Send for SpinLock<T> {}
+
+impl<T> SpinLock<T> {
+    /// An unlocked lock holding `value`.
+    #[cfg(not(loom))]
+    pub const fn new(value: T) -> Self {
+        Self { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
+    }
+
+    /// An unlocked lock holding `value` (loom's atomics are not `const`).
+    #[cfg(loom)]
+    pub fn new(value: T) -> Self {
+        Self { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
+    }
+
+    /// Waits until the lock is free and takes it.
+    #[inline]
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            self.lock_contended();
+        }
+        SpinGuard { lock: self }
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        let mut spins = 0u32;
+        loop {
+            // Test before test-and-set: wait on a shared read of the line.
+            while self.locked.load(Ordering::Relaxed) {
+                if cfg!(loom) || spins >= 100 {
+                    yield_now();
+                } else {
+                    spins += 1;
+                    spin_loop();
+                }
+            }
+            if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Takes the lock if it is free.
+    pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        self.locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(SpinGuard { lock: self })
+    }
+}
+
+/// Holds a [`SpinLock`] until dropped.
+pub struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard proves exclusive ownership of the lock.
+        self.lock.value.with(|p| unsafe { &*p })
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as above; `&mut self` makes the borrow unique.
+        self.lock.value.with_mut(|p| unsafe { &mut *p })
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}

@@ -1,0 +1,109 @@
+//! An intrusive multi-producer, single-consumer stack: any thread pushes one
+//! node, the one consumer takes the whole stack at once.
+//!
+//! This is the shape of every remote free in the allocator: a thread freeing a
+//! block it does not own pushes the block onto the owning page's list, and the
+//! owner later takes the whole list with one swap. Because the consumer never
+//! pops single nodes, there is no ABA problem and no need for tags or hazard
+//! pointers.
+
+use core::ptr;
+
+use super::{AtomicPtr, Ordering};
+
+/// A node type that can be linked into an [`AtomicStack`] through a `next`
+/// pointer stored inside it.
+///
+/// # Safety
+/// `next_ptr` must return a pointer to storage inside `node` that is valid
+/// for reads and writes while the node is on a stack, and that nothing else
+/// uses during that time.
+pub unsafe trait Linked {
+    /// Where the link to the next node is kept.
+    ///
+    /// # Safety
+    /// `node` must point to a live node.
+    unsafe fn next_ptr(node: *mut Self) -> *mut *mut Self;
+}
+
+/// The stack; see the module docs.
+pub struct AtomicStack<T: Linked> {
+    head: AtomicPtr<T>,
+}
+
+impl<T: Linked> AtomicStack<T> {
+    /// An empty stack.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Self { head: AtomicPtr::new(ptr::null_mut()) }
+    }
+
+    /// An empty stack (loom's atomics are not `const`).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Self { head: AtomicPtr::new(ptr::null_mut()) }
+    }
+
+    /// Pushes `node`; returns true when the stack was empty before (the
+    /// allocator uses that edge to tell the owner, once, that work is waiting).
+    ///
+    /// # Safety
+    /// `node` must be live, not on any stack, and stay live until the consumer
+    /// has taken it.
+    #[inline]
+    pub unsafe fn push(&self, node: *mut T) -> bool {
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the caller hands us the node; its link is ours until taken.
+            unsafe { *T::next_ptr(node) = head };
+            // Release: the link (and whatever the pusher wrote into the node
+            // before) is visible to the consumer that Acquires the head.
+            // Acquire: a pusher that finds the stack emptied by `take_all`
+            // sees everything the consumer did before emptying it, so it may
+            // then write into memory the consumer read (the allocator's page
+            // link, reused once the page is enqueued again).
+            match self.head.compare_exchange_weak(head, node, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return head.is_null(),
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Pushes a chain `first ..= last` already linked through `next`.
+    ///
+    /// # Safety
+    /// As [`push`](Self::push), for every node of the chain; `last` must be
+    /// reachable from `first`.
+    pub unsafe fn push_chain(&self, first: *mut T, last: *mut T) -> bool {
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the chain is the caller's until published.
+            unsafe { *T::next_ptr(last) = head };
+            match self.head.compare_exchange_weak(head, first, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return head.is_null(),
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Takes every node pushed so far, most recent first, as a chain linked
+    /// through `next` and ending in null.
+    #[inline]
+    pub fn take_all(&self) -> *mut T {
+        // Acquire pairs with the pushers' Release: the links are visible.
+        // Release pairs with the next pusher's Acquire (see `push`).
+        self.head.swap(ptr::null_mut(), Ordering::AcqRel)
+    }
+
+    /// Whether the stack looked empty (a racy hint).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed).is_null()
+    }
+}
+
+impl<T: Linked> Default for AtomicStack<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,99 @@
+//! NumaAlloc as this test binary's global allocator, under a real
+//! multi-threaded workload: every result is checked.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc;
+use std::thread;
+
+use numaweave::NumaAlloc;
+
+#[global_allocator]
+static A: NumaAlloc = NumaAlloc::new();
+
+#[test]
+fn collections_and_strings_across_threads() {
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            thread::spawn(move || {
+                let mut map: HashMap<String, Vec<u64>> = HashMap::new();
+                let mut tree = BTreeMap::new();
+                for i in 0..20_000u64 {
+                    let k = format!("thread{t}-key{}", i % 1000);
+                    map.entry(k.clone()).or_default().push(i);
+                    tree.insert(i.wrapping_mul(0x9e37_79b9_7f4a_7c15), k);
+                }
+                let total: usize = map.values().map(Vec::len).sum();
+                assert_eq!(total, 20_000);
+                assert_eq!(map.len(), 1000);
+                for (k, v) in &map {
+                    let idx: u64 = k.rsplit("key").next().unwrap().parse().unwrap();
+                    assert!(v.iter().all(|x| x % 1000 == idx));
+                }
+                assert_eq!(tree.len(), 20_000);
+                tree.into_values().map(|s| s.len()).sum::<usize>()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().unwrap() > 0);
+    }
+}
+
+#[test]
+fn blocks_freed_on_other_threads_come_home() {
+    let (tx, rx) = mpsc::channel::<Vec<Box<[u8; 200]>>>();
+    let consumer = thread::spawn(move || {
+        let mut n = 0;
+        for batch in rx {
+            for (i, b) in batch.iter().enumerate() {
+                assert!(b.iter().all(|&x| x == (i % 251) as u8), "contents changed in flight");
+            }
+            n += batch.len();
+            drop(batch); // freed here, owned by the producer's heap
+        }
+        n
+    });
+    let before = A.stats().total().remote_frees;
+    let mut sent = 0;
+    for _ in 0..200 {
+        let batch: Vec<Box<[u8; 200]>> = (0..100).map(|i| Box::new([(i % 251) as u8; 200])).collect();
+        sent += batch.len();
+        tx.send(batch).unwrap();
+    }
+    drop(tx);
+    assert_eq!(consumer.join().unwrap(), sent);
+    // Allocating again collects the remote frees into this thread's heap.
+    let again: Vec<Box<[u8; 200]>> = (0..5000).map(|_| Box::new([7u8; 200])).collect();
+    assert!(again.iter().all(|b| b[199] == 7));
+    let after = A.stats().total().remote_frees;
+    assert!(after - before >= 10_000, "remote frees collected: {}", after - before);
+}
+
+#[test]
+fn realloc_keeps_contents_through_every_size() {
+    let mut v: Vec<u32> = Vec::new();
+    for i in 0..3_000_000u32 {
+        v.push(i);
+    }
+    assert!(v.iter().enumerate().all(|(i, &x)| x as usize == i));
+    v.truncate(10);
+    v.shrink_to_fit();
+    assert_eq!(v, (0..10).collect::<Vec<_>>());
+    let mut s = String::new();
+    for i in 0..100_000 {
+        s.push_str(&i.to_string());
+    }
+    assert!(s.starts_with("0123456789101112"));
+}
+
+#[test]
+fn stats_see_this_binary_allocating() {
+    let v: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+    let s = A.stats();
+    let t = s.total();
+    println!("{s}");
+    assert!(t.allocs >= 1000 && t.frees <= t.allocs);
+    assert!(t.reserved >= 4 << 20, "at least one segment");
+    assert!(t.in_use > 0 && t.committed >= t.in_use.min(t.committed));
+    drop(v);
+}
