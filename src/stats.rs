@@ -98,14 +98,7 @@ impl Stats {
             s.in_use = s.in_use.wrapping_add(c.2.wrapping_sub(c.3));
             s.remote_frees += c.4;
         });
-        Stats {
-            mode: state.mode,
-            nodes,
-            per_node,
-            heaps,
-            orphan_heaps,
-            synthetic: state.topology.is_synthetic(),
-        }
+        Stats { mode: state.mode, nodes, per_node, heaps, orphan_heaps, synthetic: state.topology.is_synthetic() }
     }
 
     /// All nodes summed.
@@ -134,7 +127,16 @@ impl fmt::Display for Stats {
         writeln!(
             f,
             "{:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>12} {:>9} {:>5}",
-            "node", "reserved", "committed", "in use", "returned", "allocs", "frees", "remote frees", "fallbacks", "huge"
+            "node",
+            "reserved",
+            "committed",
+            "in use",
+            "returned",
+            "allocs",
+            "frees",
+            "remote frees",
+            "fallbacks",
+            "huge"
         )?;
         let row = |f: &mut fmt::Formatter<'_>, name: &str, s: &NodeStats| {
             writeln!(

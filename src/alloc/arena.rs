@@ -8,7 +8,7 @@
 use core::ptr::{self, NonNull};
 
 use super::heap::Heap;
-use super::segment::{SMALL, Page, SLOT_SIZE, SLOTS, SEGMENT_SIZE, Segment, SmallSegment};
+use super::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, SMALL, Segment, SmallSegment};
 use super::size_class::{class_size, page_slots};
 use super::state::{Mode, State};
 use crate::os::mem::{self, BindFlags, MemPolicy};

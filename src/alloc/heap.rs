@@ -62,20 +62,37 @@ struct PageList {
     head: *mut Page,
 }
 
+/// Keeps a value on cache lines of its own (two, against the adjacent-line
+/// prefetcher), so that remote threads writing it do not steal the owner's
+/// hot lines.
+#[repr(C, align(128))]
+pub(crate) struct CachePadded<T>(pub(crate) T);
+
+#[repr(C)]
 pub(crate) struct Heap {
     /// Per class, the page to allocate from: hot, first.
     direct: [*mut Page; CLASSES],
+    /// Written by the owner on every operation: next to `direct`, away from
+    /// anything other threads write.
+    pub(crate) counters: HeapCounters,
     lists: [PageList; CLASSES],
-    /// Pages of this heap with remote frees waiting.
-    pub(crate) remote_pages: AtomicStack<Page>,
+    /// Per class, one page kept when it became empty, so that a heap whose
+    /// blocks are freed elsewhere (producer/consumer) does not hand a page to
+    /// its arena and take it back over and over. Checked lazily: if it is in
+    /// use again when another page empties, that one is kept instead.
+    kept_empty: [*mut Page; CLASSES],
     /// The node the heap was made or adopted on (stats are booked there).
     pub(crate) node: usize,
-    pub(crate) counters: HeapCounters,
     /// Links: all heaps (registry), orphans of an arena.
     pub(crate) next_all: *mut Heap,
     pub(crate) next_orphan: *mut Heap,
     /// Whether a live thread owns it.
     pub(crate) owned: AtomicU64,
+    /// Pages with remote frees waiting in `thread_free` (doubly linked through
+    /// `pend_prev`/`pend_next`).
+    pending: *mut Page,
+    /// Pages of this heap with remote frees waiting: written by other threads.
+    pub(crate) remote_pages: CachePadded<AtomicStack<Page>>,
 }
 
 /// The calling thread's heap, if it has one.
@@ -116,6 +133,9 @@ impl Heap {
             let mut page = (*heap).direct[class];
             loop {
                 if page != empty_page() {
+                    if (*page).free.is_null() && (*page).pending {
+                        Heap::take_remote(heap, page);
+                    }
                     if (*page).free.is_null() {
                         carve(page);
                     }
@@ -181,7 +201,12 @@ impl Heap {
             }
             let class = usize::from((*page).class);
             if (*page).used == 0 && (*heap).direct[class] != page {
-                (*heap).retire(page);
+                let kept = (*heap).kept_empty[class];
+                if kept.is_null() || kept == page || (*kept).used != 0 {
+                    (*heap).kept_empty[class] = page;
+                } else {
+                    (*heap).retire(page);
+                }
             }
         }
     }
@@ -193,14 +218,21 @@ impl Heap {
         // refers to it.
         unsafe {
             self.unlink(page);
+            let class = usize::from((*page).class);
+            if self.kept_empty[class] == page {
+                self.kept_empty[class] = ptr::null_mut();
+            }
             let seg = super::segment::segment_of((*page).start);
             let arena = &state.arenas[usize::from((*seg).arena)];
             arena.free_page(state, page);
         }
     }
 
-    /// Moves every block other threads freed into this heap's pages back onto
-    /// the pages' local free lists.
+    /// Looks at every page of this heap that other threads freed blocks
+    /// into. A page whose free list is empty gets them now; the others are put
+    /// on the heap's pending list and get them when their free list runs dry
+    /// (`take_remote`). Either way the page leaves `remote_pages`, and no
+    /// remote thread queues it again while its `thread_free` is not empty.
     ///
     /// # Safety
     /// `heap` must be the calling thread's heap (or an orphan being adopted).
@@ -208,30 +240,84 @@ impl Heap {
         // SAFETY: pages on `remote_pages` are this heap's; see `Page`'s Linked impl
         // for why each is on the stack at most once.
         unsafe {
-            let mut page = (*heap).remote_pages.take_all();
+            let mut page = (*heap).remote_pages.0.take_all();
             while !page.is_null() {
                 // Read the link before emptying `thread_free`: from then on a
                 // remote thread may push the page again and rewrite it.
                 let next = (*page).remote_next;
-                let mut b = (*page).thread_free.take_all();
-                let mut n = 0u32;
-                while !b.is_null() {
-                    let nb = (*b).next;
-                    (*b).next = (*page).free;
-                    (*page).free = b;
-                    n += 1;
-                    b = nb;
-                }
-                (*page).used -= n;
-                let c = &(*heap).counters;
-                bump(&c.remote_frees, u64::from(n));
-                bump(&c.frees, u64::from(n));
-                bump(&c.bytes_freed, u64::from(n) * u64::from((*page).block_size));
-                if (*page).in_full || (*page).used == 0 {
-                    Heap::page_event(heap, page);
+                if (*page).free.is_null() {
+                    Heap::take_remote(heap, page);
+                } else if !(*page).pending {
+                    (*heap).pend_link(page);
                 }
                 page = next;
             }
+        }
+    }
+
+    /// Moves the blocks in `page.thread_free` onto its free list, without
+    /// walking them when the free list is empty (they were last written by
+    /// other cores: a cache miss each).
+    unsafe fn take_remote(heap: *mut Heap, page: *mut Page) {
+        // SAFETY: the caller owns the heap and the page.
+        unsafe {
+            if (*page).pending {
+                (*heap).pend_unlink(page);
+            }
+            let (head, n) = (*page).thread_free.take_all();
+            if head.is_null() {
+                return;
+            }
+            if (*page).free.is_null() {
+                (*page).free = head;
+            } else {
+                let mut tail = head;
+                while !(*tail).next.is_null() {
+                    tail = (*tail).next;
+                }
+                (*tail).next = (*page).free;
+                (*page).free = head;
+            }
+            let n = n as u32;
+            (*page).used -= n;
+            let c = &(*heap).counters;
+            bump(&c.remote_frees, u64::from(n));
+            bump(&c.frees, u64::from(n));
+            bump(&c.bytes_freed, u64::from(n) * u64::from((*page).block_size));
+            if (*page).in_full || (*page).used == 0 {
+                Heap::page_event(heap, page);
+            }
+        }
+    }
+
+    fn pend_link(&mut self, page: *mut Page) {
+        // SAFETY: owner-only fields of a page of this heap.
+        unsafe {
+            (*page).pending = true;
+            (*page).pend_prev = ptr::null_mut();
+            (*page).pend_next = self.pending;
+            if !self.pending.is_null() {
+                (*self.pending).pend_prev = page;
+            }
+            self.pending = page;
+        }
+    }
+
+    fn pend_unlink(&mut self, page: *mut Page) {
+        // SAFETY: as above; the page is on the pending list.
+        unsafe {
+            let (prev, next) = ((*page).pend_prev, (*page).pend_next);
+            if prev.is_null() {
+                self.pending = next;
+            } else {
+                (*prev).pend_next = next;
+            }
+            if !next.is_null() {
+                (*next).pend_prev = prev;
+            }
+            (*page).pending = false;
+            (*page).pend_prev = ptr::null_mut();
+            (*page).pend_next = ptr::null_mut();
         }
     }
 
@@ -275,8 +361,12 @@ impl Heap {
         // SAFETY: the heap is the caller's.
         unsafe {
             Heap::collect_remote(heap, state);
+            while !(*heap).pending.is_null() {
+                Heap::take_remote(heap, (*heap).pending);
+            }
             for class in 0..CLASSES {
                 (*heap).direct[class] = empty_page();
+                (*heap).kept_empty[class] = ptr::null_mut();
                 let mut p = (*heap).lists[class].head;
                 while !p.is_null() {
                     let next = (*p).next;
@@ -317,7 +407,9 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
                 Heap {
                     direct: [empty_page(); CLASSES],
                     lists: [PageList { head: ptr::null_mut() }; CLASSES],
-                    remote_pages: AtomicStack::new(),
+                    kept_empty: [ptr::null_mut(); CLASSES],
+                    pending: ptr::null_mut(),
+                    remote_pages: CachePadded(AtomicStack::new()),
                     node: arena.node,
                     counters: HeapCounters::default(),
                     next_all: ptr::null_mut(),

@@ -197,7 +197,7 @@ unsafe fn free_remote(page: *mut segment::Page, block: *mut Block) {
     unsafe {
         if (*page).thread_free.push(block) {
             let heap = (*page).heap.load(core::sync::atomic::Ordering::Relaxed);
-            (*heap).remote_pages.push(page);
+            (*heap).remote_pages.0.push(page);
         }
     }
 }

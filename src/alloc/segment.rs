@@ -12,7 +12,7 @@
 use core::ptr;
 
 use super::heap::Heap;
-use crate::sync::{AtomicPtr, AtomicStack, Linked};
+use crate::sync::{AtomicPtr, CountedStack, Linked};
 
 pub(crate) const SEGMENT_SHIFT: usize = 22;
 /// Size and alignment of a small segment (4 MiB).
@@ -64,6 +64,11 @@ unsafe impl Linked for Block {
 pub(crate) struct Page {
     /// Local free list (owner only).
     pub(crate) free: *mut Block,
+    /// Links in the owning heap's list of pages whose remote frees wait in
+    /// `thread_free` until `free` runs dry (owner only; see `heap.rs`).
+    pub(crate) pend_prev: *mut Page,
+    pub(crate) pend_next: *mut Page,
+    pub(crate) pending: bool,
     /// Blocks handed out and not yet returned to `free` (owner only; remote
     /// frees still on `thread_free` count as used).
     pub(crate) used: u32,
@@ -85,8 +90,9 @@ pub(crate) struct Page {
     /// freeing a block of this page from elsewhere (they hold a live block, so
     /// the page cannot change owner meanwhile).
     pub(crate) heap: AtomicPtr<Heap>,
-    /// Blocks freed by other threads, taken by the owner in one swap.
-    pub(crate) thread_free: AtomicStack<Block>,
+    /// Blocks freed by other threads, taken by the owner in one swap with
+    /// their count (so it need not walk them).
+    pub(crate) thread_free: CountedStack<Block>,
     /// Link in the owning heap's list of pages with remote frees waiting.
     pub(crate) remote_next: *mut Page,
 }
@@ -106,6 +112,9 @@ impl Page {
     pub(crate) const fn empty() -> Self {
         Self {
             free: ptr::null_mut(),
+            pend_prev: ptr::null_mut(),
+            pend_next: ptr::null_mut(),
+            pending: false,
             used: 0,
             capacity: 0,
             carved: 0,
@@ -118,7 +127,7 @@ impl Page {
             prev: ptr::null_mut(),
             next: ptr::null_mut(),
             heap: AtomicPtr::new(ptr::null_mut()),
-            thread_free: AtomicStack::new(),
+            thread_free: CountedStack::new(),
             remote_next: ptr::null_mut(),
         }
     }

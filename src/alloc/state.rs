@@ -78,7 +78,9 @@ impl Config {
                 "auto" => self.mode = Mode::Auto,
                 "flat" => self.mode = Mode::Flat,
                 "per-node" | "pernode" => self.mode = Mode::PerNode,
-                _ => file::report(format_args!("numaweave: ignoring NUMAWEAVE_MODE={v:?} (want auto, flat or per-node)")),
+                _ => {
+                    file::report(format_args!("numaweave: ignoring NUMAWEAVE_MODE={v:?} (want auto, flat or per-node)"))
+                }
             }
         }
         if let Some(v) = file::env(c"NUMAWEAVE_STRICT") {

@@ -9,7 +9,7 @@ mod spin;
 mod stack;
 pub use once::InitCell;
 pub use spin::{SpinGuard, SpinLock};
-pub use stack::{AtomicStack, Linked};
+pub use stack::{AtomicStack, CountedStack, Linked};
 
 #[cfg(loom)]
 #[allow(unused_imports)]
