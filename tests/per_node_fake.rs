@@ -1,0 +1,103 @@
+//! Per-node mode on a synthetic two-node topology (`fake:2` over this
+//! machine's one node): threads on CPU 0 allocate from node 0's arena, threads
+//! on CPU 1 from node 1's, and a block freed by the other node's thread goes
+//! back to the heap (and node) it came from. The test re-runs itself with the
+//! environment set, because the allocator reads it once at start-up.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::process::Command;
+use std::sync::mpsc;
+
+use numaweave::{Mode, NumaAlloc, os, topology::Topology};
+
+static A: NumaAlloc = NumaAlloc::new();
+
+#[test]
+fn per_node_arenas_and_remote_frees_on_a_fake_topology() {
+    if std::env::var_os("NUMAWEAVE_TEST_CHILD").is_none() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "per_node_arenas_and_remote_frees_on_a_fake_topology", "--nocapture"])
+            .env("NUMAWEAVE_TEST_CHILD", "1")
+            .env("NUMAWEAVE_TOPOLOGY", "fake:2")
+            .env("NUMAWEAVE_MODE", "per-node")
+            .output()
+            .unwrap();
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "child failed");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("SYNTHETIC"));
+        return;
+    }
+    let topo = Topology::global();
+    assert!(topo.is_synthetic());
+    assert_eq!(A.mode(), Mode::PerNode);
+    let cpus: Vec<usize> = topo.cpus().iter().collect();
+    if cpus.len() < 2 {
+        println!("SYNTHETIC topology, but only one CPU: nothing to place");
+        return;
+    }
+    let (c0, c1) = (cpus[0], cpus[1]);
+    let (n0, n1) = (topo.node_of_cpu(c0).unwrap(), topo.node_of_cpu(c1).unwrap());
+    assert_ne!(n0, n1);
+    let small = Layout::from_size_align(256, 8).unwrap();
+    let huge = Layout::from_size_align(1 << 20, 8).unwrap();
+
+    // Blocks belong to the arena of the allocating thread's node.
+    for (cpu, node) in [(c0, n0), (c1, n1)] {
+        std::thread::spawn(move || {
+            os::cpu::pin_current_thread(cpu).unwrap();
+            // SAFETY: valid layouts; blocks freed with them.
+            unsafe {
+                let p = A.alloc(small);
+                let q = A.alloc(huge);
+                assert_eq!(A.node_of(p), node, "small block of a thread on cpu {cpu}");
+                assert_eq!(A.node_of(q), node, "huge block of a thread on cpu {cpu}");
+                A.dealloc(p, small);
+                A.dealloc(q, huge);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    // Blocks made on node n1, freed by a thread on node n0, return to n1.
+    let before = A.stats();
+    let (tx, rx) = mpsc::channel::<Vec<usize>>();
+    let (again_tx, again_rx) = mpsc::channel::<()>();
+    let owner = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(c1).unwrap();
+        // SAFETY: valid layout.
+        let blocks: Vec<usize> = (0..2000).map(|_| unsafe { A.alloc(small) } as usize).collect();
+        tx.send(blocks.clone()).unwrap();
+        again_rx.recv().unwrap();
+        // Allocating again collects the remote frees: the same blocks come back.
+        // SAFETY: valid layout.
+        let reused: Vec<usize> = (0..2000).map(|_| unsafe { A.alloc(small) } as usize).collect();
+        let old: std::collections::HashSet<usize> = blocks.into_iter().collect();
+        let back = reused.iter().filter(|p| old.contains(p)).count();
+        for p in reused {
+            // SAFETY: allocated above with `small`.
+            unsafe { A.dealloc(p as *mut u8, small) };
+        }
+        back
+    });
+    let freer = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(c0).unwrap();
+        for p in rx.recv().unwrap() {
+            // SAFETY: blocks the owner allocated with `small`.
+            unsafe {
+                assert_eq!(A.node_of(p as *const u8), n1);
+                A.dealloc(p as *mut u8, small);
+            }
+        }
+        again_tx.send(()).unwrap();
+    });
+    freer.join().unwrap();
+    let back = owner.join().unwrap();
+    let after = A.stats();
+    println!("{after}");
+    assert!(back >= 1900, "only {back} of 2000 freed blocks were reused by their owner");
+    let remote = after.per_node[n1].remote_frees - before.per_node[n1].remote_frees;
+    assert!(remote >= 2000, "node {n1} collected {remote} remote frees");
+    assert_eq!(after.per_node[n0].remote_frees, before.per_node[n0].remote_frees);
+}
