@@ -191,7 +191,7 @@ fn random_sequences_with_blocks_crossing_threads() {
 
 #[test]
 fn edge_layouts() {
-    // SAFETY for every call below: valid layouts, blocks freed with their layout.
+    // SAFETY: valid layouts for every call below; blocks freed with their layout.
     unsafe {
         for align in [1usize << 20, 4 << 20, 8 << 20, 64 << 20, 1 << 30] {
             for size in [1usize, 4096, 3 << 20] {

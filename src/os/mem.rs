@@ -332,7 +332,7 @@ pub fn page_frame(addr: *const u8) -> Result<Option<u64>> {
 /// use numaweave::os::mem::{MemPolicy, Region};
 /// let r = Region::map(1 << 20).unwrap();
 /// r.bind(MemPolicy::Local).unwrap();
-/// // SAFETY-free: the region owns its pages and hands out a raw pointer.
+/// // SAFETY: the region is mapped and writable for its whole length.
 /// unsafe { r.as_ptr().write_bytes(0xAB, r.len()) };
 /// assert!(r.page_nodes_all(|n| n.is_some()).unwrap());
 /// ```
