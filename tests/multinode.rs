@@ -15,15 +15,19 @@ use std::io::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::Command;
 
-use numaweave::Error;
+use std::alloc::{GlobalAlloc, Layout};
+use std::collections::HashSet;
+use std::sync::mpsc;
+
 use numaweave::os::{self, mem::BindFlags, mem::MemPolicy, mem::Region};
 use numaweave::topology::{self, CpuSet, NodeSet, Topology};
+use numaweave::{Error, Mode, NumaAlloc};
 
 const PAGES: usize = 32;
 
 /// The guest layout the harness was asked for.
 #[derive(Debug, Clone)]
-struct Layout {
+struct Guest {
     cpu_nodes: usize,
     cpus_per_node: usize,
     memory_only: usize,
@@ -31,11 +35,11 @@ struct Layout {
     distances: Vec<Vec<u8>>,
 }
 
-impl Layout {
-    fn from_env() -> Option<Layout> {
+impl Guest {
+    fn from_env() -> Option<Guest> {
         let spec = std::env::var("NUMAWEAVE_VM_LAYOUT").ok()?;
         let mut l =
-            Layout { cpu_nodes: 2, cpus_per_node: 2, memory_only: 0, mem_per_node: 512 << 20, distances: vec![] };
+            Guest { cpu_nodes: 2, cpus_per_node: 2, memory_only: 0, mem_per_node: 512 << 20, distances: vec![] };
         for kv in spec.split(',') {
             let (k, v) = kv.split_once(':').expect("NUMAWEAVE_VM_LAYOUT: want key:value pairs");
             match k {
@@ -78,7 +82,7 @@ enum Outcome {
     Skip(&'static str),
 }
 
-type Check = fn(&Topology, Option<&Layout>) -> Outcome;
+type Check = fn(&Topology, Option<&Guest>) -> Outcome;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -87,7 +91,7 @@ fn main() {
         return;
     }
     let filter = args.iter().find(|a| !a.starts_with('-')).cloned();
-    let layout = Layout::from_env();
+    let layout = Guest::from_env();
     let topo = Topology::detect().expect("topology discovery");
     println!("{topo}");
 
@@ -100,6 +104,9 @@ fn main() {
         ("preferred_and_move_place_pages", preferred_and_move_place_pages),
         ("strict_bind_outside_allowed_is_a_typed_error", strict_bind_outside_allowed_is_a_typed_error),
         ("cpuset_mems_confine_every_page", cpuset_mems_confine_every_page),
+        ("numaalloc_blocks_land_on_the_threads_node", numaalloc_blocks_land_on_the_threads_node),
+        ("numaalloc_remote_frees_return_home", numaalloc_remote_frees_return_home),
+        ("numaalloc_falls_back_by_distance_when_a_node_is_full", numaalloc_falls_back_by_distance_when_a_node_is_full),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, check) in checks {
@@ -151,7 +158,7 @@ fn nodes_of(r: &Region) -> Vec<Option<usize>> {
     v
 }
 
-fn topology_matches_the_guest_exactly(t: &Topology, layout: Option<&Layout>) -> Outcome {
+fn topology_matches_the_guest_exactly(t: &Topology, layout: Option<&Guest>) -> Outcome {
     let Some(l) = layout else { return Outcome::Skip("needs NUMAWEAVE_VM_LAYOUT (numa-vm guest)") };
     let total = l.cpu_nodes + l.memory_only;
     assert!(!t.is_synthetic());
@@ -182,7 +189,7 @@ fn topology_matches_the_guest_exactly(t: &Topology, layout: Option<&Layout>) -> 
     Outcome::Pass
 }
 
-fn each_cpu_reports_its_own_node(t: &Topology, layout: Option<&Layout>) -> Outcome {
+fn each_cpu_reports_its_own_node(t: &Topology, layout: Option<&Guest>) -> Outcome {
     let cpus: Vec<usize> = t.cpus().iter().collect();
     assert!(!cpus.is_empty());
     std::thread::scope(|s| {
@@ -204,7 +211,7 @@ fn each_cpu_reports_its_own_node(t: &Topology, layout: Option<&Layout>) -> Outco
     Outcome::Pass
 }
 
-fn bound_pages_land_on_their_node(t: &Topology, _: Option<&Layout>) -> Outcome {
+fn bound_pages_land_on_their_node(t: &Topology, _: Option<&Guest>) -> Outcome {
     for n in t.memory_nodes().iter() {
         let r = touched(MemPolicy::Bind(NodeSet::single(n)));
         let got = nodes_of(&r);
@@ -216,7 +223,7 @@ fn bound_pages_land_on_their_node(t: &Topology, _: Option<&Layout>) -> Outcome {
     Outcome::Pass
 }
 
-fn pagemap_frames_belong_to_the_bound_node(t: &Topology, _: Option<&Layout>) -> Outcome {
+fn pagemap_frames_belong_to_the_bound_node(t: &Topology, _: Option<&Guest>) -> Outcome {
     for n in t.memory_nodes().iter() {
         let r = touched(MemPolicy::Bind(NodeSet::single(n)));
         for i in [0, PAGES / 2, PAGES - 1] {
@@ -237,7 +244,7 @@ fn pagemap_frames_belong_to_the_bound_node(t: &Topology, _: Option<&Layout>) -> 
     Outcome::Pass
 }
 
-fn interleave_rotates_page_by_page(t: &Topology, _: Option<&Layout>) -> Outcome {
+fn interleave_rotates_page_by_page(t: &Topology, _: Option<&Guest>) -> Outcome {
     let set = t.memory_nodes();
     let ids: Vec<usize> = set.iter().collect();
     let r = touched(MemPolicy::Interleave(set));
@@ -253,7 +260,7 @@ fn interleave_rotates_page_by_page(t: &Topology, _: Option<&Layout>) -> Outcome 
     Outcome::Pass
 }
 
-fn preferred_and_move_place_pages(t: &Topology, _: Option<&Layout>) -> Outcome {
+fn preferred_and_move_place_pages(t: &Topology, _: Option<&Guest>) -> Outcome {
     let nodes: Vec<usize> = t.memory_nodes().iter().collect();
     let last = *nodes.last().unwrap();
     // Preferred: plenty of memory, so every page lands on the preferred node.
@@ -275,7 +282,7 @@ fn preferred_and_move_place_pages(t: &Topology, _: Option<&Layout>) -> Outcome {
     Outcome::Pass
 }
 
-fn strict_bind_outside_allowed_is_a_typed_error(t: &Topology, _: Option<&Layout>) -> Outcome {
+fn strict_bind_outside_allowed_is_a_typed_error(t: &Topology, _: Option<&Guest>) -> Outcome {
     let r = Region::map(os::page_size()).unwrap();
     // A node beyond the topology: the kernel refuses it, and the error names the call.
     let bogus = t.nodes().last().unwrap() + 1;
@@ -292,7 +299,7 @@ fn write_file(path: &str, what: &str) {
     std::fs::write(path, what).unwrap_or_else(|e| panic!("write {what:?} to {path}: {e}"));
 }
 
-fn cpuset_mems_confine_every_page(t: &Topology, layout: Option<&Layout>) -> Outcome {
+fn cpuset_mems_confine_every_page(t: &Topology, layout: Option<&Guest>) -> Outcome {
     let Some(_) = layout else { return Outcome::Skip("mounts cgroup2: only inside the numa-vm guest") };
     // Confine a child to the last CPU node; node 0 (where it will also run)
     // and any memory-only node are then off limits.
@@ -346,4 +353,172 @@ fn cpuset_child(group: &str, confined: &str) {
             });
         }
     });
+}
+
+/// The allocator under test, as a value beside the binary's System allocator.
+static A: NumaAlloc = NumaAlloc::new();
+
+/// Kernel nodes of every page of `[p, p+len)`, after touching them.
+fn touch_and_locate(p: *mut u8, len: usize) -> Vec<Option<usize>> {
+    let page = os::page_size();
+    let first = p as usize & !(page - 1);
+    let addrs: Vec<*const u8> = (first..p as usize + len).step_by(page).map(|a| a as *const u8).collect();
+    // SAFETY: the block is `len` writable bytes.
+    unsafe { p.write_bytes(0x5a, len) };
+    let mut st = vec![0i32; addrs.len()];
+    os::mem::page_nodes(&addrs, &mut st).unwrap();
+    st.into_iter().map(|s| usize::try_from(s).ok()).collect()
+}
+
+fn first_cpu(t: &Topology, node: usize) -> usize {
+    t.cpus_of(node).first().unwrap()
+}
+
+fn numaalloc_blocks_land_on_the_threads_node(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    let want = if t.memory_nodes().len() > 1 { Mode::PerNode } else { Mode::Flat };
+    assert_eq!(A.mode(), want);
+    let _ = layout;
+    for node in t.cpu_nodes().iter() {
+        let cpu = first_cpu(t, node);
+        let phys = t.physical_node(node);
+        std::thread::spawn(move || {
+            os::cpu::pin_current_thread(cpu).unwrap();
+            let small = Layout::from_size_align(4000, 8).unwrap();
+            let huge = Layout::from_size_align(2 << 20, 8).unwrap();
+            // SAFETY: valid layouts; blocks freed with them below.
+            unsafe {
+                let blocks: Vec<*mut u8> = (0..64).map(|_| A.alloc(small)).collect();
+                let big = A.alloc(huge);
+                for &b in &blocks {
+                    assert_eq!(A.node_of(b), if want == Mode::PerNode { node } else { 0 });
+                    let got = touch_and_locate(b, small.size());
+                    assert!(got.iter().all(|&g| g == Some(phys)), "small block of cpu {cpu}: pages on {got:?}");
+                }
+                let got = touch_and_locate(big, huge.size());
+                assert!(got.iter().all(|&g| g == Some(phys)), "huge block of cpu {cpu}: pages on {got:?}");
+                for b in blocks {
+                    A.dealloc(b, small);
+                }
+                A.dealloc(big, huge);
+            }
+            println!("\n  cpu {cpu}: 64 small blocks and a 2 MiB block, every page on node {node}");
+        })
+        .join()
+        .unwrap();
+    }
+    Outcome::Pass
+}
+
+fn numaalloc_remote_frees_return_home(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let nodes: Vec<usize> = t.cpu_nodes().iter().collect();
+    if nodes.len() < 2 {
+        return Outcome::Skip("needs two nodes with CPUs");
+    }
+    let (home, away) = (*nodes.last().unwrap(), nodes[0]);
+    let (home_cpu, away_cpu) = (first_cpu(t, home), first_cpu(t, away));
+    let l = Layout::from_size_align(512, 8).unwrap();
+    let before = A.stats();
+    let (tx, rx) = mpsc::channel::<Vec<usize>>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let owner = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(home_cpu).unwrap();
+        // SAFETY: valid layout.
+        let blocks: Vec<usize> = (0..1000).map(|_| unsafe { A.alloc(l) } as usize).collect();
+        tx.send(blocks.clone()).unwrap();
+        done_rx.recv().unwrap();
+        // SAFETY: valid layout.
+        let again: Vec<usize> = (0..1000).map(|_| unsafe { A.alloc(l) } as usize).collect();
+        let old: HashSet<usize> = blocks.into_iter().collect();
+        let reused = again.iter().filter(|p| old.contains(p)).count();
+        for p in again {
+            // SAFETY: allocated above with `l`.
+            unsafe { A.dealloc(p as *mut u8, l) };
+        }
+        reused
+    });
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(away_cpu).unwrap();
+        for p in rx.recv().unwrap() {
+            // SAFETY: blocks allocated with `l` by the owner.
+            unsafe {
+                assert_eq!(A.node_of(p as *const u8), home);
+                A.dealloc(p as *mut u8, l);
+            }
+        }
+        done_tx.send(()).unwrap();
+    })
+    .join()
+    .unwrap();
+    let reused = owner.join().unwrap();
+    let after = A.stats();
+    let remote = after.per_node[home].remote_frees - before.per_node[home].remote_frees;
+    println!(
+        "\n  1000 blocks of node {home} freed on node {away}: {remote} remote frees booked on node {home}, {reused} reused by their owner\n{after}"
+    );
+    assert!(remote >= 1000);
+    assert!(reused >= 900);
+    Outcome::Pass
+}
+
+fn numaalloc_falls_back_by_distance_when_a_node_is_full(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    if layout.is_none() {
+        return Outcome::Skip("fills a node: only inside the numa-vm guest");
+    }
+    let node = t.cpu_nodes().first().unwrap();
+    let cpu = first_cpu(t, node);
+    let target = (t.memory_of(node) + (64 << 20)) as usize;
+    let t2 = t.clone();
+    let before = A.stats().per_node[node].fallbacks;
+    let placed = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(cpu).unwrap();
+        // 128 KiB blocks: size-class pages, drawn from the arenas.
+        let l = Layout::from_size_align(128 << 10, 8).unwrap();
+        let mut blocks = Vec::new();
+        let mut per_node = vec![0usize; numaweave::topology::MAX_NODES];
+        while blocks.len() * l.size() < target {
+            // SAFETY: valid layout.
+            let p = unsafe { A.alloc(l) };
+            assert!(!p.is_null(), "allocation failed after {} MiB", blocks.len() * l.size() >> 20);
+            for n in touch_and_locate(p, l.size()).into_iter().flatten() {
+                per_node[n] += 1;
+            }
+            blocks.push(p);
+        }
+        for p in blocks {
+            // SAFETY: allocated above with `l`.
+            unsafe { A.dealloc(p, l) };
+        }
+        A.collect();
+        per_node
+    })
+    .join()
+    .unwrap();
+    let after = A.stats().per_node[node].fallbacks;
+    let elsewhere: Vec<(usize, usize)> = placed
+        .iter()
+        .enumerate()
+        .filter(|&(n, &c)| c > 0 && n != t2.physical_node(node))
+        .map(|(n, &c)| (n, c))
+        .collect();
+    println!(
+        "\n  filled node {node} with {} MiB: pages per node {:?}, {} fallbacks",
+        target >> 20,
+        placed.iter().enumerate().filter(|(_, c)| **c > 0).collect::<Vec<_>>(),
+        after - before
+    );
+    assert!(after > before, "no fallback counted");
+    assert!(!elsewhere.is_empty(), "nothing placed outside node {node}");
+    // The overflow goes to the nearest nodes first: never farther than the
+    // nearest other node while that one has room.
+    let nearest = t2.nodes_by_distance(node).nth(1).unwrap();
+    let d = t2.distance(node, nearest);
+    for (n, _) in &elsewhere {
+        assert_eq!(
+            t2.distance(node, *n),
+            d,
+            "overflow reached node {n} (distance {}) before the nearest, {nearest}",
+            t2.distance(node, *n)
+        );
+    }
+    Outcome::Pass
 }

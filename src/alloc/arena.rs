@@ -163,6 +163,14 @@ impl Arena {
                 return None;
             }
         }
+        // With THP set to `always`, the first touch of the header would commit a
+        // whole 2 MiB huge page around it, holding small pages that may never
+        // be used. The first half of the segment (header and the 1- and 4-slot
+        // pages that fit there) opts out; the second half, where 2 MiB pages
+        // go, keeps the system's THP setting. Failure (THP not built in) is
+        // harmless.
+        // SAFETY: the first half of our fresh mapping.
+        let _ = unsafe { mem::set_hugepages(base, SEGMENT_SIZE / 2, false) };
         let seg = base.as_ptr().cast::<SmallSegment>();
         // SAFETY: the header fits slot 0 (checked at compile time); the
         // mapping is zeroed, so only non-zero fields need writing. This first

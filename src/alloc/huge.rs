@@ -67,6 +67,13 @@ pub(crate) fn alloc(state: &State, size: usize, align: usize) -> *mut u8 {
         );
     }
     let c = &arena.counters;
+    // Preferred binding falls back silently when the node is full: the header
+    // page, just touched, tells where the block's memory comes from.
+    if let (Some(phys), false, true) = (arena.bind_to, state.config.strict, state.multi_node) {
+        if mem::page_node(base.as_ptr()).is_ok_and(|n| n.is_some_and(|n| n != phys)) {
+            c.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     c.reserved.fetch_add(total as u64, Ordering::Relaxed);
     c.huge_live.fetch_add(1, Ordering::Relaxed);
     c.huge_bytes.fetch_add(total as u64, Ordering::Relaxed);
