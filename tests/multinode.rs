@@ -478,7 +478,7 @@ fn numaalloc_falls_back_by_distance_when_a_node_is_full(t: &Topology, layout: Op
         while blocks.len() * l.size() < target {
             // SAFETY: valid layout.
             let p = unsafe { A.alloc(l) };
-            assert!(!p.is_null(), "allocation failed after {} MiB", blocks.len() * l.size() >> 20);
+            assert!(!p.is_null(), "allocation failed after {} MiB", (blocks.len() * l.size()) >> 20);
             for n in touch_and_locate(p, l.size()).into_iter().flatten() {
                 per_node[n] += 1;
             }
