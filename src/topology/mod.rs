@@ -157,6 +157,7 @@ impl Topology {
 
     /// One node 0 with every online CPU and all memory (what a kernel without
     /// NUMA support looks like). Never allocates.
+    #[cfg_attr(loom, allow(dead_code))] // only the allocator uses it
     pub(crate) fn single_node() -> Self {
         sysfs::single_node_fallback()
     }
