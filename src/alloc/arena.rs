@@ -219,15 +219,15 @@ impl Arena {
     pub(crate) unsafe fn free_page(&self, state: &State, page: *mut Page) {
         // SAFETY: per the contract.
         let (seg, first, slots) = unsafe {
-            let seg = super::segment::segment_of((*page).start) as *mut SmallSegment;
-            ((seg), (*page).first_slot as usize, (*page).slots as usize)
+            let seg = super::segment::segment_of((*page).info.start) as *mut SmallSegment;
+            ((seg), (*page).info.first_slot as usize, (*page).info.slots as usize)
         };
         let mask = slot_mask(first, slots);
         let bytes = (slots * SLOT_SIZE) as u64;
         let mut g = self.inner.lock();
         // SAFETY: segment fields are guarded by the arena lock.
         unsafe {
-            (*page).heap.store(ptr::null_mut(), Ordering::Relaxed);
+            (*page).info.heap.store(ptr::null_mut(), Ordering::Relaxed);
             (*seg).free_slots |= mask;
             (*seg).dirty_slots |= mask;
         }
@@ -328,13 +328,13 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         let page = (*seg).pages.as_mut_ptr().add(first);
         let start = seg.cast::<u8>().add(first * SLOT_SIZE);
         ptr::write(page, Page::empty());
-        (*page).capacity = ((slots * SLOT_SIZE) / bs) as u32;
-        (*page).block_size = bs as u32;
-        (*page).class = class as u8;
-        (*page).slots = slots as u8;
-        (*page).first_slot = first as u8;
-        (*page).start = start;
-        (*page).heap.store(heap, Ordering::Relaxed);
+        (*page).info.capacity = ((slots * SLOT_SIZE) / bs) as u32;
+        (*page).info.block_size = bs as u32;
+        (*page).info.class = class as u8;
+        (*page).info.slots = slots as u8;
+        (*page).info.first_slot = first as u8;
+        (*page).info.start = start;
+        (*page).info.heap.store(heap, Ordering::Relaxed);
         NonNull::new_unchecked(page)
     }
 }

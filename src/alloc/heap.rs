@@ -116,7 +116,7 @@ impl Heap {
                 (*page).free = (*block).next;
                 (*page).used += 1;
                 bump(&(*heap).counters.allocs, 1);
-                bump(&(*heap).counters.bytes_alloc, u64::from((*page).block_size));
+                bump(&(*heap).counters.bytes_alloc, u64::from((*page).info.block_size));
                 return block.cast();
             }
             Heap::alloc_slow(heap, class)
@@ -183,7 +183,7 @@ impl Heap {
             (*page).free = block;
             (*page).used -= 1;
             bump(&(*heap).counters.frees, 1);
-            bump(&(*heap).counters.bytes_freed, u64::from((*page).block_size));
+            bump(&(*heap).counters.bytes_freed, u64::from((*page).info.block_size));
             if (*page).used == 0 || (*page).in_full {
                 Heap::page_event(heap, page);
             }
@@ -199,7 +199,7 @@ impl Heap {
                 (*page).in_full = false;
                 (*heap).push_front(page);
             }
-            let class = usize::from((*page).class);
+            let class = usize::from((*page).info.class);
             if (*page).used == 0 && (*heap).direct[class] != page {
                 let kept = (*heap).kept_empty[class];
                 if kept.is_null() || kept == page || (*kept).used != 0 {
@@ -218,11 +218,11 @@ impl Heap {
         // refers to it.
         unsafe {
             self.unlink(page);
-            let class = usize::from((*page).class);
+            let class = usize::from((*page).info.class);
             if self.kept_empty[class] == page {
                 self.kept_empty[class] = ptr::null_mut();
             }
-            let seg = super::segment::segment_of((*page).start);
+            let seg = super::segment::segment_of((*page).info.start);
             let arena = &state.arenas[usize::from((*seg).arena)];
             arena.free_page(state, page);
         }
@@ -244,7 +244,7 @@ impl Heap {
             while !page.is_null() {
                 // Read the link before emptying `thread_free`: from then on a
                 // remote thread may push the page again and rewrite it.
-                let next = (*page).remote_next;
+                let next = (*page).remote.remote_next;
                 if (*page).free.is_null() {
                     Heap::take_remote(heap, page);
                 } else if !(*page).pending {
@@ -264,7 +264,7 @@ impl Heap {
             if (*page).pending {
                 (*heap).pend_unlink(page);
             }
-            let (head, n) = (*page).thread_free.take_all();
+            let (head, n) = (*page).remote.thread_free.take_all();
             if head.is_null() {
                 return;
             }
@@ -283,7 +283,7 @@ impl Heap {
             let c = &(*heap).counters;
             bump(&c.remote_frees, u64::from(n));
             bump(&c.frees, u64::from(n));
-            bump(&c.bytes_freed, u64::from(n) * u64::from((*page).block_size));
+            bump(&c.bytes_freed, u64::from(n) * u64::from((*page).info.block_size));
             if (*page).in_full || (*page).used == 0 {
                 Heap::page_event(heap, page);
             }
@@ -324,7 +324,7 @@ impl Heap {
     fn push_front(&mut self, page: *mut Page) {
         // SAFETY: owner-only list fields of pages this heap owns.
         unsafe {
-            let class = usize::from((*page).class);
+            let class = usize::from((*page).info.class);
             let head = self.lists[class].head;
             (*page).prev = ptr::null_mut();
             (*page).next = head;
@@ -338,7 +338,7 @@ impl Heap {
     fn unlink(&mut self, page: *mut Page) {
         // SAFETY: as above. A page off every list has null links and is not a head.
         unsafe {
-            let class = usize::from((*page).class);
+            let class = usize::from((*page).info.class);
             let (prev, next) = ((*page).prev, (*page).next);
             if !prev.is_null() {
                 (*prev).next = next;
@@ -479,13 +479,13 @@ pub(crate) fn collect_current(state: &State) {
 unsafe fn carve(page: *mut Page) {
     // SAFETY: owner-only fields of the caller's page.
     unsafe {
-        let left = (*page).capacity - (*page).carved;
+        let left = (*page).info.capacity - (*page).carved;
         if left == 0 {
             return;
         }
-        let bs = (*page).block_size as usize;
+        let bs = (*page).info.block_size as usize;
         let n = left.min((16 * 1024 / bs).max(1) as u32);
-        let first = (*page).start.add((*page).carved as usize * bs);
+        let first = (*page).info.start.add((*page).carved as usize * bs);
         for i in 0..n as usize {
             let b = first.add(i * bs).cast::<Block>();
             (*b).next = if i + 1 < n as usize { first.add((i + 1) * bs).cast() } else { (*page).free };

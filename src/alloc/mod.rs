@@ -111,7 +111,7 @@ impl NumaAlloc {
         // SAFETY: per the contract the segment header is live.
         unsafe {
             if (*seg).kind == SMALL {
-                (*page_of(seg.cast::<SmallSegment>(), p)).block_size as usize
+                (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize
             } else {
                 huge::usable_size(seg, p)
             }
@@ -175,7 +175,7 @@ unsafe fn free(p: *mut u8) {
         if (*seg).kind == SMALL {
             let page = page_of(seg.cast::<SmallSegment>(), p);
             let heap = heap::current();
-            if (*page).heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
+            if (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
                 Heap::free_local(heap, page, p.cast::<Block>());
             } else {
                 free_remote(page, p.cast::<Block>());
@@ -195,8 +195,8 @@ unsafe fn free_remote(page: *mut segment::Page, block: *mut Block) {
     // outlive it (heaps are never freed, pages not reassigned while they hold
     // a live block).
     unsafe {
-        if (*page).thread_free.push(block) {
-            let heap = (*page).heap.load(core::sync::atomic::Ordering::Relaxed);
+        if (*page).remote.thread_free.push(block) {
+            let heap = (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed);
             (*heap).remote_pages.0.push(page);
         }
     }
@@ -249,7 +249,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
         unsafe {
             if (*seg).kind == SMALL {
                 let page = page_of(seg.cast::<SmallSegment>(), p);
-                let bs = (*page).block_size as usize;
+                let bs = (*page).info.block_size as usize;
                 // Keep the block if the new size fits and would not waste over
                 // half of it (shrinking to a much smaller class frees memory).
                 if new_size <= bs && (new_size >= bs / 2 || bs <= 64) && class_for(new_size, align).is_some() {

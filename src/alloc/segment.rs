@@ -57,39 +57,54 @@ unsafe impl Linked for Block {
     }
 }
 
-/// A page descriptor. The owner-only fields are touched by the owning heap's
-/// thread alone; `thread_free` and `remote_next` are the lock-free remote-free
-/// protocol (see `free.rs`).
-#[repr(C)]
+/// A page descriptor, on three cache lines by who writes them: the owner's
+/// list state (written by every local allocation and free), the page's fixed
+/// facts (written once, when a heap takes the page; read by every free, local
+/// or remote, to find the owner), and the remote-free list (written by other
+/// threads). So a remote free neither steals the line the owner's fast path
+/// writes nor has its read of `heap` invalidated by it.
+#[repr(C, align(64))]
 pub(crate) struct Page {
     /// Local free list (owner only).
     pub(crate) free: *mut Block,
-    /// Links in the owning heap's list of pages whose remote frees wait in
-    /// `thread_free` until `free` runs dry (owner only; see `heap.rs`).
-    pub(crate) pend_prev: *mut Page,
-    pub(crate) pend_next: *mut Page,
-    pub(crate) pending: bool,
     /// Blocks handed out and not yet returned to `free` (owner only; remote
     /// frees still on `thread_free` count as used).
     pub(crate) used: u32,
-    /// Blocks the page holds, and how many have been carved from it so far.
-    pub(crate) capacity: u32,
+    /// Blocks carved from the page so far.
     pub(crate) carved: u32,
-    pub(crate) block_size: u32,
-    pub(crate) class: u8,
     /// Unlinked from its heap's class list because it had no free block.
     pub(crate) in_full: bool,
-    pub(crate) slots: u8,
-    pub(crate) first_slot: u8,
-    /// First block.
-    pub(crate) start: *mut u8,
+    /// On the owning heap's pending list (see `heap.rs`).
+    pub(crate) pending: bool,
     /// Links in the owning heap's class list (owner only).
     pub(crate) prev: *mut Page,
     pub(crate) next: *mut Page,
-    /// The owning heap; set when the page is handed to a heap, read by threads
-    /// freeing a block of this page from elsewhere (they hold a live block, so
-    /// the page cannot change owner meanwhile).
+    /// Links in the owning heap's list of pages whose remote frees wait in
+    /// `thread_free` until `free` runs dry (owner only).
+    pub(crate) pend_prev: *mut Page,
+    pub(crate) pend_next: *mut Page,
+    pub(crate) info: Info,
+    pub(crate) remote: Remote,
+}
+
+/// What a page is: set when a heap takes it, then only read.
+#[repr(C, align(64))]
+pub(crate) struct Info {
+    /// The owning heap. It does not change while the page holds a live block.
     pub(crate) heap: AtomicPtr<Heap>,
+    pub(crate) block_size: u32,
+    /// Blocks the page holds.
+    pub(crate) capacity: u32,
+    /// First block.
+    pub(crate) start: *mut u8,
+    pub(crate) class: u8,
+    pub(crate) slots: u8,
+    pub(crate) first_slot: u8,
+}
+
+/// The part of a page other threads write.
+#[repr(C, align(64))]
+pub(crate) struct Remote {
     /// Blocks freed by other threads, taken by the owner in one swap with
     /// their count (so it need not walk them).
     pub(crate) thread_free: CountedStack<Block>,
@@ -104,7 +119,7 @@ pub(crate) struct Page {
 unsafe impl Linked for Page {
     unsafe fn next_ptr(node: *mut Self) -> *mut *mut Self {
         // SAFETY: the caller passes a live page.
-        unsafe { ptr::addr_of_mut!((*node).remote_next) }
+        unsafe { ptr::addr_of_mut!((*node).remote.remote_next) }
     }
 }
 
@@ -112,26 +127,29 @@ impl Page {
     pub(crate) const fn empty() -> Self {
         Self {
             free: ptr::null_mut(),
-            pend_prev: ptr::null_mut(),
-            pend_next: ptr::null_mut(),
-            pending: false,
             used: 0,
-            capacity: 0,
             carved: 0,
-            block_size: 0,
-            class: 0,
             in_full: false,
-            slots: 0,
-            first_slot: 0,
-            start: ptr::null_mut(),
+            pending: false,
             prev: ptr::null_mut(),
             next: ptr::null_mut(),
-            heap: AtomicPtr::new(ptr::null_mut()),
-            thread_free: CountedStack::new(),
-            remote_next: ptr::null_mut(),
+            pend_prev: ptr::null_mut(),
+            pend_next: ptr::null_mut(),
+            info: Info {
+                heap: AtomicPtr::new(ptr::null_mut()),
+                block_size: 0,
+                capacity: 0,
+                start: ptr::null_mut(),
+                class: 0,
+                slots: 0,
+                first_slot: 0,
+            },
+            remote: Remote { thread_free: CountedStack::new(), remote_next: ptr::null_mut() },
         }
     }
 }
+
+const _: () = assert!(core::mem::offset_of!(Page, info) == 64 && core::mem::offset_of!(Page, remote) == 128);
 
 /// The header of a small segment, in its slot 0.
 #[repr(C)]
