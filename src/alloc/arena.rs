@@ -43,7 +43,17 @@ pub(crate) struct ArenaInner {
     /// Set when this node was found out of memory; segment requests go to
     /// the nearest node until it counts down.
     exhausted: u32,
+    /// Mappings of freed huge blocks kept for reuse (base, length), oldest
+    /// first; their pages stay committed on this node.
+    huge_cache: [(usize, usize); HUGE_CACHE],
+    huge_cached: usize,
 }
+
+/// Freed huge mappings an arena keeps (and at most `purge_threshold` bytes of
+/// them): a buffer that is freed and allocated again, or a `Vec` that grows
+/// past 256 KiB over and over, reuses committed pages instead of `mmap`,
+/// page faults and `munmap` each time.
+const HUGE_CACHE: usize = 8;
 
 // SAFETY: the raw pointers are owned by the arena and only used under its lock.
 unsafe impl Send for ArenaInner {}
@@ -62,7 +72,13 @@ impl Arena {
         Self {
             node,
             bind_to,
-            inner: SpinLock::new(ArenaInner { segments: ptr::null_mut(), orphans: ptr::null_mut(), exhausted: 0 }),
+            inner: SpinLock::new(ArenaInner {
+                segments: ptr::null_mut(),
+                orphans: ptr::null_mut(),
+                exhausted: 0,
+                huge_cache: [(0, 0); HUGE_CACHE],
+                huge_cached: 0,
+            }),
             counters: ArenaCounters {
                 reserved: AtomicU64::new(0),
                 purged: AtomicU64::new(0),
@@ -283,6 +299,58 @@ impl Arena {
     pub(crate) fn purge_now(&self) {
         let mut g = self.inner.lock();
         self.purge(&mut g);
+        while g.huge_cached > 0 {
+            self.evict_huge(&mut g);
+        }
+    }
+
+    /// The smallest cached huge mapping of at least `len` bytes (and at most
+    /// 16 times that: its pages are committed, and a block pins them all).
+    pub(crate) fn take_huge(&self, len: usize) -> Option<(NonNull<u8>, usize)> {
+        let mut g = self.inner.lock();
+        let n = g.huge_cached;
+        let i = (0..n)
+            .filter(|&i| g.huge_cache[i].1 >= len && g.huge_cache[i].1 / 16 <= len)
+            .min_by_key(|&i| g.huge_cache[i].1)?;
+        let (base, l) = g.huge_cache[i];
+        g.huge_cache.copy_within(i + 1..n, i);
+        g.huge_cached -= 1;
+        self.counters.dirty.fetch_sub(l as u64, Ordering::Relaxed);
+        // SAFETY: cached entries are live mappings.
+        Some((unsafe { NonNull::new_unchecked(base as *mut u8) }, l))
+    }
+
+    /// Keeps a freed huge mapping for reuse; false when it is too large to keep
+    /// (the caller unmaps it).
+    pub(crate) fn keep_huge(&self, state: &State, base: NonNull<u8>, len: usize) -> bool {
+        if len > state.config.purge_threshold {
+            return false;
+        }
+        let mut g = self.inner.lock();
+        let cached: usize = g.huge_cache[..g.huge_cached].iter().map(|e| e.1).sum();
+        let mut room = state.config.purge_threshold - cached;
+        while g.huge_cached == HUGE_CACHE || room < len {
+            room += g.huge_cache[0].1;
+            self.evict_huge(&mut g);
+        }
+        let n = g.huge_cached;
+        g.huge_cache[n] = (base.as_ptr() as usize, len);
+        g.huge_cached += 1;
+        self.counters.dirty.fetch_add(len as u64, Ordering::Relaxed);
+        true
+    }
+
+    /// Unmaps the oldest cached huge mapping.
+    fn evict_huge(&self, g: &mut ArenaInner) {
+        let (base, len) = g.huge_cache[0];
+        let n = g.huge_cached;
+        g.huge_cache.copy_within(1..n, 0);
+        g.huge_cached -= 1;
+        self.counters.dirty.fetch_sub(len as u64, Ordering::Relaxed);
+        self.counters.purged.fetch_add(len as u64, Ordering::Relaxed);
+        self.counters.reserved.fetch_sub(len as u64, Ordering::Relaxed);
+        // SAFETY: a cached mapping nobody uses.
+        let _ = unsafe { mem::unmap(NonNull::new_unchecked(base as *mut u8), len) };
     }
 }
 

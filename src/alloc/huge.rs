@@ -36,17 +36,28 @@ fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     }
 }
 
-/// Allocates a huge block; null on failure.
-pub(crate) fn alloc(state: &State, size: usize, align: usize) -> *mut u8 {
+/// Allocates a huge block; null on failure. With `zero`, the block reads as
+/// zeroes (fresh mappings already do; reused ones are cleared).
+pub(crate) fn alloc(state: &State, size: usize, align: usize, zero: bool) -> *mut u8 {
     if align > MAX_ALIGN {
         return ptr::null_mut();
     }
     let off = block_offset(align);
     let Some(total) = map_len(off, size) else { return ptr::null_mut() };
-    let Some(base) = reserve(total, align, off) else { return ptr::null_mut() };
     let arena = state.current_arena();
+    // A cached mapping of this node (segment-aligned, so any alignment up to
+    // the segment size fits at the same offset), else a fresh one.
+    let cached = if align <= SEGMENT_SIZE { arena.take_huge(total) } else { None };
+    let fresh = cached.is_none();
+    let (base, total) = match cached {
+        Some(c) => c,
+        None => match reserve(total, align, off) {
+            Some(b) => (b, total),
+            None => return ptr::null_mut(),
+        },
+    };
     let policy = arena.policy(state);
-    if policy != mem::MemPolicy::Default {
+    if fresh && policy != mem::MemPolicy::Default {
         // SAFETY: our fresh mapping. A failed bind leaves first-touch placement,
         // which is still a valid block.
         let _ = unsafe { mem::bind(base, total, policy, mem::BindFlags::NONE) };
@@ -69,17 +80,25 @@ pub(crate) fn alloc(state: &State, size: usize, align: usize) -> *mut u8 {
     let c = &arena.counters;
     // Preferred binding falls back silently when the node is full: the header
     // page, just touched, tells where the block's memory comes from.
-    if let (Some(phys), false, true) = (arena.bind_to, state.config.strict, state.multi_node) {
+    if let (true, Some(phys), false, true) = (fresh, arena.bind_to, state.config.strict, state.multi_node) {
         if mem::page_node(base.as_ptr()).is_ok_and(|n| n.is_some_and(|n| n != phys)) {
             c.fallbacks.fetch_add(1, Ordering::Relaxed);
         }
     }
-    c.reserved.fetch_add(total as u64, Ordering::Relaxed);
+    if fresh {
+        c.reserved.fetch_add(total as u64, Ordering::Relaxed);
+    }
     c.huge_live.fetch_add(1, Ordering::Relaxed);
     c.huge_bytes.fetch_add(total as u64, Ordering::Relaxed);
     c.huge_allocs.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: inside the mapping.
-    unsafe { base.as_ptr().add(off) }
+    // SAFETY: inside the mapping, which holds `off + size` bytes.
+    unsafe {
+        let p = base.as_ptr().add(off);
+        if zero && !fresh {
+            ptr::write_bytes(p, 0, size);
+        }
+        p
+    }
 }
 
 /// Frees the huge block whose header is `seg`.
@@ -89,13 +108,21 @@ pub(crate) fn alloc(state: &State, size: usize, align: usize) -> *mut u8 {
 pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     // SAFETY: per the contract.
     let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
-    let c = &state.arenas[arena].counters;
-    c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
+    let a = &state.arenas[arena];
+    let c = &a.counters;
     c.huge_live.fetch_sub(1, Ordering::Relaxed);
     c.huge_bytes.fetch_sub(len as u64, Ordering::Relaxed);
     c.huge_frees.fetch_add(1, Ordering::Relaxed);
     // SAFETY: the whole mapping of a block nobody uses any more.
-    let _ = unsafe { mem::unmap(NonNull::new_unchecked(base), len) };
+    let base = unsafe { NonNull::new_unchecked(base) };
+    // Segment-aligned mappings can be reused for any huge block of this node.
+    if base.as_ptr() as usize % SEGMENT_SIZE == 0 && a.keep_huge(state, base, len) {
+        return;
+    }
+    c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
+    c.purged.fetch_add(len as u64, Ordering::Relaxed);
+    // SAFETY: as above.
+    let _ = unsafe { mem::unmap(base, len) };
 }
 
 /// Resizes the huge block `p` (aligned to `align`) to `new_size` (> SMALL_MAX)
@@ -113,8 +140,12 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     let c = &state.arenas[arena].counters;
     // SAFETY: `base` is the start of our whole mapping.
     let old = unsafe { NonNull::new_unchecked(base) };
-    let new_base = if total == len {
-        Some(old)
+    let new_base = if total <= len && total >= len / 2 {
+        // Fits the mapping (a reused cached mapping often has room to grow).
+        let seg = old.as_ptr().cast::<Segment>();
+        // SAFETY: the header of our live block.
+        unsafe { (*seg).huge_size = new_size };
+        return p;
     } else if total < len || align <= SEGMENT_SIZE {
         // In place: shrinking always works; growing when the range after it is free.
         // SAFETY: our whole mapping; it does not move.

@@ -140,7 +140,7 @@ impl NumaAlloc {
 
     #[cold]
     #[inline(never)]
-    unsafe fn alloc_slow(&self, size: usize, align: usize) -> *mut u8 {
+    unsafe fn alloc_slow(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
         let state = self.state();
         match class_for(size, align) {
             Some(class) => {
@@ -151,10 +151,16 @@ impl NumaAlloc {
                         None => return ptr::null_mut(),
                     }
                 }
-                // SAFETY: the calling thread's heap.
-                unsafe { Heap::alloc_class(heap, class) }
+                // SAFETY: the calling thread's heap; the block holds `size` bytes.
+                unsafe {
+                    let p = Heap::alloc_class(heap, class);
+                    if zero && !p.is_null() {
+                        ptr::write_bytes(p, 0, size);
+                    }
+                    p
+                }
             }
-            None => huge::alloc(state, size, align),
+            None => huge::alloc(state, size, align, zero),
         }
     }
 }
@@ -218,7 +224,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
             }
         }
         // SAFETY: same contract.
-        unsafe { self.alloc_slow(size, layout.align()) }
+        unsafe { self.alloc_slow(size, layout.align(), false) }
     }
 
     #[inline]
@@ -228,18 +234,9 @@ unsafe impl GlobalAlloc for NumaAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // Small blocks are cleared; fresh huge mappings are zero already.
         // SAFETY: forwarded contract.
-        let p = unsafe { self.alloc(layout) };
-        if !p.is_null() {
-            // SAFETY: `p` holds at least `layout.size()` bytes. Huge blocks are
-            // fresh mappings and already zero.
-            unsafe {
-                if (*segment_of(p)).kind == SMALL {
-                    ptr::write_bytes(p, 0, layout.size());
-                }
-            }
-        }
-        p
+        unsafe { self.alloc_slow(layout.size(), layout.align(), true) }
     }
 
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
