@@ -1,8 +1,21 @@
 //! numaweave: a NUMA-aware memory allocator for storage and network software on
 //! multi-socket and CXL machines.
 //!
+//! ```
+//! use numaweave::NumaAlloc;
+//!
+//! #[global_allocator]
+//! static A: NumaAlloc = NumaAlloc::new();
+//!
+//! let v: Vec<u64> = (0..1000).collect();
+//! assert_eq!(v.iter().sum::<u64>(), 499_500);
+//! println!("{}", A.stats());
+//! ```
+//!
 //! The crate is built in layers, each in its own module:
 //!
+//! - [`alloc`]: [`NumaAlloc`], per-node arenas, thread heaps, remote frees,
+//!   huge blocks; [`stats`] sums its counters into a per-node table.
 //! - [`topology`]: nodes, CPUs, distances, allowed nodes, device locality;
 //!   discovered without touching the heap. Synthetic topologies
 //!   (`NUMAWEAVE_TOPOLOGY=fake:N`, [`Topology::synthetic`]) make the NUMA logic
@@ -10,8 +23,9 @@
 //! - [`os`]: the only module that makes system calls: address space
 //!   (`mmap`), placement (`mbind`), release (`madvise`), and where pages really
 //!   are (`move_pages`, `/proc/self/pagemap`).
-//! - [`sync`]: the loom shim and the allocation-free one-time initialisation
-//!   cell every lazy global uses.
+//! - [`sync`]: the loom shim and the primitives the allocator's concurrency
+//!   rests on (one-time initialisation, spin lock, push/take-all stacks), each
+//!   modelled with loom in `loom-tests/`.
 //!
 //! ```
 //! use numaweave::os::mem::{MemPolicy, Region};
