@@ -106,31 +106,24 @@ impl Arena {
     /// node is out of memory, from the nearest one that is not.
     pub(crate) fn alloc_page(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
         let slots = page_slots(class);
-        {
+        let exhausted = {
             let mut g = self.inner.lock();
             if let Some(p) = take_slots(&mut g, slots, &self.counters) {
                 drop(g);
                 return Some(init_page(p, class, heap));
             }
-            if g.exhausted > 0 {
+            let e = g.exhausted > 0;
+            if e {
                 g.exhausted -= 1;
-                drop(g);
-                return self.fallback_page(state, class, heap);
+            }
+            e
+        };
+        if !exhausted {
+            if let Some(p) = self.map_and_take(state, class, heap) {
+                return Some(p);
             }
         }
-        // Map outside the lock: mmap and mbind can take a while.
-        match self.map_segment(state) {
-            Some(seg) => {
-                let mut g = self.inner.lock();
-                // SAFETY: a fresh segment, ours alone until linked.
-                unsafe { (*seg.as_ptr()).seg.next = g.segments };
-                g.segments = seg.as_ptr();
-                let p = take_slots(&mut g, slots, &self.counters);
-                drop(g);
-                p.map(|p| init_page(p, class, heap))
-            }
-            None => self.fallback_page(state, class, heap),
-        }
+        self.fallback_page(state, class, heap)
     }
 
     fn fallback_page(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
@@ -139,31 +132,33 @@ impl Arena {
         }
         for n in state.topology.nodes_by_distance(self.node).skip(1) {
             let Some(other) = state.arena(n) else { continue };
-            if other.node == self.node {
+            if other.node == self.node || other.inner.lock().exhausted > 0 {
                 continue;
             }
-            if other.inner.lock().exhausted > 0 {
-                continue;
-            }
-            if let Some(p) = other.alloc_page_no_fallback(state, class, heap) {
+            let taken = take_slots(&mut other.inner.lock(), page_slots(class), &other.counters);
+            let page = match taken {
+                Some(p) => Some(init_page(p, class, heap)),
+                None => other.map_and_take(state, class, heap),
+            };
+            if page.is_some() {
                 self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-                return Some(p);
+                return page;
             }
         }
         None
     }
 
-    fn alloc_page_no_fallback(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
-        let slots = page_slots(class);
-        if let Some(p) = take_slots(&mut self.inner.lock(), slots, &self.counters) {
-            return Some(init_page(p, class, heap));
-        }
+    /// Maps a segment (outside the lock: `mmap` and `mbind` take a while),
+    /// links it, and takes a page from it.
+    fn map_and_take(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
         let seg = self.map_segment(state)?;
         let mut g = self.inner.lock();
-        // SAFETY: fresh segment.
+        // SAFETY: a fresh segment, ours alone until linked.
         unsafe { (*seg.as_ptr()).seg.next = g.segments };
         g.segments = seg.as_ptr();
-        take_slots(&mut g, slots, &self.counters).map(|p| init_page(p, class, heap))
+        let p = take_slots(&mut g, page_slots(class), &self.counters);
+        drop(g);
+        p.map(|p| init_page(p, class, heap))
     }
 
     /// Maps, binds and initialises a small segment; `None` when the OS has no

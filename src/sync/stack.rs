@@ -69,23 +69,6 @@ impl<T: Linked> AtomicStack<T> {
         }
     }
 
-    /// Pushes a chain `first ..= last` already linked through `next`.
-    ///
-    /// # Safety
-    /// As [`push`](Self::push), for every node of the chain; `last` must be
-    /// reachable from `first`.
-    pub unsafe fn push_chain(&self, first: *mut T, last: *mut T) -> bool {
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the chain is the caller's until published.
-            unsafe { *T::next_ptr(last) = head };
-            match self.head.compare_exchange_weak(head, first, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return head.is_null(),
-                Err(h) => head = h,
-            }
-        }
-    }
-
     /// Takes every node pushed so far, most recent first, as a chain linked
     /// through `next` and ending in null.
     #[inline]
