@@ -3,7 +3,7 @@
 //! medians compare like with like on the same noisy machine.
 //!
 //! ```text
-//! cargo bench --bench alloc
+//! cargo bench --features peers --bench alloc
 //! ```
 //!
 //! Workloads: single-thread churn of 16–4096-byte blocks, realloc growth from
