@@ -134,6 +134,12 @@ pub enum Error {
         /// The hwloc operation that failed.
         what: &'static str,
     },
+    /// A memory policy that cannot be applied (empty node set, zero
+    /// granularity, all-zero weights, malformed `NUMAWEAVE_POLICY` text).
+    InvalidPolicy {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 impl Error {
@@ -165,6 +171,7 @@ impl fmt::Display for Error {
             Error::NoSuchDevice { kind, name } => write!(f, "no such {kind}: {name:?}"),
             Error::InvalidTopology { reason } => write!(f, "invalid topology: {reason}"),
             Error::Hwloc { what } => write!(f, "hwloc: {what} failed"),
+            Error::InvalidPolicy { reason } => write!(f, "invalid memory policy: {reason}"),
         }
     }
 }

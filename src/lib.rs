@@ -49,10 +49,12 @@
 pub mod alloc;
 pub mod error;
 pub mod os;
+pub mod policy;
 #[cfg(not(loom))]
 pub mod stats;
 pub mod sync;
 pub mod topology;
+pub mod units;
 
 #[cfg(not(loom))]
 pub use alloc::{Config, Mode, NumaAlloc};

@@ -91,7 +91,7 @@ impl Config {
             }
         }
         if let Some(v) = file::env(c"NUMAWEAVE_PURGE") {
-            match parse_bytes(v) {
+            match crate::units::parse_bytes(v) {
                 Some(b) => self.purge_threshold = b,
                 None => file::report(format_args!("numaweave: ignoring NUMAWEAVE_PURGE={v:?} (want bytes, e.g. 8M)")),
             }
@@ -104,18 +104,6 @@ impl Default for Config {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// `"8M"` → 8 MiB; plain digits are bytes.
-pub(crate) fn parse_bytes(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, shift) = match s.as_bytes().last()? {
-        b'k' | b'K' => (&s[..s.len() - 1], 10),
-        b'm' | b'M' => (&s[..s.len() - 1], 20),
-        b'g' | b'G' => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    num.parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 pub(crate) struct State {
@@ -262,20 +250,4 @@ fn allocator_topology() -> Topology {
         return Topology::detect().unwrap_or_else(|_| Topology::single_node());
     }
     Topology::global().clone()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_sizes() {
-        assert_eq!(parse_bytes("8M"), Some(8 << 20));
-        assert_eq!(parse_bytes("512k"), Some(512 << 10));
-        assert_eq!(parse_bytes("1G"), Some(1 << 30));
-        assert_eq!(parse_bytes("4096"), Some(4096));
-        assert_eq!(parse_bytes("M"), None);
-        assert_eq!(parse_bytes("-1"), None);
-        assert_eq!(parse_bytes(""), None);
-    }
 }

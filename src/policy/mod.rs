@@ -1,0 +1,344 @@
+//! Memory policies: where allocations go. `Local` (the calling thread's
+//! node), `Bind` (a node set, strictly), `Preferred` (one node, falling back by
+//! distance), and `Interleave` with a granularity: spread over a node set, but
+//! stay on a node for `Count(n)` allocations or until `Bytes(b)` were placed
+//! there, optionally weighted (a node of weight w gets w turns per round, as
+//! Linux's `MPOL_WEIGHTED_INTERLEAVE`).
+//!
+//! The granularity is the point of the source thread (Shaohua Li, "numa:
+//! interleave allocation granularity", 2011): page-by-page interleave breaks
+//! the physical contiguity of I/O buffers (more DMA segments); moving to the
+//! next node only after a run keeps a buffer on one node. David Rientjes'
+//! objection, that counting allocations lets nodes drift apart in bytes when
+//! sizes vary, is why `Bytes(b)` exists: see [`Cursor`].
+//!
+//! This module holds the policies, their validation and text form, and the
+//! lock-free interleave [`Cursor`]; applying them to allocations (process
+//! default, scoped per thread, per-call handles) builds on it.
+//!
+//! # Text form (`NUMAWEAVE_POLICY`)
+//!
+//! ```text
+//! local
+//! bind:<nodes>                 e.g. bind:1, bind:0-1
+//! preferred:<node>             e.g. preferred:0
+//! interleave:<nodes>[:count=<n>|:bytes=<size>][:weights=<w>,<w>,…]
+//!                              e.g. interleave:0-3:bytes=2M
+//!                                   interleave:0,1:count=8:weights=3,1
+//! ```
+//!
+//! `<nodes>` is the kernel's list format; `<size>` takes `K`, `M`, `G`
+//! suffixes; weights are given in node order, one per node of the set. The
+//! default granularity is `count=1` (page-by-page interleave's analogue).
+//!
+//! ```
+//! use numaweave::policy::{Granularity, Policy};
+//! let p: Policy = "interleave:0,1:count=8:weights=3,1".parse().unwrap();
+//! let Policy::Interleave(i) = &p else { unreachable!() };
+//! assert_eq!(i.granularity(), Granularity::Count(8));
+//! assert_eq!(i.weight(0), 3);
+//! assert_eq!(p.to_string(), "interleave:0-1:count=8:weights=3,1");
+//! ```
+
+mod cursor;
+
+use core::fmt;
+use core::fmt::Write as _;
+
+pub use cursor::{Cursor, MAX_ROUND};
+
+use crate::error::{Error, Result};
+use crate::topology::{MAX_NODES, NodeSet, Topology};
+
+/// How long an interleave stays on one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Granularity {
+    /// `n` allocations per node per turn.
+    Count(u32),
+    /// A node's turn ends at the first allocation that brings it to at least
+    /// `b` bytes in that turn.
+    Bytes(u64),
+}
+
+/// Interleave over a node set; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interleave {
+    nodes: NodeSet,
+    granularity: Granularity,
+    weights: [u8; MAX_NODES],
+}
+
+impl Interleave {
+    /// Interleave over `nodes` with `granularity`, every node weight 1.
+    pub fn new(nodes: NodeSet, granularity: Granularity) -> Result<Self> {
+        let mut weights = [0u8; MAX_NODES];
+        for n in nodes.iter() {
+            weights[n] = 1;
+        }
+        let i = Self { nodes, granularity, weights };
+        i.check()?;
+        Ok(i)
+    }
+
+    /// Sets node weights, in node order, one per node of the set: a node of
+    /// weight w gets w consecutive turns per round.
+    pub fn with_weights(mut self, weights: &[u8]) -> Result<Self> {
+        if weights.len() != self.nodes.len() {
+            return Err(Error::InvalidPolicy { reason: "one weight per interleaved node is needed" });
+        }
+        for (n, &w) in self.nodes.iter().zip(weights) {
+            self.weights[n] = w;
+        }
+        self.check()?;
+        Ok(self)
+    }
+
+    /// Weights as the kernel's weighted interleave has them
+    /// (`/sys/kernel/mm/mempolicy/weighted_interleave/nodeN`, Linux 6.9+);
+    /// `None` where the kernel has none.
+    pub fn with_system_weights(self) -> Result<Option<Self>> {
+        let mut w = [0u8; MAX_NODES];
+        for n in self.nodes.iter() {
+            let mut p = crate::os::file::PathBuf::new();
+            let _ = write!(p, "/sys/kernel/mm/mempolicy/weighted_interleave/node{n}");
+            let mut buf = [0u8; 16];
+            match crate::os::file::read_str(p.as_cstr(), &mut buf) {
+                Ok(s) => w[n] = s.parse().map_err(|_| Error::InvalidPolicy { reason: "malformed sysfs weight" })?,
+                Err(_) => return Ok(None),
+            }
+        }
+        let ws: Vec<u8> = self.nodes.iter().map(|n| w[n]).collect();
+        self.with_weights(&ws).map(Some)
+    }
+
+    /// The interleaved nodes.
+    pub fn nodes(&self) -> NodeSet {
+        self.nodes
+    }
+
+    /// The granularity.
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
+    /// The weight of `node` (0 for a node not interleaved).
+    pub fn weight(&self, node: usize) -> u8 {
+        self.weights.get(node).copied().unwrap_or(0)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.nodes.is_empty() {
+            return Err(Error::InvalidPolicy { reason: "empty node set" });
+        }
+        match self.granularity {
+            Granularity::Count(0) | Granularity::Bytes(0) => {
+                return Err(Error::InvalidPolicy { reason: "zero granularity" });
+            }
+            Granularity::Bytes(b) if b >= 1 << 40 => {
+                return Err(Error::InvalidPolicy { reason: "byte granularity of 1 TiB or more" });
+            }
+            _ => {}
+        }
+        let total: usize = self.nodes.iter().map(|n| usize::from(self.weights[n])).sum();
+        if total == 0 {
+            return Err(Error::InvalidPolicy { reason: "all weights are zero" });
+        }
+        if total > MAX_ROUND {
+            return Err(Error::InvalidPolicy { reason: "weights add up to more than MAX_ROUND (1024) turns" });
+        }
+        Ok(())
+    }
+}
+
+/// A memory policy; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// The calling thread's node (the default).
+    Local,
+    /// Only these nodes, never elsewhere.
+    Bind(NodeSet),
+    /// This node first, then the others by distance.
+    Preferred(usize),
+    /// Spread over nodes with a granularity.
+    Interleave(Interleave),
+}
+
+impl Policy {
+    /// Checks the policy against `topo`: every node named must be online, have
+    /// memory, and be allowed to this process (`Mems_allowed`).
+    pub fn validate(&self, topo: &Topology) -> Result<()> {
+        let check = |n: usize| -> Result<()> {
+            topo.check_node(n)?;
+            if !topo.memory_nodes().contains(n) {
+                return Err(Error::InvalidNode { node: n, reason: "has no memory" });
+            }
+            if !topo.allowed_nodes().contains(n) {
+                return Err(Error::InvalidNode { node: n, reason: "not in this process's Mems_allowed" });
+            }
+            Ok(())
+        };
+        match self {
+            Policy::Local => Ok(()),
+            Policy::Preferred(n) => check(*n),
+            Policy::Bind(s) => {
+                if s.is_empty() {
+                    return Err(Error::InvalidPolicy { reason: "empty node set" });
+                }
+                s.iter().try_for_each(check)
+            }
+            Policy::Interleave(i) => {
+                i.check()?;
+                i.nodes.iter().try_for_each(check)
+            }
+        }
+    }
+}
+
+impl core::str::FromStr for Policy {
+    type Err = Error;
+
+    /// Parses the text form (module docs); does not check nodes against a
+    /// topology ([`Policy::validate`] does).
+    fn from_str(s: &str) -> Result<Policy> {
+        let bad = |reason| Error::InvalidPolicy { reason };
+        let s = s.trim();
+        let mut parts = s.split(':');
+        let kind = parts.next().unwrap_or("");
+        let nodes = |t: Option<&str>| -> Result<NodeSet> {
+            let t = t.ok_or(bad("a node list is needed"))?;
+            match NodeSet::parse_list(t) {
+                Ok((set, 0)) if !set.is_empty() => Ok(set),
+                Ok((set, 0)) if set.is_empty() => Err(bad("empty node set")),
+                Ok(_) => Err(Error::InvalidNode { node: MAX_NODES, reason: "beyond MAX_NODES (64)" }),
+                Err(_) => Err(bad("malformed node list (want e.g. 0-3,5)")),
+            }
+        };
+        let p = match kind {
+            "local" => Policy::Local,
+            "bind" => Policy::Bind(nodes(parts.next())?),
+            "preferred" => {
+                let n: usize =
+                    parts.next().and_then(|t| t.trim().parse().ok()).ok_or(bad("preferred needs one node id"))?;
+                if n >= MAX_NODES {
+                    return Err(Error::InvalidNode { node: n, reason: "beyond MAX_NODES (64)" });
+                }
+                Policy::Preferred(n)
+            }
+            "interleave" => {
+                let set = nodes(parts.next())?;
+                let mut granularity = Granularity::Count(1);
+                let mut weights: Option<Vec<u8>> = None;
+                for opt in parts.by_ref() {
+                    let (k, v) = opt.split_once('=').ok_or(bad("interleave options are key=value"))?;
+                    match k.trim() {
+                        "count" => {
+                            granularity =
+                                Granularity::Count(v.trim().parse().map_err(|_| bad("count=N needs a number"))?)
+                        }
+                        "bytes" => {
+                            let b = crate::units::parse_bytes(v).ok_or(bad("bytes=SIZE needs e.g. 2M"))?;
+                            granularity = Granularity::Bytes(b as u64);
+                        }
+                        "weights" => {
+                            let w: core::result::Result<Vec<u8>, _> =
+                                v.split(',').map(|x| x.trim().parse::<u8>()).collect();
+                            weights = Some(w.map_err(|_| bad("weights are 0..=255, comma-separated"))?);
+                        }
+                        _ => return Err(bad("unknown interleave option (count, bytes, weights)")),
+                    }
+                }
+                let mut i = Interleave::new(set, granularity)?;
+                if let Some(w) = weights {
+                    i = i.with_weights(&w)?;
+                }
+                Policy::Interleave(i)
+            }
+            _ => return Err(bad("unknown policy (local, bind, preferred, interleave)")),
+        };
+        if parts.next().is_some() {
+            return Err(bad("trailing text after the policy"));
+        }
+        Ok(p)
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Local => f.write_str("local"),
+            Policy::Bind(s) => write!(f, "bind:{s}"),
+            Policy::Preferred(n) => write!(f, "preferred:{n}"),
+            Policy::Interleave(i) => {
+                write!(f, "interleave:{}", i.nodes)?;
+                match i.granularity {
+                    Granularity::Count(n) => write!(f, ":count={n}")?,
+                    Granularity::Bytes(b) => write!(f, ":bytes={b}")?,
+                }
+                if i.nodes.iter().any(|n| i.weights[n] != 1) {
+                    let w: Vec<String> = i.nodes.iter().map(|n| i.weights[n].to_string()).collect();
+                    write!(f, ":weights={}", w.join(","))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammar_round_trips() {
+        for s in [
+            "local",
+            "bind:1",
+            "bind:0-3",
+            "preferred:0",
+            "interleave:0-3:count=1",
+            "interleave:0-1:count=8:weights=3,1",
+        ] {
+            assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
+        }
+        let p: Policy = "interleave:0-3:bytes=2M".parse().unwrap();
+        assert_eq!(p.to_string(), "interleave:0-3:bytes=2097152");
+        assert_eq!("interleave:2".parse::<Policy>().unwrap().to_string(), "interleave:2:count=1");
+    }
+
+    #[test]
+    fn bad_policies_are_typed_errors() {
+        for s in [
+            "",
+            "nearest",
+            "bind",
+            "bind:",
+            "bind:x",
+            "preferred",
+            "preferred:a",
+            "interleave:0-1:count=0",
+            "interleave:0-1:bytes=0",
+            "interleave:0-1:weights=0,0",
+            "interleave:0-1:weights=1",
+            "interleave:0-1:weights=1,2,3",
+            "interleave:0-1:speed=3",
+            "interleave:0-1:count",
+            "local:extra",
+        ] {
+            let e = s.parse::<Policy>().unwrap_err();
+            assert!(matches!(e, Error::InvalidPolicy { .. }), "{s:?}: {e:?}");
+        }
+        assert!(matches!("bind:70".parse::<Policy>(), Err(Error::InvalidNode { .. })));
+        assert!(matches!("preferred:64".parse::<Policy>(), Err(Error::InvalidNode { .. })));
+    }
+
+    #[test]
+    fn validation_against_a_topology() {
+        let t = Topology::synthetic(2).memory_only_nodes(1).allowed("0,2".parse().unwrap()).build().unwrap();
+        assert!("interleave:0,2:bytes=1M".parse::<Policy>().unwrap().validate(&t).is_ok());
+        assert!("local".parse::<Policy>().unwrap().validate(&t).is_ok());
+        let outside = "bind:1".parse::<Policy>().unwrap().validate(&t).unwrap_err();
+        assert_eq!(outside, Error::InvalidNode { node: 1, reason: "not in this process's Mems_allowed" });
+        let offline = "preferred:5".parse::<Policy>().unwrap().validate(&t).unwrap_err();
+        assert!(matches!(offline, Error::InvalidNode { node: 5, .. }));
+    }
+}

@@ -1,0 +1,36 @@
+//! Byte sizes in configuration text: `8M`, `512K`, `1G`, or plain bytes.
+
+/// `"8M"` → 8 MiB, `"512k"` → 512 KiB, `"4096"` → 4096; `None` for anything
+/// else or on overflow.
+///
+/// ```
+/// assert_eq!(numaweave::units::parse_bytes("2M"), Some(2 << 20));
+/// assert_eq!(numaweave::units::parse_bytes("2 MiB"), None);
+/// ```
+pub fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, shift) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    num.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("8M"), Some(8 << 20));
+        assert_eq!(parse_bytes("512k"), Some(512 << 10));
+        assert_eq!(parse_bytes("1G"), Some(1 << 30));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("M"), None);
+        assert_eq!(parse_bytes("-1"), None);
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("99999999999999999999G"), None);
+    }
+}
