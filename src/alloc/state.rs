@@ -154,6 +154,12 @@ impl State {
 
     #[cold]
     fn init(config: Config) -> State {
+        // A child forked while another thread holds one of the allocator's
+        // locks would wait on it forever: hold them all across fork().
+        // SAFETY: the handlers are `extern "C" fn()` that only take and release
+        // the allocator's spin locks. glibc may allocate its handler list with
+        // its own malloc, never through this allocator.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release)) };
         let config = config.apply_env();
         let topology = allocator_topology();
         let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
@@ -238,6 +244,48 @@ impl State {
             Mode::PerNode => (0..MAX_NODES).filter(|&n| self.arenas[n].bind_to.is_some()).collect(),
             _ => NodeSet::single(0),
         }
+    }
+}
+
+/// Every lock of the allocator, in one fixed order. No code path holds two of
+/// them at once, so taking them all here cannot deadlock with other threads.
+fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
+    let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
+    [&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock].into_iter().chain(arenas)
+}
+
+/// The two raw operations the fork handlers need, over locks of any content.
+trait RawLock {
+    fn take(&self);
+    /// # Safety
+    /// Taken with `take` by the forking thread.
+    unsafe fn release(&self);
+}
+
+impl<T> RawLock for SpinLock<T> {
+    fn take(&self) {
+        self.lock_raw();
+    }
+    unsafe fn release(&self) {
+        // SAFETY: forwarded contract.
+        unsafe { self.unlock_raw() }
+    }
+}
+
+extern "C" fn fork_prepare() {
+    if let Some(s) = State::try_get() {
+        fork_locks(s).for_each(|l| l.take());
+    }
+}
+
+/// After fork, in the parent and in the child: release what `fork_prepare`
+/// took (in the child the memory is a copy, the locks held by the copy of the
+/// forking thread).
+extern "C" fn fork_release() {
+    if let Some(s) = State::try_get() {
+        // SAFETY: `fork_prepare` took every one of them on this (or, in the
+        // child, the copied) thread.
+        fork_locks(s).rev().for_each(|l| unsafe { l.release() });
     }
 }
 

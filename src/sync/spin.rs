@@ -68,6 +68,21 @@ impl<T> SpinLock<T> {
         }
     }
 
+    /// Takes the lock without a guard, for `pthread_atfork` handlers, which
+    /// take locks in one function and release them in another.
+    pub fn lock_raw(&self) {
+        core::mem::forget(self.lock());
+    }
+
+    /// Releases a lock taken with [`lock_raw`](Self::lock_raw).
+    ///
+    /// # Safety
+    /// The caller (or, in a forked child, the thread it was copied from) took
+    /// the lock with `lock_raw`, and no guard for it exists.
+    pub unsafe fn unlock_raw(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
     /// Takes the lock if it is free.
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
         self.locked
