@@ -132,10 +132,16 @@ impl Arena {
         }
         for n in state.topology.nodes_by_distance(self.node).skip(1) {
             let Some(other) = state.arena(n) else { continue };
-            if other.node == self.node || other.inner.lock().exhausted > 0 {
+            if other.node == self.node {
                 continue;
             }
-            let taken = take_slots(&mut other.inner.lock(), page_slots(class), &other.counters);
+            let taken = {
+                let mut g = other.inner.lock();
+                if g.exhausted > 0 {
+                    continue;
+                }
+                take_slots(&mut g, page_slots(class), &other.counters)
+            };
             let page = match taken {
                 Some(p) => Some(init_page(p, class, heap)),
                 None => other.map_and_take(state, class, heap),
@@ -192,7 +198,6 @@ impl Arena {
                 arena: self.node as u8,
                 map_base: base.as_ptr(),
                 map_len: SEGMENT_SIZE,
-                huge_size: 0,
                 next: ptr::null_mut(),
             });
             (*seg).free_slots = !1u64; // slot 0 is the header
@@ -201,24 +206,30 @@ impl Arena {
                 ptr::addr_of_mut!((*seg).pages[i]).write(Page::empty());
             }
         }
-        // Preferred binding falls back silently when the node is full: look
-        // where the header page landed, and treat the node as exhausted if
-        // it is elsewhere (one query per 4 MiB segment).
-        if let (Some(phys), false) = (self.bind_to, state.config.strict) {
-            if state.multi_node {
-                if let Ok(Some(actual)) = mem::page_node(base.as_ptr()) {
-                    if actual != phys {
-                        self.inner.lock().exhausted = 64;
-                        // SAFETY: ours, unused.
-                        let _ = unsafe { mem::unmap(base, SEGMENT_SIZE) };
-                        return None;
-                    }
-                }
-            }
+        // One query per 4 MiB segment: if the node was full, treat it as
+        // exhausted and let the caller take the nearest node's memory.
+        if self.spilled(state, base) {
+            self.inner.lock().exhausted = 64;
+            // SAFETY: ours, unused.
+            let _ = unsafe { mem::unmap(base, SEGMENT_SIZE) };
+            return None;
         }
         self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
         // SAFETY: non-null mapping.
         Some(unsafe { NonNull::new_unchecked(seg) })
+    }
+
+    /// Whether the just-touched first page of a fresh mapping of this arena
+    /// landed on another node: preferred binding falls back silently when the
+    /// node is full. Only asked where it can happen (per-node mode on several
+    /// nodes, not strict).
+    pub(crate) fn spilled(&self, state: &State, base: NonNull<u8>) -> bool {
+        match self.bind_to {
+            Some(phys) if state.multi_node && !state.config.strict => {
+                mem::page_node(base.as_ptr()).is_ok_and(|n| n.is_some_and(|n| n != phys))
+            }
+            _ => false,
+        }
     }
 
     /// Takes back an empty page (its heap has let go of it), and purges free

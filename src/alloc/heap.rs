@@ -129,7 +129,7 @@ impl Heap {
         let Some(state) = State::try_get() else { return ptr::null_mut() };
         // SAFETY: the heap is this thread's (caller's contract).
         unsafe {
-            Heap::collect_remote(heap, state);
+            Heap::collect_remote(heap);
             let mut page = (*heap).direct[class];
             loop {
                 if page != empty_page() {
@@ -236,7 +236,7 @@ impl Heap {
     ///
     /// # Safety
     /// `heap` must be the calling thread's heap (or an orphan being adopted).
-    pub(crate) unsafe fn collect_remote(heap: *mut Heap, _state: &State) {
+    pub(crate) unsafe fn collect_remote(heap: *mut Heap) {
         // SAFETY: pages on `remote_pages` are this heap's; see `Page`'s Linked impl
         // for why each is on the stack at most once.
         unsafe {
@@ -357,10 +357,10 @@ impl Heap {
     }
 
     /// Lets go of every empty page (thread exit, `collect`).
-    unsafe fn release_empty_pages(heap: *mut Heap, state: &State) {
+    unsafe fn release_empty_pages(heap: *mut Heap) {
         // SAFETY: the heap is the caller's.
         unsafe {
-            Heap::collect_remote(heap, state);
+            Heap::collect_remote(heap);
             while !(*heap).pending.is_null() {
                 Heap::take_remote(heap, (*heap).pending);
             }
@@ -451,7 +451,7 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     HEAP.with(|c| c.set(ptr::null_mut()));
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
     unsafe {
-        Heap::release_empty_pages(heap, state);
+        Heap::release_empty_pages(heap);
         (*heap).owned.store(0, Ordering::Relaxed);
         let arena = state.home_arena((*heap).node);
         let mut g = arena.inner.lock();
@@ -465,7 +465,7 @@ pub(crate) fn collect_current(state: &State) {
     let h = current();
     if !h.is_null() {
         // SAFETY: the calling thread's heap.
-        unsafe { Heap::release_empty_pages(h, state) };
+        unsafe { Heap::release_empty_pages(h) };
     }
     for n in state.nodes().iter() {
         if let Some(a) = state.arena(n) {

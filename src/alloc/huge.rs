@@ -72,18 +72,14 @@ pub(crate) fn alloc(state: &State, size: usize, align: usize, zero: bool) -> *mu
                 arena: arena.node as u8,
                 map_base: base.as_ptr(),
                 map_len: total,
-                huge_size: size,
                 next: ptr::null_mut(),
             },
         );
     }
     let c = &arena.counters;
-    // Preferred binding falls back silently when the node is full: the header
-    // page, just touched, tells where the block's memory comes from.
-    if let (true, Some(phys), false, true) = (fresh, arena.bind_to, state.config.strict, state.multi_node) {
-        if mem::page_node(base.as_ptr()).is_ok_and(|n| n.is_some_and(|n| n != phys)) {
-            c.fallbacks.fetch_add(1, Ordering::Relaxed);
-        }
+    // The header page, just touched, tells where the block's memory comes from.
+    if fresh && arena.spilled(state, base) {
+        c.fallbacks.fetch_add(1, Ordering::Relaxed);
     }
     if fresh {
         c.reserved.fetch_add(total as u64, Ordering::Relaxed);
@@ -142,9 +138,6 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     let old = unsafe { NonNull::new_unchecked(base) };
     let new_base = if total <= len && total >= len / 2 {
         // Fits the mapping (a reused cached mapping often has room to grow).
-        let seg = old.as_ptr().cast::<Segment>();
-        // SAFETY: the header of our live block.
-        unsafe { (*seg).huge_size = new_size };
         return p;
     } else if total < len || align <= SEGMENT_SIZE {
         // In place: shrinking always works; growing when the range after it is free.
@@ -173,7 +166,6 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
         let h = b.as_ptr().cast::<Segment>();
         (*h).map_base = b.as_ptr();
         (*h).map_len = total;
-        (*h).huge_size = new_size;
     }
     if total >= len {
         c.reserved.fetch_add((total - len) as u64, Ordering::Relaxed);

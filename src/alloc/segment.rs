@@ -33,11 +33,10 @@ pub(crate) struct Segment {
     pub(crate) kind: u8,
     /// The arena (logical node index) that owns the segment.
     pub(crate) arena: u8,
-    /// Huge: the mapping's start and length (the header may not be at its start
-    /// when the block is aligned beyond the segment size), and the block size.
+    /// The mapping's start and length (for a huge block the usable size is
+    /// what lies between the block and the mapping's end).
     pub(crate) map_base: *mut u8,
     pub(crate) map_len: usize,
-    pub(crate) huge_size: usize,
     /// Small: link in the arena's segment list (under the arena lock).
     pub(crate) next: *mut SmallSegment,
 }
