@@ -134,6 +134,23 @@ pub enum Error {
         /// The hwloc operation that failed.
         what: &'static str,
     },
+    /// A slab cache's node holds as many objects as its limit allows.
+    LimitReached {
+        /// The node at its limit.
+        node: usize,
+        /// The limit, in objects.
+        limit: usize,
+    },
+    /// A wait for a free object ended without one.
+    Timeout {
+        /// How long it waited.
+        waited: core::time::Duration,
+    },
+    /// A slab cache's options do not fit together (or name a device with no node).
+    InvalidCache {
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A memory policy that cannot be applied (empty node set, zero
     /// granularity, all-zero weights, malformed `NUMAWEAVE_POLICY` text).
     InvalidPolicy {
@@ -171,6 +188,11 @@ impl fmt::Display for Error {
             Error::NoSuchDevice { kind, name } => write!(f, "no such {kind}: {name:?}"),
             Error::InvalidTopology { reason } => write!(f, "invalid topology: {reason}"),
             Error::Hwloc { what } => write!(f, "hwloc: {what} failed"),
+            Error::LimitReached { node, limit } => {
+                write!(f, "slab cache limit reached: node {node} holds its {limit} objects")
+            }
+            Error::Timeout { waited } => write!(f, "no free object within {waited:?}"),
+            Error::InvalidCache { reason } => write!(f, "invalid slab cache: {reason}"),
             Error::InvalidPolicy { reason } => write!(f, "invalid memory policy: {reason}"),
         }
     }

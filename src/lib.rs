@@ -16,6 +16,9 @@
 //!
 //! - [`alloc`]: [`NumaAlloc`], per-node arenas, thread heaps, remote frees,
 //!   huge blocks; [`stats`] sums its counters into a per-node table.
+//! - [`slab`]: node slabs, `kmem_cache`-like typed caches of fixed-size
+//!   objects (I/O commands, sense and DMA buffers) with per-thread magazines,
+//!   placed on a device's node.
 //! - [`topology`]: nodes, CPUs, distances, allowed nodes, device locality;
 //!   discovered without touching the heap. Synthetic topologies
 //!   (`NUMAWEAVE_TOPOLOGY=fake:N`, [`Topology::synthetic`]) make the NUMA logic
@@ -50,6 +53,7 @@ pub mod alloc;
 pub mod error;
 pub mod os;
 pub mod policy;
+pub mod slab;
 #[cfg(not(loom))]
 pub mod stats;
 pub mod sync;

@@ -20,6 +20,7 @@ use std::collections::HashSet;
 use std::sync::mpsc;
 
 use numaweave::os::{self, mem::BindFlags, mem::MemPolicy, mem::Region};
+use numaweave::slab::{RawCache, SlabBox, SlabCache};
 use numaweave::topology::{self, CpuSet, NodeSet, Topology};
 use numaweave::{Error, Mode, NumaAlloc};
 
@@ -107,6 +108,8 @@ fn main() {
         ("numaalloc_blocks_land_on_the_threads_node", numaalloc_blocks_land_on_the_threads_node),
         ("numaalloc_remote_frees_return_home", numaalloc_remote_frees_return_home),
         ("numaalloc_falls_back_by_distance_when_a_node_is_full", numaalloc_falls_back_by_distance_when_a_node_is_full),
+        ("slab_objects_land_on_the_cache_node", slab_objects_land_on_the_cache_node),
+        ("slab_remote_frees_go_home_to_their_node", slab_remote_frees_go_home_to_their_node),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, check) in checks {
@@ -520,5 +523,91 @@ fn numaalloc_falls_back_by_distance_when_a_node_is_full(t: &Topology, layout: Op
             t2.distance(node, *n)
         );
     }
+    Outcome::Pass
+}
+
+fn slab_objects_land_on_the_cache_node(t: &Topology, _: Option<&Guest>) -> Outcome {
+    // Allocate from a thread on the first CPU node, whatever the cache's node.
+    let cpu = first_cpu(t, t.cpu_nodes().first().unwrap());
+    let topo = t.clone();
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(cpu).unwrap();
+        let t = &topo;
+        for node in t.memory_nodes().iter() {
+            let phys = t.physical_node(node);
+            let cache = RawCache::builder("vm_homed", 2048).node(node).build().unwrap();
+            let objs: Vec<_> = (0..200).map(|_| cache.alloc().unwrap()).collect();
+            for &o in &objs {
+                // SAFETY: a live object of `cache`.
+                assert_eq!(unsafe { cache.node_of(o) }, node);
+                let got = touch_and_locate(o.as_ptr(), 2048);
+                assert!(got.iter().all(|&g| g == Some(phys)), "object of a cache homed on {node}: pages on {got:?}");
+            }
+            // SAFETY: each freed once.
+            unsafe { cache.free_bulk(&objs) };
+            println!("\n  cache homed on node {node}: 200 objects from cpu {cpu}, every page on node {node}");
+        }
+        let any = SlabCache::<[u8; 512]>::new("vm_alloc_on").unwrap();
+        for node in t.memory_nodes().iter() {
+            let phys = t.physical_node(node);
+            let mut objs: Vec<_> = (0..100).map(|_| any.alloc_on(node, [0; 512]).unwrap()).collect();
+            for o in objs.iter_mut() {
+                assert_eq!(SlabBox::node(o), node);
+                let got = touch_and_locate(o.as_mut_ptr(), 512);
+                assert!(got.iter().all(|&g| g == Some(phys)), "alloc_on({node}): pages on {got:?}");
+            }
+        }
+        println!("  alloc_on(k) for every node k: every page on node k");
+    })
+    .join()
+    .unwrap();
+    Outcome::Pass
+}
+
+fn slab_remote_frees_go_home_to_their_node(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let nodes: Vec<usize> = t.cpu_nodes().iter().collect();
+    if nodes.len() < 2 {
+        return Outcome::Skip("needs two nodes with CPUs");
+    }
+    let (home, away) = (*nodes.last().unwrap(), nodes[0]);
+    let (home_cpu, away_cpu) = (first_cpu(t, home), first_cpu(t, away));
+    let cache = std::sync::Arc::new(SlabCache::<[u64; 32]>::builder("vm_remote").node(home).build().unwrap());
+    // A thread on the home node allocates; a thread on node `away` frees.
+    let c = cache.clone();
+    let objs = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(home_cpu).unwrap();
+        (0..1000).map(|i| c.alloc([i; 32]).unwrap()).collect::<Vec<_>>()
+    })
+    .join()
+    .unwrap();
+    let addrs: HashSet<usize> = objs.iter().map(|b| SlabBox::as_ptr(b) as usize).collect();
+    let before = cache.stats().node(home);
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(away_cpu).unwrap();
+        for (i, b) in objs.into_iter().enumerate() {
+            assert!(b.iter().all(|&w| w == i as u64));
+            drop(b);
+        }
+    })
+    .join()
+    .unwrap();
+    let after = cache.stats().node(home);
+    let remote = after.remote_frees - before.remote_frees;
+    assert_eq!(remote, 1000, "frees on node {away} of node {home}'s objects: {after:?}");
+    assert_eq!(cache.stats().node(away).active, 0, "a node-{away} thread kept node-{home} objects");
+    // Back in node `home`'s slabs: the owner's next allocations reuse them.
+    let c = cache.clone();
+    let reused = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(home_cpu).unwrap();
+        let again: Vec<_> = (0..1000).map(|i| c.alloc([i; 32]).unwrap()).collect();
+        again.iter().filter(|b| addrs.contains(&(SlabBox::as_ptr(b) as usize))).count()
+    })
+    .join()
+    .unwrap();
+    println!(
+        "\n  1000 objects of node {home} freed on node {away}: {remote} remote frees on node {home}, {reused} reused there\n{}",
+        cache.stats()
+    );
+    assert!(reused >= 900);
     Outcome::Pass
 }

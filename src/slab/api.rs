@@ -1,0 +1,686 @@
+//! The public face of the node slabs: the builder, the typed [`SlabCache`] with
+//! its owning [`SlabBox`], and the [`RawCache`] for run-time layouts.
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::ops::{Deref, DerefMut};
+use core::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::cache::{Core, Ctor, Home, OnEmpty, Spec};
+use super::magazine::{MAG_MAX, Magazine};
+use super::stats::{CacheStats, register};
+use super::thread::{self, Start};
+use crate::error::{DeviceKind, Error, Result};
+use crate::topology::Topology;
+
+/// A cache line, for [`CacheBuilder::hwcache_align`] (`SLAB_HWCACHE_ALIGN`).
+pub const CACHE_LINE: usize = 64;
+
+/// Marks a builder for a [`RawCache`].
+#[derive(Debug)]
+pub enum Raw {}
+
+/// Marks a builder for a [`SlabCache<T>`].
+pub struct Typed<T>(PhantomData<fn() -> T>);
+
+#[derive(Clone, Debug)]
+enum HomeSpec {
+    Local,
+    Node(usize),
+    Device { kind: DeviceKind, name: String, or_local: bool },
+}
+
+/// Builds a cache: [`SlabCache::builder`] or [`RawCache::builder`].
+///
+/// Defaults: objects aligned to their type (raw: to 8 bytes), local to the
+/// allocating thread, no limit, magazines sized by object size (64 rounds up
+/// to 512-byte objects, down to 8 beyond 32 KiB).
+pub struct CacheBuilder<K> {
+    name: String,
+    size: usize,
+    align: usize,
+    home: HomeSpec,
+    limit: Option<usize>,
+    magazine: Option<usize>,
+    ctor: Option<Ctor>,
+    zero: bool,
+    _kind: PhantomData<K>,
+}
+
+impl<K> CacheBuilder<K> {
+    fn new(name: &str, size: usize, align: usize) -> Self {
+        Self {
+            name: name.to_owned(),
+            size,
+            align,
+            home: HomeSpec::Local,
+            limit: None,
+            magazine: None,
+            ctor: None,
+            zero: false,
+            _kind: PhantomData,
+        }
+    }
+
+    /// Aligns every object to at least `align` bytes (a power of two).
+    pub fn align(mut self, align: usize) -> Self {
+        self.align = self.align.max(align);
+        if !align.is_power_of_two() {
+            self.align = align; // rejected by `build`
+        }
+        self
+    }
+
+    /// Aligns objects to a cache line, so no two share one
+    /// (`SLAB_HWCACHE_ALIGN`).
+    pub fn hwcache_align(self) -> Self {
+        self.align(CACHE_LINE)
+    }
+
+    /// Places objects on `node` (`kmem_cache_create` + `alloc_node` for every
+    /// allocation).
+    pub fn node(mut self, node: usize) -> Self {
+        self.home = HomeSpec::Node(node);
+        self
+    }
+
+    /// Places objects on the node of the allocating thread (the default).
+    pub fn local(mut self) -> Self {
+        self.home = HomeSpec::Local;
+        self
+    }
+
+    /// Places objects on the node of a device: a PCI bus id, a block device
+    /// (`nvme0n1`, `/dev/sda`) or a network interface, looked up in sysfs
+    /// when the cache is built. A device with no node (one-node machines,
+    /// virtual devices) fails the build unless [`or_local`](Self::or_local)
+    /// follows.
+    pub fn device(mut self, name: &str) -> Self {
+        self.home = HomeSpec::Device { kind: DeviceKind::Any, name: name.to_owned(), or_local: false };
+        self
+    }
+
+    /// Like [`device`](Self::device), for the PCI function `bus_id`
+    /// (`0000:03:00.0`).
+    pub fn pci(mut self, bus_id: &str) -> Self {
+        self.home = HomeSpec::Device { kind: DeviceKind::Pci, name: bus_id.to_owned(), or_local: false };
+        self
+    }
+
+    /// With [`device`](Self::device) or [`pci`](Self::pci): a device that
+    /// exists but reports no node gives a local cache instead of an error.
+    pub fn or_local(mut self) -> Self {
+        if let HomeSpec::Device { or_local, .. } = &mut self.home {
+            *or_local = true;
+        }
+        self
+    }
+
+    /// At most `objects` objects in each node's slabs (a mempool's size).
+    /// Thread magazines are capped at an eighth of it so that a few threads
+    /// cannot strand a node's objects.
+    pub fn limit(mut self, objects: usize) -> Self {
+        self.limit = Some(objects);
+        self
+    }
+
+    /// Rounds per thread magazine (1..=64): more trades memory parked in
+    /// threads for fewer depot round trips.
+    pub fn magazine(mut self, rounds: usize) -> Self {
+        self.magazine = Some(rounds);
+        self
+    }
+
+    fn resolve_home(&self, topo: &Topology) -> Result<Home> {
+        match &self.home {
+            HomeSpec::Local => Ok(Home::Local),
+            HomeSpec::Node(n) => Ok(Home::Node(topo.check_node(*n)?)),
+            HomeSpec::Device { kind, name, or_local } => {
+                let node = match kind {
+                    DeviceKind::Pci => topo.pci_node(name)?,
+                    DeviceKind::Block => topo.block_device_node(name)?,
+                    DeviceKind::Net => topo.net_device_node(name)?,
+                    DeviceKind::Any => topo.device_node(name)?,
+                };
+                match node {
+                    Some(n) => Ok(Home::Node(n)),
+                    None if *or_local => Ok(Home::Local),
+                    None => Err(Error::InvalidCache { reason: "the device reports no NUMA node (use or_local)" }),
+                }
+            }
+        }
+    }
+
+    fn build_core(self) -> Result<Arc<Core>> {
+        if self.name.is_empty() {
+            return Err(Error::InvalidCache { reason: "an empty cache name" });
+        }
+        if self.ctor.is_some() && self.zero {
+            return Err(Error::InvalidCache { reason: "zero-on-alloc would wipe what the constructor built" });
+        }
+        if let Some(r) = self.magazine
+            && !(1..=MAG_MAX).contains(&r)
+        {
+            return Err(Error::InvalidCache { reason: "magazine rounds must be 1..=64" });
+        }
+        let topo = Topology::global();
+        let home = self.resolve_home(topo)?;
+        let spec = Spec {
+            name: self.name,
+            size: self.size,
+            align: self.align,
+            home,
+            limit: self.limit,
+            magazine: self.magazine,
+            ctor: self.ctor,
+            zero: self.zero,
+        };
+        register(|index| Core::new(spec, index, topo))
+    }
+}
+
+impl CacheBuilder<Raw> {
+    /// A constructor, run once per object when its slab memory is first
+    /// handed out (before the object's first allocation), never again while
+    /// the slab lives. Objects must come back in their constructed state: a
+    /// later allocation gets the object as its last user left it (the
+    /// kernel's `ctor` contract). It runs under the node's slab lock, so it
+    /// must not allocate from this same cache. Excludes [`zero`](Self::zero).
+    pub fn constructor(mut self, ctor: impl Fn(NonNull<u8>) + Send + Sync + 'static) -> Self {
+        self.ctor = Some(Box::new(ctor));
+        self
+    }
+
+    /// Zero every object as it is allocated (`__GFP_ZERO`); without it a new
+    /// object's bytes are unspecified.
+    pub fn zero(mut self, zero: bool) -> Self {
+        self.zero = zero;
+        self
+    }
+
+    /// Builds the cache. Fails on an empty name, a size or alignment beyond
+    /// what a 4 MiB slab holds twice ([`Error::LayoutTooLarge`]), a node
+    /// that is not online, an unknown device, or conflicting options.
+    pub fn build(self) -> Result<RawCache> {
+        Ok(RawCache { core: self.build_core()? })
+    }
+}
+
+impl<T> CacheBuilder<Typed<T>> {
+    /// Builds the cache (see [`CacheBuilder<Raw>::build`] for the errors).
+    pub fn build(self) -> Result<SlabCache<T>> {
+        Ok(SlabCache { core: self.build_core()?, _t: PhantomData })
+    }
+}
+
+impl<K> fmt::Debug for CacheBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("name", &self.name)
+            .field("size", &self.size)
+            .field("align", &self.align)
+            .field("home", &self.home)
+            .field("limit", &self.limit)
+            .field("magazine", &self.magazine)
+            .field("constructor", &self.ctor.is_some())
+            .field("zero", &self.zero)
+            .finish()
+    }
+}
+
+/// A handle's shared operations, on the cache's core.
+fn alloc_raw(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
+    let node = match start {
+        Start::Node(n) => Some(core.topo.check_node(n)?),
+        Start::Default => None,
+    };
+    let p = match thread::alloc_fast(core, node) {
+        Some(p) => p,
+        None => thread::alloc_slow(core, start, on_empty)?,
+    };
+    if core.zero {
+        // SAFETY: a fresh object of `size` bytes, ours.
+        unsafe { p.as_ptr().write_bytes(0, core.size) };
+    }
+    Ok(p)
+}
+
+fn alloc_wait_raw(core: &Arc<Core>, timeout: Duration) -> Result<NonNull<u8>> {
+    match alloc_raw(core, Start::Default, OnEmpty::Fail) {
+        Err(Error::LimitReached { node, .. }) => {
+            let deadline = Instant::now() + timeout;
+            core.wait(node, deadline, || alloc_raw(core, Start::Node(node), OnEmpty::Fail).ok())
+                .ok_or(Error::Timeout { waited: timeout })
+        }
+        r => r,
+    }
+}
+
+fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
+    let mut i = 0;
+    while i < out.len() {
+        match thread::alloc_fast(core, None) {
+            Some(p) => out[i] = p.as_ptr(),
+            None => break,
+        }
+        i += 1;
+    }
+    if i < out.len() {
+        // The rest in batches of up to a magazine, one lock round trip each.
+        let node = thread::default_node(core);
+        let mut m = Magazine::new();
+        while i < out.len() {
+            let want = (out.len() - i).min(MAG_MAX);
+            if let Err(e) = core.fill(node, &mut m, want, MAG_MAX) {
+                // All or nothing, as `kmem_cache_alloc_bulk`.
+                for &p in &out[..i] {
+                    // SAFETY: allocated above, not yet handed out.
+                    unsafe { thread::free(Arc::as_ptr(core), NonNull::new_unchecked(p)) };
+                }
+                return Err(e);
+            }
+            for &p in m.as_slice() {
+                out[i] = p;
+                i += 1;
+            }
+            m.clear();
+        }
+    }
+    if core.zero {
+        for &p in out.iter() {
+            // SAFETY: fresh objects of `size` bytes, ours.
+            unsafe { p.write_bytes(0, core.size) };
+        }
+    }
+    Ok(())
+}
+
+fn drop_core(core: &Arc<Core>) {
+    core.dead.store(true, Ordering::Release);
+    for ns in core.nodes.iter() {
+        ns.depot.close();
+    }
+    thread::flush_current(core);
+    let (_, refs) = core.shrink();
+    // SAFETY: `core` (the handle's reference) outlives this call.
+    unsafe { Core::put_refs(Arc::as_ptr(core), refs) };
+}
+
+fn shrink_core(core: &Arc<Core>) -> usize {
+    thread::flush_current(core);
+    let (bytes, refs) = core.shrink();
+    // SAFETY: as in `drop_core`.
+    unsafe { Core::put_refs(Arc::as_ptr(core), refs) };
+    bytes
+}
+
+/// A typed cache of `T` objects, placed on a node; see the [module
+/// docs](super).
+///
+/// Allocation moves a `T` into an object and returns a [`SlabBox<T>`];
+/// dropping the box drops the `T` and returns the object to the cache. On
+/// failure the value given is dropped.
+///
+/// ```
+/// use numaweave::slab::SlabCache;
+/// use numaweave::topology::Topology;
+///
+/// let node = Topology::global().current_node();
+/// let cache = SlabCache::<[u64; 32]>::builder("dma_buf").node(node).limit(128).build().unwrap();
+/// let b = cache.alloc_on(node, [7; 32]).unwrap();
+/// assert_eq!(numaweave::slab::SlabBox::node(&b), node);
+/// assert_eq!(b[31], 7);
+/// ```
+pub struct SlabCache<T> {
+    core: Arc<Core>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> SlabCache<T> {
+    /// A builder for a cache named `name` (shown by [`slabinfo`](super::slabinfo)).
+    pub fn builder(name: &str) -> CacheBuilder<Typed<T>> {
+        CacheBuilder::new(name, size_of::<T>(), align_of::<T>())
+    }
+
+    /// A cache with the default options: local to the allocating thread, no
+    /// limit.
+    pub fn new(name: &str) -> Result<Self> {
+        Self::builder(name).build()
+    }
+
+    fn wrap(&self, p: Result<NonNull<u8>>, value: T) -> Result<SlabBox<T>> {
+        let p = p?.cast::<T>();
+        // SAFETY: a fresh object, sized and aligned for `T`, ours.
+        unsafe { p.as_ptr().write(value) };
+        Ok(SlabBox { ptr: p, core: NonNull::from(&*self.core) })
+    }
+
+    /// An object on the cache's home node (or the calling thread's node for a
+    /// local cache), falling back to the nearest node with room when that
+    /// node is at its limit or out of memory (counted in `fallbacks`).
+    pub fn alloc(&self, value: T) -> Result<SlabBox<T>> {
+        self.wrap(alloc_raw(&self.core, Start::Default, OnEmpty::Fallback), value)
+    }
+
+    /// An object on `node` exactly (`kmem_cache_alloc_node`): never falls
+    /// back. [`Error::InvalidNode`], [`Error::LimitReached`] or
+    /// [`Error::NodeOutOfMemory`] otherwise.
+    pub fn alloc_on(&self, node: usize, value: T) -> Result<SlabBox<T>> {
+        self.wrap(alloc_raw(&self.core, Start::Node(node), OnEmpty::Fail), value)
+    }
+
+    /// An object on the home (or local) node, without falling back or
+    /// waiting: [`Error::LimitReached`] when the node is at its limit.
+    pub fn try_alloc(&self, value: T) -> Result<SlabBox<T>> {
+        self.wrap(alloc_raw(&self.core, Start::Default, OnEmpty::Fail), value)
+    }
+
+    /// Like [`try_alloc`](Self::try_alloc), but when the node is at its limit,
+    /// waits up to `timeout` for another thread to free an object
+    /// ([`Error::Timeout`] after that), as SPDK's `iobuf` does.
+    pub fn alloc_wait(&self, value: T, timeout: Duration) -> Result<SlabBox<T>> {
+        self.wrap(alloc_wait_raw(&self.core, timeout), value)
+    }
+
+    /// `n` objects on the home (or local) node, the i-th holding `init(i)`:
+    /// all or none, taking objects from the slabs in batches.
+    pub fn alloc_bulk(&self, n: usize, mut init: impl FnMut(usize) -> T) -> Result<Vec<SlabBox<T>>> {
+        let mut raw = vec![core::ptr::null_mut(); n];
+        alloc_bulk_raw(&self.core, &mut raw)?;
+        // Objects not yet boxed go back if `init` panics.
+        let mut pending = Pending { core: &self.core, objs: raw, done: 0 };
+        let mut out = Vec::with_capacity(n);
+        while pending.done < n {
+            let i = pending.done;
+            let v = init(i);
+            // SAFETY: from `alloc_bulk_raw`: a fresh, non-null object sized
+            // and aligned for `T`.
+            let ptr = unsafe { NonNull::new_unchecked(pending.objs[i]) }.cast::<T>();
+            // SAFETY: as above.
+            unsafe { ptr.as_ptr().write(v) };
+            out.push(SlabBox { ptr, core: NonNull::from(&*self.core) });
+            pending.done += 1;
+        }
+        Ok(out)
+    }
+
+    /// Drops the values and returns the objects in one pass, sending those of
+    /// other nodes home in one chain per node.
+    ///
+    /// # Panics
+    /// If a box belongs to another cache.
+    pub fn free_bulk(&self, boxes: impl IntoIterator<Item = SlabBox<T>>) {
+        let mut raw = Vec::new();
+        for b in boxes {
+            assert!(
+                core::ptr::eq(b.core.as_ptr(), Arc::as_ptr(&self.core)),
+                "numaweave: a SlabBox of cache \"{}\" passed to free_bulk of cache \"{}\"",
+                b.cache_name(),
+                self.core.name
+            );
+            let b = core::mem::ManuallyDrop::new(b);
+            // SAFETY: the box owned a live `T`; it is not used again.
+            unsafe { b.ptr.as_ptr().drop_in_place() };
+            raw.push(b.ptr.cast::<u8>());
+        }
+        // SAFETY: objects of this cache, emptied above, owned by us.
+        unsafe { thread::free_bulk(&self.core, &raw) };
+    }
+
+    /// Returns fully free slabs to the OS after flushing this thread's
+    /// magazines and every node's depot and remote list into the slabs
+    /// (`kmem_cache_shrink`); returns the bytes unmapped. Objects in other
+    /// threads' magazines stay there.
+    pub fn shrink(&self) -> usize {
+        shrink_core(&self.core)
+    }
+
+    /// A snapshot of the cache's statistics.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats::of(&self.core)
+    }
+
+    /// The cache's name.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// Where objects go by default (a device home is resolved to its node).
+    pub fn home(&self) -> Home {
+        self.core.home
+    }
+}
+
+impl<T> Drop for SlabCache<T> {
+    fn drop(&mut self) {
+        drop_core(&self.core);
+    }
+}
+
+impl<T> fmt::Debug for SlabCache<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlabCache").field("name", &self.core.name).field("home", &self.core.home).finish()
+    }
+}
+
+/// Objects of a bulk allocation not yet handed out; returned on unwind.
+struct Pending<'a> {
+    core: &'a Arc<Core>,
+    objs: Vec<*mut u8>,
+    done: usize,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        for &p in &self.objs[self.done..] {
+            // SAFETY: objects of this cache holding no value, ours.
+            unsafe { thread::free(Arc::as_ptr(self.core), NonNull::new_unchecked(p)) };
+        }
+    }
+}
+
+/// An owned `T` in a slab object: the cache's `Box`. Dropping it drops the
+/// `T` and frees the object into the dropping thread's magazine (or, from
+/// another node, home to its node). It may outlive its [`SlabCache`].
+pub struct SlabBox<T> {
+    ptr: NonNull<T>,
+    core: NonNull<Core>,
+}
+
+// SAFETY: the box owns its `T` like `Box<T>`; freeing from any thread is what
+// the cache is built for.
+unsafe impl<T: Send> Send for SlabBox<T> {}
+// SAFETY: `&SlabBox<T>` only gives `&T`.
+unsafe impl<T: Sync> Sync for SlabBox<T> {}
+
+impl<T> SlabBox<T> {
+    /// The node of the object's memory (an associated function, like
+    /// `Box::leak`, so it does not shadow a method of `T`).
+    pub fn node(this: &Self) -> usize {
+        // SAFETY: the box's object belongs to its (alive) cache.
+        unsafe { this.core().node_of(this.ptr.cast()) }
+    }
+
+    /// The object's address.
+    pub fn as_ptr(this: &Self) -> *const T {
+        this.ptr.as_ptr()
+    }
+
+    fn core(&self) -> &Core {
+        // SAFETY: the object's slab keeps the cache alive while the box exists.
+        unsafe { self.core.as_ref() }
+    }
+
+    fn cache_name(&self) -> &str {
+        &self.core().name
+    }
+}
+
+impl<T> Deref for SlabBox<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the box owns an initialised `T`.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T> DerefMut for SlabBox<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as above, uniquely.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T> Drop for SlabBox<T> {
+    fn drop(&mut self) {
+        // SAFETY: the box owns the `T`, dropped once here; then the emptied
+        // object goes back to its cache, which its slab keeps alive.
+        unsafe {
+            self.ptr.as_ptr().drop_in_place();
+            thread::free(self.core.as_ptr(), self.ptr.cast());
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for SlabBox<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// A cache of objects whose size and alignment are known at run time, with
+/// a raw-pointer API (`kmem_cache_create` with a size).
+///
+/// ```
+/// use numaweave::slab::RawCache;
+///
+/// let bufs = RawCache::builder("io_buf", 4096).align(4096).zero(true).build().unwrap();
+/// let p = bufs.alloc().unwrap();
+/// assert_eq!(p.as_ptr() as usize % 4096, 0);
+/// // SAFETY: a 4096-byte object of `bufs`, freed once.
+/// unsafe {
+///     assert_eq!(*p.as_ptr().add(4095), 0);
+///     bufs.free(p);
+/// }
+/// ```
+pub struct RawCache {
+    core: Arc<Core>,
+}
+
+impl RawCache {
+    /// A builder for objects of `size` bytes.
+    pub fn builder(name: &str, size: usize) -> CacheBuilder<Raw> {
+        CacheBuilder::new(name, size, 8)
+    }
+
+    /// Object size in bytes.
+    pub fn object_size(&self) -> usize {
+        self.core.size
+    }
+
+    /// Alignment of every object.
+    pub fn align(&self) -> usize {
+        self.core.align
+    }
+
+    /// See [`SlabCache::alloc`].
+    pub fn alloc(&self) -> Result<NonNull<u8>> {
+        alloc_raw(&self.core, Start::Default, OnEmpty::Fallback)
+    }
+
+    /// See [`SlabCache::alloc_on`].
+    pub fn alloc_on(&self, node: usize) -> Result<NonNull<u8>> {
+        alloc_raw(&self.core, Start::Node(node), OnEmpty::Fail)
+    }
+
+    /// See [`SlabCache::try_alloc`].
+    pub fn try_alloc(&self) -> Result<NonNull<u8>> {
+        alloc_raw(&self.core, Start::Default, OnEmpty::Fail)
+    }
+
+    /// See [`SlabCache::alloc_wait`].
+    pub fn alloc_wait(&self, timeout: Duration) -> Result<NonNull<u8>> {
+        alloc_wait_raw(&self.core, timeout)
+    }
+
+    /// Fills `out` with objects of the home (or local) node, all or none
+    /// (`kmem_cache_alloc_bulk`).
+    pub fn alloc_bulk(&self, out: &mut [*mut u8]) -> Result<()> {
+        alloc_bulk_raw(&self.core, out)
+    }
+
+    /// Returns `obj` to the cache.
+    ///
+    /// # Safety
+    /// `obj` came from an allocation of a numaweave slab cache, has not been
+    /// freed since, and is not used afterwards. (An object of *another*
+    /// cache, or a pointer into the middle of one, is caught with a panic.)
+    pub unsafe fn free(&self, obj: NonNull<u8>) {
+        // SAFETY: per the contract, `obj` lies in a slab.
+        unsafe { self.core.check_owner(obj) };
+        // SAFETY: checked to be ours; the caller gives it up.
+        unsafe { thread::free(Arc::as_ptr(&self.core), obj) };
+    }
+
+    /// Returns every object of `objs`, sending those of other nodes home in
+    /// one chain per node (`kmem_cache_free_bulk`).
+    ///
+    /// # Safety
+    /// As [`free`](Self::free), for each object (no duplicates).
+    pub unsafe fn free_bulk(&self, objs: &[NonNull<u8>]) {
+        for &o in objs {
+            // SAFETY: per the contract.
+            unsafe { self.core.check_owner(o) };
+        }
+        // SAFETY: checked; the caller gives them up.
+        unsafe { thread::free_bulk(&self.core, objs) };
+    }
+
+    /// The node of `obj`'s memory.
+    ///
+    /// # Safety
+    /// `obj` is a live object of this cache.
+    pub unsafe fn node_of(&self, obj: NonNull<u8>) -> usize {
+        // SAFETY: per the contract.
+        unsafe { self.core.node_of(obj) }
+    }
+
+    /// See [`SlabCache::shrink`].
+    pub fn shrink(&self) -> usize {
+        shrink_core(&self.core)
+    }
+
+    /// A snapshot of the cache's statistics.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats::of(&self.core)
+    }
+
+    /// The cache's name.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// Where objects go by default.
+    pub fn home(&self) -> Home {
+        self.core.home
+    }
+}
+
+impl Drop for RawCache {
+    fn drop(&mut self) {
+        drop_core(&self.core);
+    }
+}
+
+impl fmt::Debug for RawCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawCache")
+            .field("name", &self.core.name)
+            .field("size", &self.core.size)
+            .field("home", &self.core.home)
+            .finish()
+    }
+}

@@ -1,0 +1,749 @@
+//! A cache's shared state: object layout, and per node the slabs, the depot
+//! and the remote-free list; the slow paths that move objects between them.
+//!
+//! A *slab* is one node-bound mapping (`mmap` + `mbind`), aligned to its size
+//! so that `object & !(slab_bytes - 1)` finds its header, carved lazily into
+//! objects of one stride. Under a node's mutex, slabs sit on one of three
+//! lists by how many of their objects are out (`partial`, `full`, `empty`);
+//! the thread magazines and the depot in front of them (see
+//! [`magazine`](super::magazine)) take and return objects in batches.
+
+use core::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use super::magazine::{Depot, Magazine, RemoteList};
+use crate::error::{Error, Result};
+use crate::os::mem::{self, BindFlags, MemPolicy};
+use crate::topology::{MAX_NODES, Topology};
+
+/// Marks a slab header (a wrong pointer handed to `free` is caught by it).
+const SLAB_MAGIC: usize = 0x6e75_6d61_736c_6162; // "numaslab"
+
+/// Largest slab; objects must fit at least twice.
+pub(crate) const MAX_SLAB: usize = 4 << 20;
+/// Smallest slab (fewer, larger mappings: one `mmap` per slab).
+const MIN_SLAB: usize = 16 << 10;
+/// Objects a slab aims to hold at least.
+const MIN_OBJECTS: usize = 8;
+/// Full magazines a node's depot keeps before frees go back to the slabs.
+const DEPOT_MAX_FULL: usize = 32;
+
+/// Every slab's range, in debug builds, so that a pointer from another cache
+/// (whose slab alignment may differ) is named rather than followed blindly.
+#[cfg(debug_assertions)]
+static SLAB_RANGES: Mutex<std::collections::BTreeMap<usize, usize>> = Mutex::new(std::collections::BTreeMap::new());
+
+#[cfg(debug_assertions)]
+fn ranges() -> MutexGuard<'static, std::collections::BTreeMap<usize, usize>> {
+    SLAB_RANGES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A constructor for raw objects.
+pub(crate) type Ctor = Box<dyn Fn(NonNull<u8>) + Send + Sync>;
+
+/// The header at the start of every slab.
+#[repr(C, align(128))]
+pub(crate) struct Slab {
+    // Fixed at creation; read (never written) by frees on any thread.
+    magic: usize,
+    core: *const Core,
+    pub(crate) node: usize,
+    map_len: usize,
+    cap: u32,
+    // Under the node's slab mutex: a separate cache line.
+    state: SlabState,
+}
+
+#[repr(C, align(64))]
+struct SlabState {
+    /// Free objects, linked through their link word.
+    free: *mut u8,
+    /// Objects out of the slab (in magazines, the depot, or with callers).
+    inuse: u32,
+    /// Objects carved so far (the rest are untouched memory).
+    carved: u32,
+    list: ListId,
+    next: *mut Slab,
+    prev: *mut Slab,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ListId {
+    Partial,
+    Full,
+    Empty,
+}
+
+/// An intrusive doubly linked list of slabs.
+struct List {
+    head: *mut Slab,
+    len: usize,
+}
+
+impl List {
+    const fn new() -> Self {
+        Self { head: ptr::null_mut(), len: 0 }
+    }
+
+    /// # Safety
+    /// `s` is a live slab on no list; the caller holds the node mutex.
+    unsafe fn push(&mut self, s: *mut Slab, id: ListId) {
+        // SAFETY: per the contract, the slab and the list are ours.
+        unsafe {
+            (*s).state.list = id;
+            (*s).state.prev = ptr::null_mut();
+            (*s).state.next = self.head;
+            if !self.head.is_null() {
+                (*self.head).state.prev = s;
+            }
+        }
+        self.head = s;
+        self.len += 1;
+    }
+
+    /// # Safety
+    /// `s` is on this list; the caller holds the node mutex.
+    unsafe fn remove(&mut self, s: *mut Slab) {
+        // SAFETY: per the contract, `s` and its neighbours are on this list.
+        unsafe {
+            let (p, n) = ((*s).state.prev, (*s).state.next);
+            if p.is_null() {
+                self.head = n;
+            } else {
+                (*p).state.next = n;
+            }
+            if !n.is_null() {
+                (*n).state.prev = p;
+            }
+            (*s).state.next = ptr::null_mut();
+            (*s).state.prev = ptr::null_mut();
+        }
+        self.len -= 1;
+    }
+}
+
+/// One node's slabs, under its mutex.
+pub(crate) struct Slabs {
+    partial: List,
+    full: List,
+    empty: List,
+    /// Objects the node's slabs can hold (what the limit bounds).
+    pub(crate) capacity: usize,
+    /// Objects out of the slabs.
+    pub(crate) active: usize,
+    /// Bytes mapped for slabs.
+    pub(crate) mapped: usize,
+}
+
+// SAFETY: the raw slab pointers are only followed under the node mutex.
+unsafe impl Send for Slabs {}
+
+impl Slabs {
+    fn list(&mut self, id: ListId) -> &mut List {
+        match id {
+            ListId::Partial => &mut self.partial,
+            ListId::Full => &mut self.full,
+            ListId::Empty => &mut self.empty,
+        }
+    }
+
+    pub(crate) fn slabs(&self) -> usize {
+        self.partial.len + self.full.len + self.empty.len
+    }
+}
+
+/// Pads to its own pair of cache lines (adjacent-line prefetch included).
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub(crate) T);
+
+/// Cumulative per-node counters, bumped on slow paths only.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) remote_frees: AtomicU64,
+    pub(crate) waits: AtomicU64,
+    pub(crate) limit_hits: AtomicU64,
+    pub(crate) fallbacks: AtomicU64,
+    pub(crate) slabs_created: AtomicU64,
+    pub(crate) slabs_released: AtomicU64,
+}
+
+/// Everything a cache keeps for one node.
+pub(crate) struct NodeSlabs {
+    pub(crate) depot: Depot,
+    pub(crate) remote: Padded<RemoteList>,
+    /// Threads in `alloc_wait` on this node; frees check it to wake them.
+    pub(crate) waiters: Padded<AtomicUsize>,
+    pub(crate) slabs: Mutex<Slabs>,
+    wait_lock: Mutex<()>,
+    wake: Condvar,
+    pub(crate) counters: Counters,
+}
+
+impl NodeSlabs {
+    fn new() -> Self {
+        Self {
+            depot: Depot::new(DEPOT_MAX_FULL),
+            remote: Padded(RemoteList::new()),
+            waiters: Padded(AtomicUsize::new(0)),
+            slabs: Mutex::new(Slabs {
+                partial: List::new(),
+                full: List::new(),
+                empty: List::new(),
+                capacity: 0,
+                active: 0,
+                mapped: 0,
+            }),
+            wait_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Slabs> {
+        // A panic under the lock (a constructor that panicked) leaves the
+        // lists consistent: every step that moves a slab completes first.
+        self.slabs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes `alloc_wait`ers after objects came back to this node.
+    fn wake_waiters(&self) {
+        // Pairs with the fence in `wait`: either the waiter sees the objects
+        // we returned, or we see it counted and notify under its lock.
+        fence(Ordering::SeqCst);
+        if self.waiters.0.load(Ordering::Relaxed) != 0 {
+            let _g = self.wait_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_all();
+        }
+    }
+}
+
+/// Where a cache's objects go by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Home {
+    /// The node of the thread that allocates.
+    Local,
+    /// A fixed node (given directly, or found from a device).
+    Node(usize),
+}
+
+/// The fixed facts of a cache, computed by its builder.
+pub(crate) struct Spec {
+    pub(crate) name: String,
+    pub(crate) size: usize,
+    pub(crate) align: usize,
+    pub(crate) home: Home,
+    pub(crate) limit: Option<usize>,
+    pub(crate) magazine: Option<usize>,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) zero: bool,
+}
+
+/// The shared state of one cache. Kept alive by the cache handle, by every
+/// thread that has magazines for it, and by every slab (so objects outliving
+/// the handle still find it); freed with the last of them.
+pub(crate) struct Core {
+    pub(crate) name: String,
+    /// Slot in the per-thread tables and the registry.
+    pub(crate) index: usize,
+    pub(crate) size: usize,
+    pub(crate) align: usize,
+    pub(crate) stride: usize,
+    /// Offset of the free-list link inside a free object.
+    pub(crate) link: usize,
+    pub(crate) slab_bytes: usize,
+    pub(crate) first: usize,
+    pub(crate) per_slab: usize,
+    pub(crate) home: Home,
+    pub(crate) limit: Option<usize>,
+    pub(crate) rounds: usize,
+    pub(crate) ctor: Option<Ctor>,
+    pub(crate) zero: bool,
+    /// More than one node: frees must look at the slab's node.
+    pub(crate) multi_node: bool,
+    pub(crate) topo: &'static Topology,
+    pub(crate) nodes: Box<[NodeSlabs]>,
+    /// The handle was dropped: no more depot caching, empty slabs go at once.
+    pub(crate) dead: AtomicBool,
+}
+
+/// What an allocation may do when its node has nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnEmpty {
+    /// Fail with the node's error.
+    Fail,
+    /// Try the other nodes, nearest first.
+    Fallback,
+}
+
+impl Core {
+    pub(crate) fn new(spec: Spec, index: usize, topo: &'static Topology) -> Result<Self> {
+        let page = crate::os::page_size();
+        let size = spec.size.max(1);
+        if !spec.align.is_power_of_two() || spec.align > MAX_SLAB / 4 {
+            return Err(Error::LayoutTooLarge { size, align: spec.align });
+        }
+        let align = spec.align.max(core::mem::align_of::<*mut u8>());
+        // With a constructor the object's state must survive being free, so
+        // the link lives after it (as SLUB does); otherwise in its first word.
+        let link = if spec.ctor.is_some() { size.next_multiple_of(8) } else { 0 };
+        let stride = (link + 8).max(size).next_multiple_of(align);
+        let first = core::mem::size_of::<Slab>().next_multiple_of(align);
+        if first + 2 * stride > MAX_SLAB {
+            return Err(Error::LayoutTooLarge { size, align });
+        }
+        let mut slab_bytes = MIN_SLAB.max(page).next_power_of_two();
+        loop {
+            let n = (slab_bytes - first) / stride;
+            let waste = slab_bytes - first - n * stride;
+            if (n >= MIN_OBJECTS && waste <= slab_bytes / 16) || slab_bytes >= MAX_SLAB {
+                break;
+            }
+            slab_bytes *= 2;
+        }
+        let per_slab = (slab_bytes - first) / stride;
+        let rounds = match spec.magazine {
+            Some(r) => r,
+            None if stride <= 512 => 64,
+            None if stride <= 4096 => 32,
+            None if stride <= 32 << 10 => 16,
+            None => 8,
+        };
+        // A limited node must not strand its objects in a few threads'
+        // magazines: at most an eighth of the limit per magazine.
+        let rounds = match spec.limit {
+            Some(l) => rounds.min(l / 8),
+            None => rounds,
+        }
+        .clamp(1, super::magazine::MAG_MAX);
+        if let Home::Node(n) = spec.home {
+            topo.check_node(n)?;
+        }
+        if spec.limit == Some(0) {
+            return Err(Error::InvalidCache { reason: "a per-node limit of 0 objects" });
+        }
+        let max_node = topo.nodes().iter().max().unwrap_or(0);
+        let nodes = (0..=max_node).map(|_| NodeSlabs::new()).collect();
+        Ok(Self {
+            name: spec.name,
+            index,
+            size,
+            align,
+            stride,
+            link,
+            slab_bytes,
+            first,
+            per_slab,
+            home: spec.home,
+            limit: spec.limit,
+            rounds,
+            ctor: spec.ctor,
+            zero: spec.zero,
+            multi_node: topo.node_count() > 1,
+            topo,
+            nodes,
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// The slab holding `obj`.
+    #[inline]
+    pub(crate) fn slab_of(&self, obj: NonNull<u8>) -> *mut Slab {
+        (obj.as_ptr() as usize & !(self.slab_bytes - 1)) as *mut Slab
+    }
+
+    /// The node `obj` belongs to.
+    ///
+    /// # Safety
+    /// `obj` is an object of this cache.
+    #[inline]
+    pub(crate) unsafe fn node_of(&self, obj: NonNull<u8>) -> usize {
+        // SAFETY: objects live inside their slab, whose header is mapped.
+        unsafe { (*self.slab_of(obj)).node }
+    }
+
+    /// Panics unless `obj` is the start of an object of this cache.
+    ///
+    /// # Safety
+    /// `obj` lies in memory some numaweave cache mapped (any cache: a foreign
+    /// object is what this catches), or the slab-aligned address below it is
+    /// readable.
+    pub(crate) unsafe fn check_owner(&self, obj: NonNull<u8>) {
+        #[cfg(not(debug_assertions))]
+        let s = self.slab_of(obj);
+        // Debug builds find the slab from the registry: an object of a cache
+        // with another slab size is then named, not misread.
+        #[cfg(debug_assertions)]
+        let s = {
+            let a = obj.as_ptr() as usize;
+            match ranges().range(..=a).next_back() {
+                Some((&start, &len)) if a < start + len => start as *mut Slab,
+                _ => panic!("numaweave: {obj:p} freed into slab cache \"{}\" is not in any slab", self.name),
+            }
+        };
+        // SAFETY: per the contract the header address is readable.
+        let (magic, owner) = unsafe { ((*s).magic, (*s).core) };
+        if magic != SLAB_MAGIC {
+            panic!("numaweave: {obj:p} freed into slab cache \"{}\" is not an object of any slab cache", self.name);
+        }
+        if !ptr::eq(owner, self) {
+            // SAFETY: a slab with a valid magic points at its live cache (the
+            // slab holds a reference to it).
+            let other = unsafe { &(*owner).name };
+            panic!("numaweave: object {obj:p} of slab cache \"{other}\" freed into slab cache \"{}\"", self.name);
+        }
+        let off = obj.as_ptr() as usize - s as usize;
+        if off < self.first || (off - self.first) % self.stride != 0 {
+            panic!("numaweave: {obj:p} is inside an object of slab cache \"{}\", not at its start", self.name);
+        }
+    }
+
+    /// The default node for a thread on `thread_node`.
+    #[inline]
+    pub(crate) fn default_node(&self, thread_node: usize) -> usize {
+        match self.home {
+            Home::Node(n) => n,
+            Home::Local => thread_node,
+        }
+    }
+
+    /// Nodes to try for an allocation that started at `first`: `first`, then
+    /// (with [`OnEmpty::Fallback`]) the other allowed memory nodes by distance.
+    pub(crate) fn candidates(&self, first: usize, on_empty: OnEmpty) -> impl Iterator<Item = usize> + '_ {
+        let usable = self.topo.memory_nodes().intersection(&self.topo.allowed_nodes());
+        let rest = self.topo.nodes_by_distance(first).filter(move |&n| n != first && usable.contains(n));
+        core::iter::once(first).chain(rest.take(if on_empty == OnEmpty::Fallback { MAX_NODES } else { 0 }))
+    }
+
+    #[inline]
+    fn link_of(&self, obj: *mut u8) -> *mut *mut u8 {
+        // SAFETY (for callers): `link` + 8 ≤ stride, inside the object's slot.
+        obj.wrapping_add(self.link).cast()
+    }
+
+    /// Moves up to `want` objects of `node` into `mag` (which must have room):
+    /// first what other nodes' threads freed here, then free objects of
+    /// partial and empty slabs, then new slabs. Ok(0) never happens: the
+    /// error says why the node had nothing.
+    pub(crate) fn fill(&self, node: usize, mag: &mut Magazine, want: usize, cap: usize) -> Result<usize> {
+        let ns = &self.nodes[node];
+        let mut s = ns.lock();
+        // SAFETY: objects on the remote list are this node's free objects.
+        unsafe { self.drain_remote(node, &mut s) };
+        let mut got = 0;
+        while got < want {
+            let slab = if !s.partial.head.is_null() {
+                s.partial.head
+            } else if !s.empty.head.is_null() {
+                s.empty.head
+            } else {
+                match self.new_slab(node, &mut s) {
+                    Ok(slab) => slab,
+                    Err(e) if got == 0 => {
+                        if matches!(e, Error::LimitReached { .. }) {
+                            ns.counters.limit_hits.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return Err(e);
+                    }
+                    Err(_) => break,
+                }
+            };
+            // SAFETY: `slab` is on one of this node's lists and we hold its mutex.
+            unsafe {
+                while got < want {
+                    let Some(obj) = self.take_from(slab) else { break };
+                    let pushed = mag.push(obj, cap);
+                    debug_assert!(pushed);
+                    got += 1;
+                }
+                self.relist(&mut s, slab);
+            }
+        }
+        s.active += got;
+        Ok(got)
+    }
+
+    /// One object out of `slab`: a free one, else a newly carved one (run
+    /// through the constructor).
+    ///
+    /// # Safety
+    /// The caller holds the slab's node mutex.
+    unsafe fn take_from(&self, slab: *mut Slab) -> Option<NonNull<u8>> {
+        // SAFETY: per the contract the slab's state is ours.
+        let st = unsafe { &mut (*slab).state };
+        let obj = if !st.free.is_null() {
+            let obj = st.free;
+            // SAFETY: a free object's link word holds the next free object.
+            st.free = unsafe { *self.link_of(obj) };
+            obj
+        } else {
+            // SAFETY: `cap` is fixed at creation.
+            if st.carved >= unsafe { (*slab).cap } {
+                return None;
+            }
+            let obj = slab.cast::<u8>().wrapping_add(self.first + st.carved as usize * self.stride);
+            st.carved += 1;
+            if let Some(ctor) = &self.ctor {
+                // SAFETY: a fresh slot of `stride` bytes inside the slab.
+                ctor(unsafe { NonNull::new_unchecked(obj) });
+            }
+            obj
+        };
+        st.inuse += 1;
+        NonNull::new(obj)
+    }
+
+    /// Puts `slab` on the list its `inuse` calls for.
+    ///
+    /// # Safety
+    /// `slab` is on one of `s`'s lists; the caller holds the mutex.
+    unsafe fn relist(&self, s: &mut Slabs, slab: *mut Slab) {
+        // SAFETY: per the contract.
+        let (cur, inuse, cap) = unsafe { ((*slab).state.list, (*slab).state.inuse, (*slab).cap) };
+        let want = if inuse == 0 {
+            ListId::Empty
+        } else if inuse == cap {
+            ListId::Full
+        } else {
+            ListId::Partial
+        };
+        if want != cur {
+            // SAFETY: moved between two lists of the same node.
+            unsafe {
+                s.list(cur).remove(slab);
+                s.list(want).push(slab, want);
+            }
+        }
+    }
+
+    /// Maps a new slab on `node`, within the node's limit.
+    fn new_slab(&self, node: usize, s: &mut Slabs) -> Result<*mut Slab> {
+        let cap = match self.limit {
+            Some(l) if s.capacity >= l => return Err(Error::LimitReached { node, limit: l }),
+            Some(l) => self.per_slab.min(l - s.capacity),
+            None => self.per_slab,
+        };
+        let page = crate::os::page_size();
+        let len = (self.first + cap * self.stride).next_multiple_of(page);
+        let p = mem::map_aligned(len, self.slab_bytes).map_err(|_| Error::NodeOutOfMemory { node })?;
+        let phys = self.topo.physical_node(node);
+        // SAFETY: a fresh mapping of ours, not yet touched.
+        if let Err(e) = unsafe { mem::bind(p, len, MemPolicy::Preferred(phys), BindFlags::NONE) } {
+            // SAFETY: the mapping was made above and nothing points into it.
+            let _ = unsafe { mem::unmap(p, len) };
+            return Err(e);
+        }
+        let slab = p.as_ptr().cast::<Slab>();
+        // SAFETY: the mapping is writable and at least one header long.
+        unsafe {
+            slab.write(Slab {
+                magic: SLAB_MAGIC,
+                core: self,
+                node,
+                map_len: len,
+                cap: cap as u32,
+                state: SlabState {
+                    free: ptr::null_mut(),
+                    inuse: 0,
+                    carved: 0,
+                    list: ListId::Empty,
+                    next: ptr::null_mut(),
+                    prev: ptr::null_mut(),
+                },
+            });
+            s.empty.push(slab, ListId::Empty);
+            #[cfg(debug_assertions)]
+            ranges().insert(slab as usize, len);
+            // Each slab keeps the cache alive (see `Core`).
+            Arc::increment_strong_count(self);
+        }
+        s.capacity += cap;
+        s.mapped += len;
+        self.nodes[node].counters.slabs_created.fetch_add(1, Ordering::Relaxed);
+        Ok(slab)
+    }
+
+    /// Unmaps an empty slab; returns the cache reference it held, which the
+    /// caller must drop last of all ([`Core::put_refs`]).
+    ///
+    /// # Safety
+    /// `slab` is empty and on `s.empty`; the caller holds the node mutex.
+    unsafe fn release(&self, node: usize, s: &mut Slabs, slab: *mut Slab) -> usize {
+        // SAFETY: per the contract.
+        let (len, cap) = unsafe {
+            s.empty.remove(slab);
+            ((*slab).map_len, (*slab).cap as usize)
+        };
+        s.capacity -= cap;
+        s.mapped -= len;
+        #[cfg(debug_assertions)]
+        ranges().remove(&(slab as usize));
+        // SAFETY: no object of an empty slab is in use; the mapping is ours.
+        let _ = unsafe { mem::unmap(NonNull::new_unchecked(slab.cast()), len) };
+        self.nodes[node].counters.slabs_released.fetch_add(1, Ordering::Relaxed);
+        1
+    }
+
+    /// Returns `obj` to its slab.
+    ///
+    /// # Safety
+    /// `obj` is an object of this cache on `node`, out of its slab, owned by
+    /// the caller; the caller holds the node mutex.
+    unsafe fn put(&self, s: &mut Slabs, obj: *mut u8) -> *mut Slab {
+        // SAFETY: per the contract `obj` is a live object of this cache.
+        let slab = self.slab_of(unsafe { NonNull::new_unchecked(obj) });
+        // SAFETY: its slab's state is guarded by the mutex we hold.
+        unsafe {
+            *self.link_of(obj) = (*slab).state.free;
+            (*slab).state.free = obj;
+            (*slab).state.inuse -= 1;
+            self.relist(s, slab);
+        }
+        s.active -= 1;
+        slab
+    }
+
+    /// Moves what other nodes freed into `node`'s slabs.
+    ///
+    /// # Safety
+    /// `s` is `node`'s locked slabs.
+    unsafe fn drain_remote(&self, node: usize, s: &mut Slabs) {
+        let mut obj = self.nodes[node].remote.0.take_all();
+        while !obj.is_null() {
+            // SAFETY: the chain's objects are free objects of this node,
+            // linked through their link words.
+            let next = unsafe { *self.link_of(obj) };
+            // SAFETY: as above; we hold the mutex.
+            unsafe { self.put(s, obj) };
+            obj = next;
+        }
+    }
+
+    /// Gives `objs` (all of `node`) back to their slabs, wakes waiters, and
+    /// returns the cache references of slabs released on the way (a dropped
+    /// cache releases empty slabs at once): drop them with
+    /// [`Core::put_refs`], last.
+    ///
+    /// # Safety
+    /// Every object is this cache's, of `node`, owned by the caller.
+    pub(crate) unsafe fn give_back(&self, node: usize, objs: &[*mut u8]) -> usize {
+        let ns = &self.nodes[node];
+        let mut refs = 0;
+        let mut s = ns.lock();
+        let dead = self.dead.load(Ordering::Acquire);
+        for &obj in objs {
+            // SAFETY: per the contract; we hold the mutex.
+            let slab = unsafe { self.put(&mut s, obj) };
+            // SAFETY: `slab` is on one of the node's lists.
+            if dead && unsafe { (*slab).state.inuse } == 0 {
+                // SAFETY: empty, on `s.empty`, mutex held.
+                refs += unsafe { self.release(node, &mut s, slab) };
+            }
+        }
+        drop(s);
+        if !objs.is_empty() {
+            ns.wake_waiters();
+        }
+        refs
+    }
+
+    /// Sends the chain `first ..= last` (`n` objects of `node`, linked through
+    /// their link words) home to `node`.
+    ///
+    /// # Safety
+    /// As [`RemoteList::push_chain`]; the objects are this cache's, of `node`.
+    pub(crate) unsafe fn free_remote(&self, node: usize, first: NonNull<u8>, last: NonNull<u8>, n: usize) {
+        let ns = &self.nodes[node];
+        // SAFETY: per the contract.
+        unsafe { ns.remote.0.push_chain(first, last, self.link) };
+        ns.counters.remote_frees.fetch_add(n as u64, Ordering::Relaxed);
+        ns.wake_waiters();
+    }
+
+    /// Links `obj` in front of `chain` for [`free_remote`](Self::free_remote).
+    ///
+    /// # Safety
+    /// `obj` is a free object of this cache owned by the caller.
+    pub(crate) unsafe fn link_before(&self, obj: NonNull<u8>, chain: *mut u8) {
+        // SAFETY: per the contract the link word is ours.
+        unsafe { *self.link_of(obj.as_ptr()) = chain };
+    }
+
+    /// Blocks until `node` may have a free object, or `deadline`; false on
+    /// timeout. `try_take` is retried under the wait lock so that a free
+    /// between the caller's failed attempt and the sleep is not missed.
+    pub(crate) fn wait<R>(
+        &self,
+        node: usize,
+        deadline: std::time::Instant,
+        mut try_take: impl FnMut() -> Option<R>,
+    ) -> Option<R> {
+        let ns = &self.nodes[node];
+        ns.counters.waits.fetch_add(1, Ordering::Relaxed);
+        let mut g = ns.wait_lock.lock().unwrap_or_else(|e| e.into_inner());
+        ns.waiters.0.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let got = loop {
+            if let Some(r) = try_take() {
+                break Some(r);
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break None;
+            }
+            g = ns.wake.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        ns.waiters.0.fetch_sub(1, Ordering::SeqCst);
+        drop(g);
+        got
+    }
+
+    /// Flushes the depots and remote lists into the slabs and unmaps every
+    /// empty slab. Returns (bytes unmapped, cache references to drop last).
+    pub(crate) fn shrink(&self) -> (usize, usize) {
+        let mut bytes = 0;
+        let mut refs = 0;
+        for (node, ns) in self.nodes.iter().enumerate() {
+            for mut m in ns.depot.take_full() {
+                // SAFETY: depot objects are this node's, out of their slabs.
+                refs += unsafe { self.give_back(node, m.as_slice()) };
+                m.clear();
+            }
+            let mut s = ns.lock();
+            // SAFETY: the node's locked slabs.
+            unsafe { self.drain_remote(node, &mut s) };
+            while !s.empty.head.is_null() {
+                let slab = s.empty.head;
+                // SAFETY: on `s.empty`, so empty; mutex held.
+                bytes += unsafe { (*slab).map_len };
+                // SAFETY: as above.
+                refs += unsafe { self.release(node, &mut s, slab) };
+            }
+        }
+        (bytes, refs)
+    }
+
+    /// Drops `n` references to the cache at `this` (slab references handed
+    /// back by the slow paths).
+    ///
+    /// # Safety
+    /// `this` came from an `Arc<Core>` and the caller owns `n` strong
+    /// references to it; nothing may use `this` afterwards unless it holds
+    /// another reference.
+    pub(crate) unsafe fn put_refs(this: *const Core, n: usize) {
+        for _ in 0..n {
+            // SAFETY: per the contract.
+            unsafe { Arc::decrement_strong_count(this) };
+        }
+    }
+
+    /// Takes a temporary reference for a slow path, which may release the
+    /// slab that kept the cache alive.
+    ///
+    /// # Safety
+    /// `this` is a live `Arc<Core>` allocation.
+    pub(crate) unsafe fn hold(this: *const Core) {
+        // SAFETY: per the contract.
+        unsafe { Arc::increment_strong_count(this) };
+    }
+}

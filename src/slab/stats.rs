@@ -1,0 +1,236 @@
+//! Slab statistics in the shape of `/proc/slabinfo`, per cache and node, and
+//! the registry of live caches behind [`slabinfo`].
+
+use core::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::cache::{Core, Home};
+
+/// One node's share of a cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeCacheStats {
+    /// The node.
+    pub node: usize,
+    /// Objects out of the slabs: with callers, in thread magazines, or in
+    /// the depot (`active_objs`).
+    pub active: usize,
+    /// Objects the node's slabs hold in all (`num_objs`); a node with a
+    /// limit never exceeds it.
+    pub total: usize,
+    /// Of `active`, objects parked in the node's depot (free, not yet back
+    /// in a slab).
+    pub in_depot: usize,
+    /// Slabs mapped (`num_slabs`).
+    pub slabs: usize,
+    /// Bytes mapped for those slabs.
+    pub bytes: usize,
+    /// Objects freed by threads on other nodes and sent home (cumulative).
+    pub remote_frees: u64,
+    /// Times an `alloc_wait` had to wait (cumulative).
+    pub waits: u64,
+    /// Allocations that found the node at its limit (cumulative).
+    pub limit_hits: u64,
+    /// Allocations that wanted this node and were served by another
+    /// (cumulative).
+    pub fallbacks: u64,
+    /// Slabs mapped and released since the cache was made (cumulative).
+    pub slabs_created: u64,
+    /// Slabs returned to the OS (cumulative).
+    pub slabs_released: u64,
+}
+
+impl NodeCacheStats {
+    fn add(&mut self, o: &NodeCacheStats) {
+        self.active += o.active;
+        self.total += o.total;
+        self.in_depot += o.in_depot;
+        self.slabs += o.slabs;
+        self.bytes += o.bytes;
+        self.remote_frees += o.remote_frees;
+        self.waits += o.waits;
+        self.limit_hits += o.limit_hits;
+        self.fallbacks += o.fallbacks;
+        self.slabs_created += o.slabs_created;
+        self.slabs_released += o.slabs_released;
+    }
+}
+
+/// A snapshot of one cache. Each counter is read exactly, but not all at the
+/// same instant; objects in other threads' magazines count as active.
+#[derive(Clone, Debug)]
+pub struct CacheStats {
+    /// The cache's name.
+    pub name: String,
+    /// Object size asked for, in bytes (`objsize`).
+    pub object_size: usize,
+    /// Bytes per object in the slab, alignment and free-list link included.
+    pub stride: usize,
+    /// Alignment of every object.
+    pub align: usize,
+    /// Objects per full slab (`objperslab`).
+    pub objects_per_slab: usize,
+    /// Pages per full slab (`pagesperslab`).
+    pub pages_per_slab: usize,
+    /// Rounds per thread magazine.
+    pub magazine_rounds: usize,
+    /// The per-node object limit, if any.
+    pub limit: Option<usize>,
+    /// Where objects go by default.
+    pub home: Home,
+    /// The cache handle was dropped; objects still out keep it listed.
+    pub dropped: bool,
+    /// Per node with any slab or activity, by node id.
+    pub nodes: Vec<NodeCacheStats>,
+}
+
+impl CacheStats {
+    pub(crate) fn of(core: &Core) -> Self {
+        let page = crate::os::page_size();
+        let mut nodes = Vec::new();
+        for (node, ns) in core.nodes.iter().enumerate() {
+            if !core.topo.nodes().contains(node) {
+                continue;
+            }
+            let s = ns.lock();
+            let c = &ns.counters;
+            let n = NodeCacheStats {
+                node,
+                active: s.active,
+                total: s.capacity,
+                in_depot: 0,
+                slabs: s.slabs(),
+                bytes: s.mapped,
+                remote_frees: c.remote_frees.load(Ordering::Relaxed),
+                waits: c.waits.load(Ordering::Relaxed),
+                limit_hits: c.limit_hits.load(Ordering::Relaxed),
+                fallbacks: c.fallbacks.load(Ordering::Relaxed),
+                slabs_created: c.slabs_created.load(Ordering::Relaxed),
+                slabs_released: c.slabs_released.load(Ordering::Relaxed),
+            };
+            drop(s);
+            let n = NodeCacheStats { in_depot: ns.depot.objects(), ..n };
+            if n != (NodeCacheStats { node, ..Default::default() }) {
+                nodes.push(n);
+            }
+        }
+        Self {
+            name: core.name.clone(),
+            object_size: core.size,
+            stride: core.stride,
+            align: core.align,
+            objects_per_slab: core.per_slab,
+            pages_per_slab: core.slab_bytes / page,
+            magazine_rounds: core.rounds,
+            limit: core.limit,
+            home: core.home,
+            dropped: core.dead.load(Ordering::Relaxed),
+            nodes,
+        }
+    }
+
+    /// The counters of `node` (zero when the node has none).
+    pub fn node(&self, node: usize) -> NodeCacheStats {
+        self.nodes.iter().find(|n| n.node == node).copied().unwrap_or(NodeCacheStats { node, ..Default::default() })
+    }
+
+    /// All nodes summed (`node` is 0).
+    pub fn total(&self) -> NodeCacheStats {
+        let mut t = NodeCacheStats::default();
+        for n in &self.nodes {
+            t.add(n);
+        }
+        t
+    }
+}
+
+const HEADER: &str = "# name                 node   active    total  objsize objperslab pagesperslab  slabs   in_depot  remote_frees  waits  limit_hits  fallbacks";
+
+fn row(f: &mut fmt::Formatter<'_>, c: &CacheStats, n: &NodeCacheStats) -> fmt::Result {
+    let name = if c.dropped { format!("{} (dropped)", c.name) } else { c.name.clone() };
+    writeln!(
+        f,
+        "{name:<22} {:>5} {:>8} {:>8} {:>8} {:>10} {:>12} {:>6} {:>10} {:>13} {:>6} {:>11} {:>10}",
+        n.node,
+        n.active,
+        n.total,
+        c.object_size,
+        c.objects_per_slab,
+        c.pages_per_slab,
+        n.slabs,
+        n.in_depot,
+        n.remote_frees,
+        n.waits,
+        n.limit_hits,
+        n.fallbacks
+    )
+}
+
+impl fmt::Display for CacheStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{HEADER}")?;
+        for n in &self.nodes {
+            row(f, self, n)?;
+        }
+        Ok(())
+    }
+}
+
+/// Every live cache's statistics, printed like `/proc/slabinfo` (one row per
+/// cache and node); from [`slabinfo`].
+#[derive(Clone, Debug)]
+pub struct SlabInfo {
+    /// One entry per live cache, oldest first.
+    pub caches: Vec<CacheStats>,
+}
+
+impl fmt::Display for SlabInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{HEADER}")?;
+        for c in &self.caches {
+            if c.nodes.is_empty() {
+                row(f, c, &NodeCacheStats::default())?;
+            }
+            for n in &c.nodes {
+                row(f, c, n)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Live caches by slot (the slot is also the index into thread tables).
+static REGISTRY: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
+
+/// Makes a cache in a free slot and lists it.
+pub(crate) fn register(make: impl FnOnce(usize) -> crate::Result<Core>) -> crate::Result<Arc<Core>> {
+    let mut r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    // A slot is free once its cache is gone: every thread entry for it held a
+    // strong reference, so none is left.
+    let index = r.iter().position(|w| w.strong_count() == 0).unwrap_or(r.len());
+    let core = Arc::new(make(index)?);
+    if index == r.len() {
+        r.push(Arc::downgrade(&core));
+    } else {
+        r[index] = Arc::downgrade(&core);
+    }
+    Ok(core)
+}
+
+/// Statistics of every live cache, dropped ones with objects still out
+/// included.
+///
+/// ```
+/// use numaweave::slab::{SlabCache, slabinfo};
+/// let cache = SlabCache::<[u8; 96]>::new("sense_buffer").unwrap();
+/// let b = cache.alloc([0; 96]).unwrap();
+/// let info = slabinfo();
+/// assert!(info.caches.iter().any(|c| c.name == "sense_buffer" && c.total().active >= 1));
+/// println!("{info}");
+/// # drop(b);
+/// ```
+pub fn slabinfo() -> SlabInfo {
+    let live: Vec<Arc<Core>> =
+        REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+    SlabInfo { caches: live.iter().map(|c| CacheStats::of(c)).collect() }
+}

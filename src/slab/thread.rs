@@ -1,0 +1,395 @@
+//! Per-thread magazines, and the allocation and free paths through them.
+//!
+//! Each thread has a table indexed by cache slot; an entry holds the thread's
+//! [`MagPair`]s for that cache, one per node it used. The fast allocation is a
+//! TLS load, two indexed loads and a pop; the fast free adds, on a multi-node
+//! topology, one load from the object's slab header to learn its node. No
+//! atomic instruction and no shared cache line on either.
+
+use core::cell::UnsafeCell;
+use core::ptr::NonNull;
+use std::sync::Arc;
+
+use super::cache::{Core, OnEmpty};
+use super::magazine::{MagPair, Magazine};
+use crate::error::{Error, Result};
+
+struct Entry {
+    core: Arc<Core>,
+    /// The node this thread ran on at its last slow path.
+    thread_node: usize,
+    /// Where `alloc()` goes: the cache's home, or `thread_node`.
+    default: usize,
+    pairs: Box<[Option<MagPair>]>,
+}
+
+struct Table {
+    entries: Vec<Option<Entry>>,
+}
+
+thread_local! {
+    static TABLE: UnsafeCell<Table> = const { UnsafeCell::new(Table { entries: Vec::new() }) };
+}
+
+impl Entry {
+    fn new(core: Arc<Core>) -> Self {
+        let pairs = (0..core.nodes.len()).map(|_| None).collect();
+        let mut e = Self { core, thread_node: 0, default: 0, pairs };
+        e.refresh();
+        e
+    }
+
+    /// Re-reads the thread's node (a migrated thread follows its node).
+    fn refresh(&mut self) {
+        let core = &self.core;
+        self.thread_node = if core.multi_node { core.topo.current_node() } else { core.default_node(0) };
+        self.default = core.default_node(self.thread_node);
+        if self.default >= self.pairs.len() {
+            self.default = 0;
+        }
+    }
+
+    /// Returns every object held to its node's slabs; the slab references to
+    /// drop afterwards.
+    fn flush(&mut self) -> usize {
+        let mut refs = 0;
+        for (node, pair) in self.pairs.iter_mut().enumerate() {
+            if let Some(pair) = pair {
+                for m in pair.magazines_mut() {
+                    // SAFETY: the magazines hold objects of `node` that this
+                    // thread owns.
+                    refs += unsafe { self.core.give_back(node, m.as_slice()) };
+                    m.clear();
+                }
+            }
+        }
+        refs
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        for e in self.entries.iter_mut() {
+            if let Some(mut e) = e.take() {
+                flush_entry(&mut e);
+            }
+        }
+    }
+}
+
+/// Flushes `e` and lets go of it.
+fn flush_entry(e: &mut Entry) {
+    let refs = e.flush();
+    // SAFETY: `e.core` is still held, so the cache outlives this; the
+    // references are ones the flush handed us.
+    unsafe { Core::put_refs(Arc::as_ptr(&e.core), refs) };
+}
+
+/// Runs `f` on the calling thread's table; `None` once the thread's TLS is
+/// being torn down.
+#[inline(always)]
+fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> Option<R> {
+    TABLE
+        .try_with(|t| {
+            // SAFETY: the table is this thread's; no `&mut` to it outlives `f`,
+            // and no caller runs user code (constructors, `Drop`) inside `f`,
+            // so nothing re-enters.
+            f(unsafe { &mut *t.get() })
+        })
+        .ok()
+}
+
+impl Table {
+    /// The entry for `core`, made on first use. Entries of dropped caches
+    /// are flushed on the way (they would keep those caches alive).
+    fn entry(&mut self, core: &Arc<Core>) -> &mut Entry {
+        let i = core.index;
+        if self.entries.len() <= i {
+            self.entries.resize_with(i + 1, || None);
+        }
+        if self.entries[i].is_none() {
+            for slot in self.entries.iter_mut() {
+                if slot.as_ref().is_some_and(|e| e.core.dead.load(std::sync::atomic::Ordering::Relaxed)) {
+                    let mut e = slot.take().expect("checked above");
+                    flush_entry(&mut e);
+                }
+            }
+            self.entries[i] = Some(Entry::new(core.clone()));
+        }
+        self.entries[i].as_mut().expect("filled above")
+    }
+}
+
+/// The fast allocation from the thread's magazine for `node` (`None`: the
+/// cache's default node for this thread).
+#[inline]
+pub(crate) fn alloc_fast(core: &Core, node: Option<usize>) -> Option<NonNull<u8>> {
+    with_table(|t| {
+        let e = t.entries.get_mut(core.index)?.as_mut()?;
+        let n = node.unwrap_or(e.default);
+        e.pairs.get_mut(n)?.as_mut()?.pop()
+    })
+    .flatten()
+}
+
+/// Where an allocation starts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start {
+    /// The cache's default node for this thread.
+    Default,
+    /// This node.
+    Node(usize),
+}
+
+/// The allocation slow path: reload from the depot, else fill from the
+/// slabs; with [`OnEmpty::Fallback`] on the other nodes by distance.
+pub(crate) fn alloc_slow(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
+    let first = with_table(|t| {
+        let e = t.entry(core);
+        e.refresh();
+        match start {
+            Start::Default => e.default,
+            Start::Node(n) => n,
+        }
+    });
+    let first = match (first, start) {
+        (Some(n), _) | (None, Start::Node(n)) => n,
+        (None, Start::Default) => core.default_node(core.topo.current_node()),
+    };
+    let mut last_err = Error::NodeOutOfMemory { node: first };
+    for node in core.candidates(first, on_empty) {
+        match alloc_from(core, node) {
+            Ok(p) => {
+                if node != first {
+                    core.nodes[first].counters.fallbacks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                return Ok(p);
+            }
+            Err(e @ (Error::LimitReached { .. } | Error::NodeOutOfMemory { .. })) => {
+                if node == first {
+                    last_err = e;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err)
+}
+
+/// One object of `node` through the thread's magazines for it.
+fn alloc_from(core: &Arc<Core>, node: usize) -> Result<NonNull<u8>> {
+    // Take the pair out of the table: filling may run a constructor, which
+    // may use other caches (and so this table).
+    let pair = with_table(|t| {
+        let e = t.entry(core);
+        e.pairs[node].take().unwrap_or_else(|| MagPair::new(core.rounds))
+    });
+    let Some(mut pair) = pair else {
+        // No TLS (thread exit): straight from the slabs.
+        let mut m = Magazine::new();
+        core.fill(node, &mut m, 1, 1)?;
+        return Ok(m.pop().expect("fill gave one"));
+    };
+    let depot = &core.nodes[node].depot;
+    let got = if let Some(p) = pair.pop() {
+        Ok(p)
+    } else if pair.reload(depot) {
+        Ok(pair.pop().expect("a reloaded magazine is full"))
+    } else {
+        let cap = pair.cap();
+        core.fill(node, pair.loaded_mut(), cap, cap).map(|_| pair.pop().expect("fill gave at least one"))
+    };
+    put_pair(core, node, pair);
+    got
+}
+
+/// Puts a pair taken out by a slow path back (flushing it if the slot was
+/// filled meanwhile, or the thread's TLS is gone).
+fn put_pair(core: &Arc<Core>, node: usize, pair: MagPair) {
+    let mut pair = Some(pair);
+    with_table(|t| {
+        let slot = &mut t.entry(core).pairs[node];
+        if slot.is_none() {
+            *slot = pair.take();
+        }
+    });
+    let Some(mut pair) = pair else { return };
+    let mut refs = 0;
+    for m in pair.magazines_mut() {
+        // SAFETY: the pair's objects are `node`'s, owned by this thread.
+        refs += unsafe { core.give_back(node, m.as_slice()) };
+        m.clear();
+    }
+    // SAFETY: `core` is held by the caller's `Arc`.
+    unsafe { Core::put_refs(Arc::as_ptr(core), refs) };
+}
+
+/// What the fast free decided.
+enum Freed {
+    Done,
+    /// The object belongs to another node than the thread's.
+    Remote,
+    Slow,
+}
+
+/// Frees `obj`: into the thread's magazine for its node when the thread is
+/// on that node, else home through the node's remote list.
+///
+/// # Safety
+/// `obj` is an object of the cache at `core`, out of its slab, owned by the
+/// caller, and the cache is alive (the object's slab holds a reference).
+#[inline]
+pub(crate) unsafe fn free(core: *const Core, obj: NonNull<u8>) {
+    // SAFETY: per the contract the cache is alive.
+    let c = unsafe { &*core };
+    // SAFETY: `obj` is this cache's.
+    let node = if c.multi_node { unsafe { c.node_of(obj) } } else { c.default_node(0) };
+    // A limited node with waiters takes frees at once, so they are woken.
+    let urgent = c.limit.is_some() && c.nodes[node].waiters.0.load(std::sync::atomic::Ordering::Relaxed) != 0;
+    let fast = if urgent {
+        Freed::Slow
+    } else {
+        with_table(|t| {
+            let Some(Some(e)) = t.entries.get_mut(c.index) else { return Freed::Slow };
+            if c.multi_node && node != e.thread_node {
+                return Freed::Remote;
+            }
+            match e.pairs.get_mut(node) {
+                Some(Some(pair)) => {
+                    if pair.push(obj) {
+                        Freed::Done
+                    } else {
+                        Freed::Slow
+                    }
+                }
+                _ => Freed::Slow,
+            }
+        })
+        .unwrap_or(Freed::Slow)
+    };
+    match fast {
+        Freed::Done => {}
+        // SAFETY: a one-object chain of a free object of `node`.
+        Freed::Remote => unsafe { c.free_remote(node, obj, obj, 1) },
+        // SAFETY: per the contract.
+        Freed::Slow => unsafe { free_slow(core, obj, node, urgent) },
+    }
+}
+
+#[cold]
+unsafe fn free_slow(core: *const Core, obj: NonNull<u8>, node: usize, urgent: bool) {
+    // Hold the cache: giving objects back may release the slab whose
+    // reference kept it alive.
+    // SAFETY: alive per the caller's contract.
+    unsafe { Core::hold(core) };
+    // SAFETY: just held.
+    let c = unsafe { &*core };
+    let mut refs = 1;
+    if urgent {
+        // SAFETY: the caller's object, of `node`.
+        refs += unsafe { c.give_back(node, &[obj.as_ptr()]) };
+    } else {
+        // SAFETY: the temporary reference keeps the allocation alive while
+        // an `Arc` is borrowed from it.
+        let arc = unsafe { core::mem::ManuallyDrop::new(Arc::from_raw(core)) };
+        let outcome = with_table(|t| {
+            let e = t.entry(&arc);
+            e.refresh();
+            if c.multi_node && node != e.thread_node {
+                return None;
+            }
+            let pair = e.pairs[node].get_or_insert_with(|| MagPair::new(c.rounds));
+            let depot = &c.nodes[node].depot;
+            let mut refs = 0;
+            while !pair.push(obj) {
+                if !pair.unload(depot) {
+                    // The depot is at its bound: `previous` goes back to the
+                    // slabs, and the next `unload` swaps it in empty.
+                    let prev = pair.previous_mut();
+                    // SAFETY: `previous` holds this thread's objects of `node`.
+                    refs += unsafe { c.give_back(node, prev.as_slice()) };
+                    prev.clear();
+                }
+            }
+            Some(refs)
+        });
+        match outcome {
+            Some(Some(r)) => refs += r,
+            // SAFETY: a one-object chain of a free object of `node`.
+            Some(None) => unsafe { c.free_remote(node, obj, obj, 1) },
+            // SAFETY: the caller's object, of `node`.
+            None => refs += unsafe { c.give_back(node, &[obj.as_ptr()]) },
+        }
+    }
+    // SAFETY: the temporary reference plus the slab references handed back.
+    unsafe { Core::put_refs(core, refs) };
+}
+
+/// Flushes and forgets the calling thread's magazines for `core`.
+pub(crate) fn flush_current(core: &Arc<Core>) {
+    let e = with_table(|t| t.entries.get_mut(core.index).and_then(Option::take)).flatten();
+    if let Some(mut e) = e {
+        flush_entry(&mut e);
+    }
+}
+
+/// The node `alloc()` uses for the calling thread.
+pub(crate) fn default_node(core: &Arc<Core>) -> usize {
+    with_table(|t| {
+        let e = t.entry(core);
+        e.refresh();
+        e.default
+    })
+    .unwrap_or_else(|| core.default_node(core.topo.current_node()))
+}
+
+/// First, last and count of a chain of objects going home.
+type Chain = (NonNull<u8>, NonNull<u8>, usize);
+
+/// Frees `objs`: this node's into the thread's magazines, other nodes' home
+/// as one chain per node.
+///
+/// # Safety
+/// As [`free`], for every object (no duplicates); the cache is held by `core`.
+pub(crate) unsafe fn free_bulk(core: &Arc<Core>, objs: &[NonNull<u8>]) {
+    if !core.multi_node {
+        for &o in objs {
+            // SAFETY: per the contract.
+            unsafe { free(Arc::as_ptr(core), o) };
+        }
+        return;
+    }
+    let here = with_table(|t| {
+        let e = t.entry(core);
+        e.refresh();
+        e.thread_node
+    })
+    .unwrap_or_else(|| core.topo.current_node());
+    // Per node: the chain being built.
+    let mut chains: Vec<Option<Chain>> = vec![None; core.nodes.len()];
+    for &o in objs {
+        // SAFETY: an object of this cache.
+        let node = unsafe { core.node_of(o) };
+        if node == here {
+            // SAFETY: per the contract.
+            unsafe { free(Arc::as_ptr(core), o) };
+            continue;
+        }
+        let c = &mut chains[node];
+        match c {
+            None => *c = Some((o, o, 1)),
+            Some((first, _, n)) => {
+                // SAFETY: `o` is free and ours; it goes in front of the chain.
+                unsafe { core.link_before(o, first.as_ptr()) };
+                *first = o;
+                *n += 1;
+            }
+        }
+    }
+    for (node, c) in chains.into_iter().enumerate() {
+        if let Some((first, last, n)) = c {
+            // SAFETY: a chain of free objects of `node`, linked above.
+            unsafe { core.free_remote(node, first, last, n) };
+        }
+    }
+}
