@@ -46,7 +46,7 @@ impl World {
     fn new(n: usize, max_full: usize) -> Arc<Self> {
         Arc::new(Self {
             objs: (0..n).map(|i| Obj { link: std::ptr::null_mut(), payload: UnsafeCell::new(i) }).collect(),
-            depot: Depot::new(max_full),
+            depot: Depot::new(max_full, 1),
             slabs: Mutex::new((0..n).collect()),
             remote: RemoteList::new(),
         })

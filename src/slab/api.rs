@@ -87,6 +87,16 @@ impl<K> CacheBuilder<K> {
         self
     }
 
+    /// Places objects as `home` says (a resolved [`Home`], e.g. from
+    /// another cache's [`SlabCache::home`]).
+    pub fn home(mut self, home: Home) -> Self {
+        self.home = match home {
+            Home::Local => HomeSpec::Local,
+            Home::Node(n) => HomeSpec::Node(n),
+        };
+        self
+    }
+
     /// Places objects on the node of the allocating thread (the default).
     pub fn local(mut self) -> Self {
         self.home = HomeSpec::Local;
@@ -231,8 +241,24 @@ impl<K> fmt::Debug for CacheBuilder<K> {
     }
 }
 
-/// A handle's shared operations, on the cache's core.
+/// An object, by the fast path when the thread's magazine has one (inlined
+/// into every caller: a TLS load, two loads and a store).
+#[inline(always)]
 fn alloc_raw(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
+    if let Start::Default = start
+        && let Some(p) = thread::alloc_fast(core, None)
+    {
+        if core.zero {
+            // SAFETY: a fresh object of `size` bytes, ours.
+            unsafe { p.as_ptr().write_bytes(0, core.size) };
+        }
+        return Ok(p);
+    }
+    alloc_raw_slow(core, start, on_empty)
+}
+
+#[inline(never)]
+fn alloc_raw_slow(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
     let node = match start {
         Start::Node(n) => Some(core.topo.check_node(n)?),
         Start::Default => None,
@@ -271,10 +297,10 @@ fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
     if i < out.len() {
         // The rest in batches of up to a magazine, one lock round trip each.
         let node = thread::default_node(core);
-        let mut m = Magazine::new();
+        let mut m = Magazine::new(MAG_MAX);
         while i < out.len() {
             let want = (out.len() - i).min(MAG_MAX);
-            if let Err(e) = core.fill(node, &mut m, want, MAG_MAX) {
+            if let Err(e) = core.fill(node, &mut m, want) {
                 // All or nothing, as `kmem_cache_alloc_bulk`.
                 for &p in &out[..i] {
                     // SAFETY: allocated above, not yet handed out.
@@ -282,7 +308,8 @@ fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
                 }
                 return Err(e);
             }
-            for &p in m.as_slice() {
+            // In pop order: ascending addresses from fresh slabs.
+            for &p in m.as_slice().iter().rev() {
                 out[i] = p;
                 i += 1;
             }
@@ -351,6 +378,7 @@ impl<T> SlabCache<T> {
         Self::builder(name).build()
     }
 
+    #[inline(always)]
     fn wrap(&self, p: Result<NonNull<u8>>, value: T) -> Result<SlabBox<T>> {
         let p = p?.cast::<T>();
         // SAFETY: a fresh object, sized and aligned for `T`, ours.
@@ -361,6 +389,7 @@ impl<T> SlabCache<T> {
     /// An object on the cache's home node (or the calling thread's node for a
     /// local cache), falling back to the nearest node with room when that
     /// node is at its limit or out of memory (counted in `fallbacks`).
+    #[inline]
     pub fn alloc(&self, value: T) -> Result<SlabBox<T>> {
         self.wrap(alloc_raw(&self.core, Start::Default, OnEmpty::Fallback), value)
     }
@@ -374,6 +403,7 @@ impl<T> SlabCache<T> {
 
     /// An object on the home (or local) node, without falling back or
     /// waiting: [`Error::LimitReached`] when the node is at its limit.
+    #[inline]
     pub fn try_alloc(&self, value: T) -> Result<SlabBox<T>> {
         self.wrap(alloc_raw(&self.core, Start::Default, OnEmpty::Fail), value)
     }
@@ -535,6 +565,7 @@ impl<T> DerefMut for SlabBox<T> {
 }
 
 impl<T> Drop for SlabBox<T> {
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: the box owns the `T`, dropped once here; then the emptied
         // object goes back to its cache, which its slab keeps alive.
@@ -587,6 +618,7 @@ impl RawCache {
     }
 
     /// See [`SlabCache::alloc`].
+    #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>> {
         alloc_raw(&self.core, Start::Default, OnEmpty::Fallback)
     }
@@ -618,6 +650,7 @@ impl RawCache {
     /// `obj` came from an allocation of a numaweave slab cache, has not been
     /// freed since, and is not used afterwards. (An object of *another*
     /// cache, or a pointer into the middle of one, is caught with a panic.)
+    #[inline]
     pub unsafe fn free(&self, obj: NonNull<u8>) {
         // SAFETY: per the contract, `obj` lies in a slab.
         unsafe { self.core.check_owner(obj) };

@@ -181,9 +181,9 @@ pub(crate) struct NodeSlabs {
 }
 
 impl NodeSlabs {
-    fn new() -> Self {
+    fn new(rounds: usize) -> Self {
         Self {
-            depot: Depot::new(DEPOT_MAX_FULL),
+            depot: Depot::new(DEPOT_MAX_FULL, rounds),
             remote: Padded(RemoteList::new()),
             waiters: Padded(AtomicUsize::new(0)),
             slabs: Mutex::new(Slabs {
@@ -242,25 +242,32 @@ pub(crate) struct Spec {
 /// The shared state of one cache. Kept alive by the cache handle, by every
 /// thread that has magazines for it, and by every slab (so objects outliving
 /// the handle still find it); freed with the last of them.
+#[repr(C)]
 pub(crate) struct Core {
-    pub(crate) name: String,
+    // What the fast paths read, together on the first cache line.
     /// Slot in the per-thread tables and the registry.
     pub(crate) index: usize,
+    pub(crate) slab_bytes: usize,
+    /// The lowest node (the only one when not `multi_node`).
+    pub(crate) first_node: usize,
+    /// More than one node: frees must look at the slab's node.
+    pub(crate) multi_node: bool,
+    pub(crate) zero: bool,
+    /// `limit.is_some()`: frees check for waiters.
+    pub(crate) limited: bool,
+    // The rest.
+    pub(crate) name: String,
     pub(crate) size: usize,
     pub(crate) align: usize,
     pub(crate) stride: usize,
     /// Offset of the free-list link inside a free object.
     pub(crate) link: usize,
-    pub(crate) slab_bytes: usize,
     pub(crate) first: usize,
     pub(crate) per_slab: usize,
     pub(crate) home: Home,
     pub(crate) limit: Option<usize>,
     pub(crate) rounds: usize,
     pub(crate) ctor: Option<Ctor>,
-    pub(crate) zero: bool,
-    /// More than one node: frees must look at the slab's node.
-    pub(crate) multi_node: bool,
     pub(crate) topo: &'static Topology,
     pub(crate) nodes: Box<[NodeSlabs]>,
     /// The handle was dropped: no more depot caching, empty slabs go at once.
@@ -295,8 +302,10 @@ impl Core {
         let mut slab_bytes = MIN_SLAB.max(page).next_power_of_two();
         loop {
             let n = (slab_bytes - first) / stride;
-            let waste = slab_bytes - first - n * stride;
-            if (n >= MIN_OBJECTS && waste <= slab_bytes / 16) || slab_bytes >= MAX_SLAB {
+            // The header counts as waste: for page-aligned buffers it takes
+            // a whole slot, and longer slabs keep more buffers adjacent.
+            let waste = slab_bytes - n * stride;
+            if (n >= MIN_OBJECTS && waste <= slab_bytes / 32) || slab_bytes >= MAX_SLAB {
                 break;
             }
             slab_bytes *= 2;
@@ -323,7 +332,7 @@ impl Core {
             return Err(Error::InvalidCache { reason: "a per-node limit of 0 objects" });
         }
         let max_node = topo.nodes().iter().max().unwrap_or(0);
-        let nodes = (0..=max_node).map(|_| NodeSlabs::new()).collect();
+        let nodes = (0..=max_node).map(|_| NodeSlabs::new(rounds)).collect();
         Ok(Self {
             name: spec.name,
             index,
@@ -340,6 +349,8 @@ impl Core {
             ctor: spec.ctor,
             zero: spec.zero,
             multi_node: topo.node_count() > 1,
+            limited: spec.limit.is_some(),
+            first_node: topo.nodes().first().unwrap_or(0),
             topo,
             nodes,
             dead: AtomicBool::new(false),
@@ -392,8 +403,10 @@ impl Core {
             let other = unsafe { &(*owner).name };
             panic!("numaweave: object {obj:p} of slab cache \"{other}\" freed into slab cache \"{}\"", self.name);
         }
+        // Debug builds also check the offset (a division: kept off release
+        // builds' free path).
         let off = obj.as_ptr() as usize - s as usize;
-        if off < self.first || (off - self.first) % self.stride != 0 {
+        if off < self.first || (cfg!(debug_assertions) && (off - self.first) % self.stride != 0) {
             panic!("numaweave: {obj:p} is inside an object of slab cache \"{}\", not at its start", self.name);
         }
     }
@@ -425,12 +438,13 @@ impl Core {
     /// first what other nodes' threads freed here, then free objects of
     /// partial and empty slabs, then new slabs. Ok(0) never happens: the
     /// error says why the node had nothing.
-    pub(crate) fn fill(&self, node: usize, mag: &mut Magazine, want: usize, cap: usize) -> Result<usize> {
+    pub(crate) fn fill(&self, node: usize, mag: &mut Magazine, want: usize) -> Result<usize> {
         let ns = &self.nodes[node];
         let mut s = ns.lock();
         // SAFETY: objects on the remote list are this node's free objects.
         unsafe { self.drain_remote(node, &mut s) };
         let mut got = 0;
+        let start = mag.len();
         while got < want {
             let slab = if !s.partial.head.is_null() {
                 s.partial.head
@@ -452,7 +466,7 @@ impl Core {
             unsafe {
                 while got < want {
                     let Some(obj) = self.take_from(slab) else { break };
-                    let pushed = mag.push(obj, cap);
+                    let pushed = mag.push(obj);
                     debug_assert!(pushed);
                     got += 1;
                 }
@@ -460,6 +474,12 @@ impl Core {
             }
         }
         s.active += got;
+        drop(s);
+        // Slabs hand out objects in address order; reversed, the magazine
+        // pops them in that order too, so consecutive allocations from fresh
+        // memory are adjacent and ascending (I/O buffers merge into one
+        // segment).
+        mag.reverse_from(start);
         Ok(got)
     }
 
@@ -607,7 +627,7 @@ impl Core {
     ///
     /// # Safety
     /// `s` is `node`'s locked slabs.
-    unsafe fn drain_remote(&self, node: usize, s: &mut Slabs) {
+    pub(crate) unsafe fn drain_remote(&self, node: usize, s: &mut Slabs) {
         let mut obj = self.nodes[node].remote.0.take_all();
         while !obj.is_null() {
             // SAFETY: the chain's objects are free objects of this node,

@@ -22,11 +22,15 @@ use crate::sync::{AtomicPtr, Ordering, SpinLock};
 /// ([`MagPair::cap`]).
 pub const MAG_MAX: usize = 64;
 
-/// A stack of up to [`MAG_MAX`] object pointers.
+/// A stack of up to `cap` (≤ [`MAG_MAX`]) object pointers. The count and
+/// capacity sit next to the first rounds, so a push or pop touches one or two
+/// cache lines of thread-private memory.
+#[repr(C)]
 pub struct Magazine {
+    len: usize,
+    cap: usize,
     /// The depot's link; null while a thread holds the magazine.
     next: *mut Magazine,
-    len: usize,
     rounds: [*mut u8; MAG_MAX],
 }
 
@@ -36,9 +40,16 @@ pub struct Magazine {
 unsafe impl Send for Magazine {}
 
 impl Magazine {
-    /// An empty magazine on the heap.
-    pub fn new() -> Box<Self> {
-        Box::new(Self { next: ptr::null_mut(), len: 0, rounds: [ptr::null_mut(); MAG_MAX] })
+    /// An empty magazine on the heap that holds up to `cap` (clamped to
+    /// 1..=[`MAG_MAX`]) objects.
+    pub fn new(cap: usize) -> Box<Self> {
+        Box::new(Self { len: 0, cap: cap.clamp(1, MAG_MAX), next: ptr::null_mut(), rounds: [ptr::null_mut(); MAG_MAX] })
+    }
+
+    /// Rounds it holds at most.
+    #[inline]
+    pub fn cap(&self) -> usize {
+        self.cap
     }
 
     /// Objects held.
@@ -62,11 +73,10 @@ impl Magazine {
         Some(unsafe { NonNull::new_unchecked(*self.rounds.get_unchecked(n)) })
     }
 
-    /// Pushes `obj` if fewer than `cap` (≤ [`MAG_MAX`]) are held.
+    /// Pushes `obj` unless full.
     #[inline]
-    pub fn push(&mut self, obj: NonNull<u8>, cap: usize) -> bool {
-        debug_assert!(cap <= MAG_MAX);
-        if self.len >= cap {
+    pub fn push(&mut self, obj: NonNull<u8>) -> bool {
+        if self.len >= self.cap {
             return false;
         }
         // SAFETY: `len < cap <= MAG_MAX`.
@@ -78,6 +88,31 @@ impl Magazine {
     /// The objects held, oldest first.
     pub fn as_slice(&self) -> &[*mut u8] {
         &self.rounds[..self.len]
+    }
+
+    /// The rounds' storage, for a thread that caches the count outside the
+    /// magazine while it owns it (see [`set_len`](Self::set_len)).
+    #[inline]
+    pub fn rounds_ptr(&mut self) -> *mut *mut u8 {
+        self.rounds.as_mut_ptr()
+    }
+
+    /// Sets the count after rounds were pushed or popped through
+    /// [`rounds_ptr`](Self::rounds_ptr).
+    ///
+    /// # Safety
+    /// `len <= cap`, and rounds `0..len` hold objects the magazine's owner
+    /// put there.
+    #[inline]
+    pub unsafe fn set_len(&mut self, len: usize) {
+        debug_assert!(len <= self.cap);
+        self.len = len;
+    }
+
+    /// Reverses the rounds from index `start` up: objects pushed in address
+    /// order then pop in address order.
+    pub fn reverse_from(&mut self, start: usize) {
+        self.rounds[start.min(self.len)..self.len].reverse();
     }
 
     /// Forgets every object (the caller took them with [`as_slice`](Self::as_slice)).
@@ -92,19 +127,26 @@ impl Magazine {
 pub struct MagPair {
     loaded: Box<Magazine>,
     previous: Box<Magazine>,
-    cap: usize,
 }
 
 impl MagPair {
     /// Two empty magazines used up to `cap` rounds (1..=[`MAG_MAX`]).
     pub fn new(cap: usize) -> Self {
-        Self { loaded: Magazine::new(), previous: Magazine::new(), cap: cap.clamp(1, MAG_MAX) }
+        Self { loaded: Magazine::new(cap), previous: Magazine::new(cap) }
     }
 
     /// Rounds per magazine.
     #[inline]
     pub fn cap(&self) -> usize {
-        self.cap
+        self.loaded.cap
+    }
+
+    /// Where `loaded` is, for a thread's cached fast-path pointer: valid
+    /// until the next [`reload`](Self::reload), [`unload`](Self::unload) or
+    /// drop of the pair.
+    #[inline]
+    pub fn loaded_ptr(&mut self) -> *mut Magazine {
+        &mut *self.loaded
     }
 
     /// Objects held in both magazines.
@@ -126,7 +168,7 @@ impl MagPair {
     /// The fast free: a push onto `loaded`.
     #[inline]
     pub fn push(&mut self, obj: NonNull<u8>) -> bool {
-        self.loaded.push(obj, self.cap)
+        self.loaded.push(obj)
     }
 
     /// Makes `loaded` non-empty without touching the slabs, if it can: swaps
@@ -149,7 +191,7 @@ impl MagPair {
     /// depot is at its bound: the caller gives `previous`'s objects back to
     /// the slabs ([`previous_mut`](Self::previous_mut)) and calls again.
     pub fn unload(&mut self, depot: &Depot) -> bool {
-        debug_assert_eq!(self.loaded.len(), self.cap);
+        debug_assert_eq!(self.loaded.len(), self.loaded.cap);
         if !self.previous.is_empty() && !depot.exchange_for_empty(&mut self.previous) {
             return false;
         }
@@ -178,6 +220,8 @@ impl MagPair {
 pub struct Depot {
     lists: SpinLock<Lists>,
     max_full: usize,
+    /// Rounds of the magazines it makes.
+    cap: usize,
 }
 
 struct Lists {
@@ -199,8 +243,9 @@ const MAX_EMPTY: usize = 16;
 
 impl Depot {
     /// An empty depot that holds at most `max_full` full magazines (the rest
-    /// go back to the slabs, where `shrink` can release them).
-    pub fn new(max_full: usize) -> Self {
+    /// go back to the slabs, where `shrink` can release them) and makes
+    /// magazines of `cap` rounds.
+    pub fn new(max_full: usize, cap: usize) -> Self {
         Self {
             lists: SpinLock::new(Lists {
                 full: ptr::null_mut(),
@@ -211,6 +256,7 @@ impl Depot {
                 closed: false,
             }),
             max_full,
+            cap,
         }
     }
 
@@ -273,7 +319,7 @@ impl Depot {
                 // Allocate outside the lock; nobody else can fill our slot
                 // meanwhile, but the bound may be reached: recheck.
                 drop(l);
-                let fresh = Magazine::new();
+                let fresh = Magazine::new(self.cap);
                 l = self.lists.lock();
                 if l.closed || l.full_len >= self.max_full {
                     return false;

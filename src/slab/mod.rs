@@ -34,7 +34,7 @@
 //!   remote list, drained into the node's slabs at the next refill.
 //! * **Limits**: with [`CacheBuilder::limit`], a node's slabs never hold more
 //!   than that many objects; [`SlabCache::try_alloc`] then fails with
-//!   [`Error::LimitReached`], [`SlabCache::alloc_wait`] sleeps until a free
+//!   [`Error::LimitReached`](crate::Error::LimitReached), [`SlabCache::alloc_wait`] sleeps until a free
 //!   (frees on a limited node with waiters skip the magazines so the waiter
 //!   is woken), and [`SlabCache::alloc`] falls back to the nearest node with
 //!   room.

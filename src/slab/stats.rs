@@ -92,7 +92,10 @@ impl CacheStats {
             if !core.topo.nodes().contains(node) {
                 continue;
             }
-            let s = ns.lock();
+            let mut s = ns.lock();
+            // Objects already sent home count as back: drain them first.
+            // SAFETY: `s` is this node's locked slabs.
+            unsafe { core.drain_remote(node, &mut s) };
             let c = &ns.counters;
             let n = NodeCacheStats {
                 node,

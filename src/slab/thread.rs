@@ -6,8 +6,8 @@
 //! topology, one load from the object's slab header to learn its node. No
 //! atomic instruction and no shared cache line on either.
 
-use core::cell::UnsafeCell;
-use core::ptr::NonNull;
+use core::cell::{Cell, UnsafeCell};
+use core::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use super::cache::{Core, OnEmpty};
@@ -27,7 +27,40 @@ struct Table {
     entries: Vec<Option<Entry>>,
 }
 
+/// Caches with a slot below this get a fast-path slot in [`HOT`]; the rest
+/// take the table path (a few more loads).
+const HOT_SLOTS: usize = 64;
+
+/// The fast path's view of one cache: the `loaded` magazine that `alloc()`
+/// pops from and local frees push to, with its count kept here (one load
+/// fewer per operation). While a slot is set, the magazine's own count is
+/// stale: every slow path that touches the thread's pairs first calls
+/// [`Entry::unhot`] and ends with [`Entry::sync_hot`].
+struct Hot {
+    len: Cell<usize>,
+    /// Room for local frees: the magazine's capacity when the thread runs on
+    /// the cache's default node, else 0 (frees take the slow path).
+    cap: Cell<usize>,
+    rounds: Cell<*mut *mut u8>,
+    /// The node frees are compared with; `usize::MAX` when unset.
+    thread_node: Cell<usize>,
+}
+
+impl Hot {
+    const fn empty() -> Hot {
+        Hot {
+            len: Cell::new(0),
+            cap: Cell::new(0),
+            rounds: Cell::new(ptr::null_mut()),
+            thread_node: Cell::new(usize::MAX),
+        }
+    }
+}
+
 thread_local! {
+    // No destructor: readable for as long as the thread runs, even while
+    // other thread-locals are torn down (`Table`'s drop empties it first).
+    static HOT: [Hot; HOT_SLOTS] = const { [const { Hot::empty() }; HOT_SLOTS] };
     static TABLE: UnsafeCell<Table> = const { UnsafeCell::new(Table { entries: Vec::new() }) };
 }
 
@@ -41,17 +74,75 @@ impl Entry {
 
     /// Re-reads the thread's node (a migrated thread follows its node).
     fn refresh(&mut self) {
+        self.unhot();
         let core = &self.core;
-        self.thread_node = if core.multi_node { core.topo.current_node() } else { core.default_node(0) };
+        self.thread_node = if core.multi_node { core.topo.current_node() } else { core.first_node };
+        if self.thread_node >= self.pairs.len() {
+            self.thread_node = 0;
+        }
         self.default = core.default_node(self.thread_node);
         if self.default >= self.pairs.len() {
             self.default = 0;
         }
+        self.sync_hot();
+    }
+
+    /// Takes the count back from the fast-path slot into the magazine and
+    /// clears the slot.
+    fn unhot(&mut self) {
+        let i = self.core.index;
+        if i >= HOT_SLOTS {
+            return;
+        }
+        let pairs = &mut self.pairs;
+        let default = self.default;
+        HOT.with(|h| {
+            let s = &h[i];
+            if !s.rounds.get().is_null() {
+                let m = pairs[default].as_mut().expect("a hot slot's pair is in place").loaded_mut();
+                debug_assert!(ptr::eq(m.rounds_ptr(), s.rounds.get()));
+                // SAFETY: the slot's count describes this magazine's rounds,
+                // pushed and popped only by this thread.
+                unsafe { m.set_len(s.len.get()) };
+            }
+            s.len.set(0);
+            s.cap.set(0);
+            s.rounds.set(ptr::null_mut());
+            s.thread_node.set(usize::MAX);
+        });
+    }
+
+    /// Points the fast-path slot at the default node's `loaded` magazine.
+    fn sync_hot(&mut self) {
+        let i = self.core.index;
+        if i >= HOT_SLOTS {
+            return;
+        }
+        let local = self.default == self.thread_node;
+        let tn = self.thread_node;
+        let m = self.pairs[self.default].as_mut().map(MagPair::loaded_mut);
+        HOT.with(|h| {
+            let s = &h[i];
+            s.thread_node.set(tn);
+            match m {
+                Some(m) => {
+                    s.len.set(m.len());
+                    s.cap.set(if local { m.cap() } else { 0 });
+                    s.rounds.set(m.rounds_ptr());
+                }
+                None => {
+                    s.len.set(0);
+                    s.cap.set(0);
+                    s.rounds.set(ptr::null_mut());
+                }
+            }
+        });
     }
 
     /// Returns every object held to its node's slabs; the slab references to
     /// drop afterwards.
     fn flush(&mut self) -> usize {
+        self.unhot();
         let mut refs = 0;
         for (node, pair) in self.pairs.iter_mut().enumerate() {
             if let Some(pair) = pair {
@@ -124,12 +215,25 @@ impl Table {
 /// cache's default node for this thread).
 #[inline]
 pub(crate) fn alloc_fast(core: &Core, node: Option<usize>) -> Option<NonNull<u8>> {
-    with_table(|t| {
-        let e = t.entries.get_mut(core.index)?.as_mut()?;
-        let n = node.unwrap_or(e.default);
-        e.pairs.get_mut(n)?.as_mut()?.pop()
-    })
-    .flatten()
+    match node {
+        None => HOT.with(|h| {
+            let s = h.get(core.index)?;
+            let len = s.len.get().checked_sub(1)?;
+            s.len.set(len);
+            // SAFETY: a non-zero count means `rounds` is this thread's
+            // `loaded` magazine for the cache and rounds `0..=len` hold
+            // objects (kept so by every slow path, see `Hot`).
+            Some(unsafe { NonNull::new_unchecked(*s.rounds.get().add(len)) })
+        }),
+        Some(n) => with_table(|t| {
+            let e = t.entries.get_mut(core.index)?.as_mut()?;
+            e.unhot();
+            let p = e.pairs.get_mut(n)?.as_mut().and_then(MagPair::pop);
+            e.sync_hot();
+            p
+        })
+        .flatten(),
+    }
 }
 
 /// Where an allocation starts.
@@ -182,12 +286,15 @@ fn alloc_from(core: &Arc<Core>, node: usize) -> Result<NonNull<u8>> {
     // may use other caches (and so this table).
     let pair = with_table(|t| {
         let e = t.entry(core);
-        e.pairs[node].take().unwrap_or_else(|| MagPair::new(core.rounds))
+        e.unhot();
+        let p = e.pairs[node].take().unwrap_or_else(|| MagPair::new(core.rounds));
+        e.sync_hot();
+        p
     });
     let Some(mut pair) = pair else {
         // No TLS (thread exit): straight from the slabs.
-        let mut m = Magazine::new();
-        core.fill(node, &mut m, 1, 1)?;
+        let mut m = Magazine::new(1);
+        core.fill(node, &mut m, 1)?;
         return Ok(m.pop().expect("fill gave one"));
     };
     let depot = &core.nodes[node].depot;
@@ -197,7 +304,7 @@ fn alloc_from(core: &Arc<Core>, node: usize) -> Result<NonNull<u8>> {
         Ok(pair.pop().expect("a reloaded magazine is full"))
     } else {
         let cap = pair.cap();
-        core.fill(node, pair.loaded_mut(), cap, cap).map(|_| pair.pop().expect("fill gave at least one"))
+        core.fill(node, pair.loaded_mut(), cap).map(|_| pair.pop().expect("fill gave at least one"))
     };
     put_pair(core, node, pair);
     got
@@ -208,9 +315,11 @@ fn alloc_from(core: &Arc<Core>, node: usize) -> Result<NonNull<u8>> {
 fn put_pair(core: &Arc<Core>, node: usize, pair: MagPair) {
     let mut pair = Some(pair);
     with_table(|t| {
-        let slot = &mut t.entry(core).pairs[node];
-        if slot.is_none() {
-            *slot = pair.take();
+        let e = t.entry(core);
+        if e.pairs[node].is_none() {
+            e.unhot();
+            e.pairs[node] = pair.take();
+            e.sync_hot();
         }
     });
     let Some(mut pair) = pair else { return };
@@ -243,29 +352,28 @@ pub(crate) unsafe fn free(core: *const Core, obj: NonNull<u8>) {
     // SAFETY: per the contract the cache is alive.
     let c = unsafe { &*core };
     // SAFETY: `obj` is this cache's.
-    let node = if c.multi_node { unsafe { c.node_of(obj) } } else { c.default_node(0) };
+    let node = if c.multi_node { unsafe { c.node_of(obj) } } else { c.first_node };
     // A limited node with waiters takes frees at once, so they are woken.
-    let urgent = c.limit.is_some() && c.nodes[node].waiters.0.load(std::sync::atomic::Ordering::Relaxed) != 0;
+    let urgent = c.limited && c.nodes[node].waiters.0.load(std::sync::atomic::Ordering::Relaxed) != 0;
     let fast = if urgent {
         Freed::Slow
     } else {
-        with_table(|t| {
-            let Some(Some(e)) = t.entries.get_mut(c.index) else { return Freed::Slow };
-            if c.multi_node && node != e.thread_node {
-                return Freed::Remote;
+        HOT.with(|h| {
+            let Some(s) = h.get(c.index) else { return Freed::Slow };
+            let tn = s.thread_node.get();
+            if c.multi_node && node != tn {
+                return if tn == usize::MAX { Freed::Slow } else { Freed::Remote };
             }
-            match e.pairs.get_mut(node) {
-                Some(Some(pair)) => {
-                    if pair.push(obj) {
-                        Freed::Done
-                    } else {
-                        Freed::Slow
-                    }
-                }
-                _ => Freed::Slow,
+            let len = s.len.get();
+            if len >= s.cap.get() {
+                return Freed::Slow;
             }
+            // SAFETY: a non-zero `cap` means `rounds` is this thread's
+            // `loaded` magazine for the thread's node, with room at `len`.
+            unsafe { *s.rounds.get().add(len) = obj.as_ptr() };
+            s.len.set(len + 1);
+            Freed::Done
         })
-        .unwrap_or(Freed::Slow)
     };
     match fast {
         Freed::Done => {}
@@ -298,6 +406,7 @@ unsafe fn free_slow(core: *const Core, obj: NonNull<u8>, node: usize, urgent: bo
             if c.multi_node && node != e.thread_node {
                 return None;
             }
+            e.unhot();
             let pair = e.pairs[node].get_or_insert_with(|| MagPair::new(c.rounds));
             let depot = &c.nodes[node].depot;
             let mut refs = 0;
@@ -311,6 +420,7 @@ unsafe fn free_slow(core: *const Core, obj: NonNull<u8>, node: usize, urgent: bo
                     prev.clear();
                 }
             }
+            e.sync_hot();
             Some(refs)
         });
         match outcome {

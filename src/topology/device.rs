@@ -44,6 +44,22 @@ impl Topology {
         self.map_physical(lookup(Path::new(SYSFS), DeviceKind::Any, name)?)
     }
 
+    /// The block device (or partition) that holds the file system of
+    /// `path`, by its device number under `/sys/dev/block`: `vda`, `nvme0n1p2`.
+    /// `Ok(None)` for file systems without one (tmpfs, overlay, NFS);
+    /// [`Error::NoSuchDevice`] when `path` does not exist.
+    ///
+    /// ```
+    /// use numaweave::topology::Topology;
+    /// let t = Topology::global();
+    /// if let Some(dev) = t.block_device_of(std::env::temp_dir()).unwrap() {
+    ///     println!("{dev} on node {:?}", t.block_device_node(&dev).unwrap());
+    /// }
+    /// ```
+    pub fn block_device_of(&self, path: impl AsRef<Path>) -> Result<Option<String>> {
+        block_device_of(Path::new(SYSFS), path.as_ref())
+    }
+
     /// Kernel node → this topology's node (the lowest logical node over it).
     fn map_physical(&self, node: Option<usize>) -> Result<Option<usize>> {
         Ok(node.and_then(|p| self.logical_node(p)))
@@ -81,6 +97,18 @@ pub(crate) fn lookup(root: &Path, kind: DeviceKind, name: &str) -> Result<Option
             Err(missing())
         }
     }
+}
+
+pub(crate) fn block_device_of(root: &Path, path: &Path) -> Result<Option<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)
+        .map_err(|_| Error::NoSuchDevice { kind: DeviceKind::Block, name: Name::new(&path.to_string_lossy()) })?;
+    let dev = meta.dev();
+    // glibc's `gnu_dev_major`/`gnu_dev_minor` encoding.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let link = root.join(format!("dev/block/{major}:{minor}"));
+    Ok(std::fs::read_link(link).ok().and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned())))
 }
 
 /// `DDDD:BB:DD.F` in lower case, accepting `BB:DD.F` for domain 0.
