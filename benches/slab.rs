@@ -77,6 +77,16 @@ fn pair_bare(c: &mut Criterion) {
     };
     g.bench_function("box_system", |b| b.iter(|| sys(&System)));
     g.bench_function("box_numaalloc", |b| b.iter(|| sys(&NUMAWEAVE)));
+    // The pools' own pair: take a pooled object and give it back.
+    let sharded: sharded_slab::Pool<Vec<u8>> = sharded_slab::Pool::new();
+    g.bench_function("sharded_slab_pool", |b| {
+        b.iter(|| {
+            let key = black_box(sharded.create_with(|_| {}).unwrap());
+            sharded.clear(key);
+        })
+    });
+    let lockfree = lockfree_object_pool::LinearObjectPool::<Obj>::new(|| [0; 256], |_| {});
+    g.bench_function("lockfree_object_pool", |b| b.iter(|| drop(black_box(lockfree.pull()))));
     g.finish();
 }
 

@@ -140,7 +140,10 @@ fn bulk_alloc_and_free() {
     for (i, b) in boxes.iter().enumerate() {
         assert!(b.iter().all(|&x| x == i as u32));
     }
-    assert_eq!(cache.stats().total().active, 1000);
+    // Active counts what left the slabs: the 1000, plus what the thread's
+    // magazines hold.
+    let st = cache.stats();
+    assert!((1000..=1000 + 2 * st.magazine_rounds).contains(&st.total().active), "{st:?}");
     cache.free_bulk(boxes);
     cache.shrink();
     assert_eq!(cache.stats().total().active, 0);

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::cache::{Core, Ctor, Home, OnEmpty, Spec};
-use super::magazine::{MAG_MAX, Magazine};
+use super::magazine::MAG_MAX;
 use super::stats::{CacheStats, register};
 use super::thread::{self, Start};
 use crate::error::{DeviceKind, Error, Result};
@@ -243,12 +243,14 @@ impl<K> fmt::Debug for CacheBuilder<K> {
 
 /// An object, by the fast path when the thread's magazine has one (inlined
 /// into every caller: a TLS load, two loads and a store).
+/// `RAW`: the cache may zero objects (typed caches never do, so their fast
+/// path skips the check).
 #[inline(always)]
-fn alloc_raw(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
+fn alloc_raw<const RAW: bool>(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
     if let Start::Default = start
         && let Some(p) = thread::alloc_fast(core, None)
     {
-        if core.zero {
+        if RAW && core.zero {
             // SAFETY: a fresh object of `size` bytes, ours.
             unsafe { p.as_ptr().write_bytes(0, core.size) };
         }
@@ -275,10 +277,10 @@ fn alloc_raw_slow(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<N
 }
 
 fn alloc_wait_raw(core: &Arc<Core>, timeout: Duration) -> Result<NonNull<u8>> {
-    match alloc_raw(core, Start::Default, OnEmpty::Fail) {
+    match alloc_raw::<true>(core, Start::Default, OnEmpty::Fail) {
         Err(Error::LimitReached { node, .. }) => {
             let deadline = Instant::now() + timeout;
-            core.wait(node, deadline, || alloc_raw(core, Start::Node(node), OnEmpty::Fail).ok())
+            core.wait(node, deadline, || alloc_raw::<true>(core, Start::Node(node), OnEmpty::Fail).ok())
                 .ok_or(Error::Timeout { waited: timeout })
         }
         r => r,
@@ -288,19 +290,19 @@ fn alloc_wait_raw(core: &Arc<Core>, timeout: Duration) -> Result<NonNull<u8>> {
 fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
     let mut i = 0;
     while i < out.len() {
-        match thread::alloc_fast(core, None) {
-            Some(p) => out[i] = p.as_ptr(),
-            None => break,
+        // Whole runs straight out of the thread's magazine; the slow path
+        // refills it a magazine at a time (one depot or slab lock round trip
+        // per `rounds` objects).
+        i += thread::alloc_fast_many(core, &mut out[i..]);
+        if i == out.len() {
+            break;
         }
-        i += 1;
-    }
-    if i < out.len() {
-        // The rest in batches of up to a magazine, one lock round trip each.
-        let node = thread::default_node(core);
-        let mut m = Magazine::new(MAG_MAX);
-        while i < out.len() {
-            let want = (out.len() - i).min(MAG_MAX);
-            if let Err(e) = core.fill(node, &mut m, want) {
+        match alloc_raw_slow(core, Start::Default, OnEmpty::Fail) {
+            Ok(p) => {
+                out[i] = p.as_ptr();
+                i += 1;
+            }
+            Err(e) => {
                 // All or nothing, as `kmem_cache_alloc_bulk`.
                 for &p in &out[..i] {
                     // SAFETY: allocated above, not yet handed out.
@@ -308,12 +310,6 @@ fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
                 }
                 return Err(e);
             }
-            // In pop order: ascending addresses from fresh slabs.
-            for &p in m.as_slice().iter().rev() {
-                out[i] = p;
-                i += 1;
-            }
-            m.clear();
         }
     }
     if core.zero {
@@ -391,21 +387,21 @@ impl<T> SlabCache<T> {
     /// node is at its limit or out of memory (counted in `fallbacks`).
     #[inline]
     pub fn alloc(&self, value: T) -> Result<SlabBox<T>> {
-        self.wrap(alloc_raw(&self.core, Start::Default, OnEmpty::Fallback), value)
+        self.wrap(alloc_raw::<false>(&self.core, Start::Default, OnEmpty::Fallback), value)
     }
 
     /// An object on `node` exactly (`kmem_cache_alloc_node`): never falls
     /// back. [`Error::InvalidNode`], [`Error::LimitReached`] or
     /// [`Error::NodeOutOfMemory`] otherwise.
     pub fn alloc_on(&self, node: usize, value: T) -> Result<SlabBox<T>> {
-        self.wrap(alloc_raw(&self.core, Start::Node(node), OnEmpty::Fail), value)
+        self.wrap(alloc_raw::<false>(&self.core, Start::Node(node), OnEmpty::Fail), value)
     }
 
     /// An object on the home (or local) node, without falling back or
     /// waiting: [`Error::LimitReached`] when the node is at its limit.
     #[inline]
     pub fn try_alloc(&self, value: T) -> Result<SlabBox<T>> {
-        self.wrap(alloc_raw(&self.core, Start::Default, OnEmpty::Fail), value)
+        self.wrap(alloc_raw::<false>(&self.core, Start::Default, OnEmpty::Fail), value)
     }
 
     /// Like [`try_alloc`](Self::try_alloc), but when the node is at its limit,
@@ -418,21 +414,24 @@ impl<T> SlabCache<T> {
     /// `n` objects on the home (or local) node, the i-th holding `init(i)`:
     /// all or none, taking objects from the slabs in batches.
     pub fn alloc_bulk(&self, n: usize, mut init: impl FnMut(usize) -> T) -> Result<Vec<SlabBox<T>>> {
-        let mut raw = vec![core::ptr::null_mut(); n];
-        alloc_bulk_raw(&self.core, &mut raw)?;
-        // Objects not yet boxed go back if `init` panics.
-        let mut pending = Pending { core: &self.core, objs: raw, done: 0 };
         let mut out = Vec::with_capacity(n);
-        while pending.done < n {
-            let i = pending.done;
-            let v = init(i);
-            // SAFETY: from `alloc_bulk_raw`: a fresh, non-null object sized
-            // and aligned for `T`.
-            let ptr = unsafe { NonNull::new_unchecked(pending.objs[i]) }.cast::<T>();
-            // SAFETY: as above.
-            unsafe { ptr.as_ptr().write(v) };
-            out.push(SlabBox { ptr, core: NonNull::from(&*self.core) });
-            pending.done += 1;
+        let mut buf = [core::ptr::null_mut(); MAG_MAX];
+        while out.len() < n {
+            let k = (n - out.len()).min(MAG_MAX);
+            // On failure `out` drops: the objects already boxed go back too.
+            alloc_bulk_raw(&self.core, &mut buf[..k])?;
+            // Objects not yet boxed go back if `init` panics.
+            let mut pending = Pending { core: &self.core, objs: &buf[..k], done: 0 };
+            while pending.done < k {
+                let v = init(out.len());
+                // SAFETY: from `alloc_bulk_raw`: a fresh, non-null object
+                // sized and aligned for `T`.
+                let ptr = unsafe { NonNull::new_unchecked(pending.objs[pending.done]) }.cast::<T>();
+                // SAFETY: as above.
+                unsafe { ptr.as_ptr().write(v) };
+                out.push(SlabBox { ptr, core: NonNull::from(&*self.core) });
+                pending.done += 1;
+            }
         }
         Ok(out)
     }
@@ -443,6 +442,7 @@ impl<T> SlabCache<T> {
     /// # Panics
     /// If a box belongs to another cache.
     pub fn free_bulk(&self, boxes: impl IntoIterator<Item = SlabBox<T>>) {
+        let multi = self.core.multi_node;
         let mut raw = Vec::new();
         for b in boxes {
             assert!(
@@ -451,6 +451,11 @@ impl<T> SlabCache<T> {
                 b.cache_name(),
                 self.core.name
             );
+            if !multi {
+                // One node: every free is a local one, nothing to group.
+                drop(b);
+                continue;
+            }
             let b = core::mem::ManuallyDrop::new(b);
             // SAFETY: the box owned a live `T`; it is not used again.
             unsafe { b.ptr.as_ptr().drop_in_place() };
@@ -499,7 +504,7 @@ impl<T> fmt::Debug for SlabCache<T> {
 /// Objects of a bulk allocation not yet handed out; returned on unwind.
 struct Pending<'a> {
     core: &'a Arc<Core>,
-    objs: Vec<*mut u8>,
+    objs: &'a [*mut u8],
     done: usize,
 }
 
@@ -620,17 +625,17 @@ impl RawCache {
     /// See [`SlabCache::alloc`].
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>> {
-        alloc_raw(&self.core, Start::Default, OnEmpty::Fallback)
+        alloc_raw::<true>(&self.core, Start::Default, OnEmpty::Fallback)
     }
 
     /// See [`SlabCache::alloc_on`].
     pub fn alloc_on(&self, node: usize) -> Result<NonNull<u8>> {
-        alloc_raw(&self.core, Start::Node(node), OnEmpty::Fail)
+        alloc_raw::<true>(&self.core, Start::Node(node), OnEmpty::Fail)
     }
 
     /// See [`SlabCache::try_alloc`].
     pub fn try_alloc(&self) -> Result<NonNull<u8>> {
-        alloc_raw(&self.core, Start::Default, OnEmpty::Fail)
+        alloc_raw::<true>(&self.core, Start::Default, OnEmpty::Fail)
     }
 
     /// See [`SlabCache::alloc_wait`].

@@ -236,6 +236,25 @@ pub(crate) fn alloc_fast(core: &Core, node: Option<usize>) -> Option<NonNull<u8>
     }
 }
 
+/// Pops up to `out.len()` objects from the thread's hot magazine in one go
+/// (in the order single pops would give them); returns how many.
+#[inline]
+pub(crate) fn alloc_fast_many(core: &Core, out: &mut [*mut u8]) -> usize {
+    HOT.with(|h| {
+        let Some(s) = h.get(core.index) else { return 0 };
+        let len = s.len.get();
+        let k = len.min(out.len());
+        let base = s.rounds.get();
+        for (j, o) in out[..k].iter_mut().enumerate() {
+            // SAFETY: `j < k <= len`: rounds `0..len` hold objects (see
+            // `alloc_fast`); a zero count never reads `base`.
+            *o = unsafe { *base.add(len - 1 - j) };
+        }
+        s.len.set(len - k);
+        k
+    })
+}
+
 /// Where an allocation starts.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Start {
@@ -441,16 +460,6 @@ pub(crate) fn flush_current(core: &Arc<Core>) {
     if let Some(mut e) = e {
         flush_entry(&mut e);
     }
-}
-
-/// The node `alloc()` uses for the calling thread.
-pub(crate) fn default_node(core: &Arc<Core>) -> usize {
-    with_table(|t| {
-        let e = t.entry(core);
-        e.refresh();
-        e.default
-    })
-    .unwrap_or_else(|| core.default_node(core.topo.current_node()))
 }
 
 /// First, last and count of a chain of objects going home.
