@@ -1,6 +1,8 @@
 //! The interleave cursor under contention: every outcome loom can produce is
 //! one a sequential run in some order would produce (no allocation lost or
-//! counted twice, no turn longer or shorter than its granularity).
+//! counted twice, no turn longer or shorter than its granularity), including
+//! the `Bytes` path where an allocation finds its turn already ended, gives
+//! its bytes back and helps the turn advance.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -48,5 +50,27 @@ fn byte_turns_end_at_the_allocation_reaching_b() {
         // Both put the 120 on node 0 and the last 10 on node 1.
         assert_eq!((big, after), (0, 1), "small {small}");
         assert!(small <= 1);
+    });
+}
+
+#[test]
+fn racers_past_the_end_of_a_turn_move_on_and_count_once() {
+    loom::model(|| {
+        let c = cursor(Granularity::Bytes(100));
+        let ts: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                thread::spawn(move || c.next(60))
+            })
+            .collect();
+        let mine = c.next(60);
+        let mut got: Vec<usize> = ts.into_iter().map(|t| t.join().unwrap()).collect();
+        got.push(mine);
+        got.sort_unstable();
+        // Whatever the order: the first two fill node 0's turn (120 ≥ 100),
+        // the third is node 1's; the totals hold each allocation once.
+        assert_eq!(got, [0, 0, 1]);
+        assert_eq!((c.placed(0), c.placed(1)), (120, 60));
+        assert_eq!(c.current(), 1);
     });
 }

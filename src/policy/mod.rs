@@ -45,7 +45,7 @@ mod cursor;
 use core::fmt;
 use core::fmt::Write as _;
 
-pub use cursor::{Cursor, MAX_ROUND};
+pub use cursor::{Cursor, MAX_ROUND, Pick};
 
 use crate::error::{Error, Result};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
