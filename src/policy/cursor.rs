@@ -279,8 +279,8 @@ mod tests {
                 worst = worst.max(spread);
                 assert!(spread <= B + largest, "step {i}: per-weight totals {norm:?} spread {spread}");
             }
-            for n in 0..4 {
-                assert_eq!(bytes.placed(n), by_bytes[n]);
+            for (n, &placed) in by_bytes.iter().enumerate() {
+                assert_eq!(bytes.placed(n), placed);
             }
             let spread = |v: &[u64; 4]| {
                 let norm: Vec<u64> = (0..4).map(|n| v[n] / w[n]).collect();
