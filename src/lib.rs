@@ -61,6 +61,6 @@ pub mod topology;
 pub mod units;
 
 #[cfg(not(loom))]
-pub use alloc::{Config, Mode, NumaAlloc};
+pub use alloc::{Config, Interleaved, Mode, NumaAlloc, OnNode, PolicyGuard, with_policy};
 pub use error::{Error, Result};
 pub use topology::Topology;

@@ -33,6 +33,8 @@ pub(crate) struct ArenaCounters {
     pub(crate) huge_bytes: AtomicU64,
     pub(crate) huge_allocs: AtomicU64,
     pub(crate) huge_frees: AtomicU64,
+    /// Bump regions (interleave, per-call handles) mapped and not yet released.
+    pub(crate) region_live: AtomicU64,
 }
 
 pub(crate) struct ArenaInner {
@@ -89,6 +91,7 @@ impl Arena {
                 huge_bytes: AtomicU64::new(0),
                 huge_allocs: AtomicU64::new(0),
                 huge_frees: AtomicU64::new(0),
+                region_live: AtomicU64::new(0),
             },
         }
     }
@@ -102,9 +105,22 @@ impl Arena {
         }
     }
 
+    /// Whether the node looked out of memory at its last attempt (a racy
+    /// hint, for policies deciding whether a fallback page may serve).
+    pub(crate) fn is_exhausted(&self) -> bool {
+        self.inner.lock().exhausted > 0
+    }
+
     /// A fresh page of class `class` for `heap`, from this arena or, when its
-    /// node is out of memory, from the nearest one that is not.
-    pub(crate) fn alloc_page(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
+    /// node is out of memory, from the nearest one that is not (within
+    /// `within`, when given: a `Bind` policy's set).
+    pub(crate) fn alloc_page(
+        &self,
+        state: &State,
+        class: usize,
+        heap: *mut Heap,
+        within: Option<NodeSet>,
+    ) -> Option<NonNull<Page>> {
         let slots = page_slots(class);
         let exhausted = {
             let mut g = self.inner.lock();
@@ -123,14 +139,23 @@ impl Arena {
                 return Some(p);
             }
         }
-        self.fallback_page(state, class, heap)
+        self.fallback_page(state, class, heap, within)
     }
 
-    fn fallback_page(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
+    fn fallback_page(
+        &self,
+        state: &State,
+        class: usize,
+        heap: *mut Heap,
+        within: Option<NodeSet>,
+    ) -> Option<NonNull<Page>> {
         if state.config.strict || state.mode == Mode::Flat {
             return None;
         }
         for n in state.topology.nodes_by_distance(self.node).skip(1) {
+            if within.is_some_and(|w| !w.contains(n)) {
+                continue;
+            }
             let Some(other) = state.arena(n) else { continue };
             if other.node == self.node {
                 continue;

@@ -13,8 +13,9 @@
 use core::cell::Cell;
 use core::ptr;
 
-use super::segment::{Block, Page};
-use super::size_class::CLASSES;
+use super::policy::Active;
+use super::segment::{Block, Page, segment_of};
+use super::size_class::{CLASSES, class_size};
 use super::state::State;
 use crate::sync::{AtomicStack, AtomicU64, Ordering};
 
@@ -127,34 +128,55 @@ impl Heap {
     #[inline(never)]
     unsafe fn alloc_slow(heap: *mut Heap, class: usize) -> *mut u8 {
         let Some(state) = State::try_get() else { return ptr::null_mut() };
+        let active = super::policy::active(state);
+        if let Active::Interleave(il) = active {
+            // Direct pages stay empty under an interleave: every allocation
+            // comes here and the cursor places it.
+            let size = class_size(class);
+            let align = (1usize << size.trailing_zeros()).min(super::region::REGION_ALIGN_MAX);
+            // SAFETY: the interleaver outlives the policy that installed it.
+            let p = unsafe { super::policy::interleave_alloc(state, il, size, align) };
+            if !p.is_null() {
+                // SAFETY: the heap is this thread's.
+                unsafe {
+                    bump(&(*heap).counters.allocs, 1);
+                    bump(&(*heap).counters.bytes_alloc, size as u64);
+                }
+            }
+            return p;
+        }
+        // Only pages the policy accepts may serve (for `Local` in per-node
+        // mode: pages of the node the thread runs on now).
+        let here = state.current_arena().node;
+        let accepts = |p: *mut Page| {
+            // SAFETY: pages on this heap's lists are live pages of live segments.
+            active.accepts(state, usize::from(unsafe { (*segment_of((*p).info.start)).arena }), here)
+        };
         // SAFETY: the heap is this thread's (caller's contract).
         unsafe {
             Heap::collect_remote(heap);
-            let mut page = (*heap).direct[class];
-            loop {
-                if page != empty_page() {
-                    if (*page).free.is_null() && (*page).pending {
-                        Heap::take_remote(heap, page);
-                    }
-                    if (*page).free.is_null() {
-                        carve(page);
-                    }
-                    if !(*page).free.is_null() {
-                        (*heap).direct[class] = page;
-                        return Heap::alloc_class(heap, class);
-                    }
-                    // Full: off the list until a block comes back.
-                    (*heap).unlink(page);
-                    (*page).in_full = true;
-                }
-                page = (*heap).lists[class].head;
-                if page.is_null() {
-                    break;
-                }
+            let direct = (*heap).direct[class];
+            if direct != empty_page() && accepts(direct) && Heap::refill_from(heap, direct) {
+                return Heap::alloc_class(heap, class);
             }
-            // A fresh page from the arena of the node this thread runs on now.
-            let arena = state.current_arena();
-            match arena.alloc_page(state, class, heap) {
+            let mut page = (*heap).lists[class].head;
+            while !page.is_null() {
+                let next = (*page).next;
+                if page != direct && accepts(page) && Heap::refill_from(heap, page) {
+                    (*heap).direct[class] = page;
+                    return Heap::alloc_class(heap, class);
+                }
+                page = next;
+            }
+            // A fresh page from the arena the policy picks (for `Local`, the
+            // node this thread runs on now).
+            let node = active.node(state);
+            let arena = if state.mode == super::Mode::PerNode {
+                state.arena(node).unwrap_or_else(|| state.home_arena(node))
+            } else {
+                state.current_arena()
+            };
+            match arena.alloc_page(state, class, heap, active.fallback_set()) {
                 Some(p) => {
                     let p = p.as_ptr();
                     (*heap).push_front(p);
@@ -167,6 +189,29 @@ impl Heap {
                     ptr::null_mut()
                 }
             }
+        }
+    }
+
+    /// Makes `page` able to serve (remote frees taken, more blocks carved);
+    /// a page that stays full leaves the list until a block comes back.
+    ///
+    /// # Safety
+    /// The heap is the caller's and owns `page`.
+    unsafe fn refill_from(heap: *mut Heap, page: *mut Page) -> bool {
+        // SAFETY: per the contract.
+        unsafe {
+            if (*page).free.is_null() && (*page).pending {
+                Heap::take_remote(heap, page);
+            }
+            if (*page).free.is_null() {
+                carve(page);
+            }
+            if !(*page).free.is_null() {
+                return true;
+            }
+            (*heap).unlink(page);
+            (*page).in_full = true;
+            false
         }
     }
 
@@ -457,6 +502,17 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
         let mut g = arena.inner.lock();
         (*heap).next_orphan = g.orphans;
         g.orphans = heap;
+    }
+}
+
+/// Points every size class of the calling thread's heap at the empty page,
+/// so that the next allocation of each goes through the slow path (and the
+/// policy now in force).
+pub(crate) fn reset_direct_pages() {
+    let h = current();
+    if !h.is_null() {
+        // SAFETY: the calling thread's heap; the pages stay on its lists.
+        unsafe { (*h).direct = [empty_page(); CLASSES] };
     }
 }
 

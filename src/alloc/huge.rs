@@ -36,15 +36,24 @@ fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     }
 }
 
-/// Allocates a huge block; null on failure. With `zero`, the block reads as
-/// zeroes (fresh mappings already do; reused ones are cleared).
-pub(crate) fn alloc(state: &State, size: usize, align: usize, zero: bool) -> *mut u8 {
+/// Allocates a huge block on `node` (its arena; the home arena of a node
+/// without memory); null on failure. With `zero`, the block reads as zeroes
+/// (fresh mappings already do; reused ones are cleared).
+pub(crate) fn alloc_on(state: &State, node: usize, size: usize, align: usize, zero: bool) -> *mut u8 {
+    let arena = if state.mode == super::Mode::PerNode {
+        state.arena(node).unwrap_or_else(|| state.home_arena(node))
+    } else {
+        state.current_arena()
+    };
+    alloc_in(state, arena, size, align, zero)
+}
+
+fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {
     if align > MAX_ALIGN {
         return ptr::null_mut();
     }
     let off = block_offset(align);
     let Some(total) = map_len(off, size) else { return ptr::null_mut() };
-    let arena = state.current_arena();
     // A cached mapping of this node (segment-aligned, so any alignment up to
     // the segment size fits at the same offset), else a fresh one.
     let cached = if align <= SEGMENT_SIZE { arena.take_huge(total) } else { None };

@@ -44,8 +44,11 @@
 //! alignments above [`MAX_ALIGN`] (1 GiB).
 
 mod arena;
+mod handle;
 mod heap;
 mod huge;
+pub(crate) mod policy;
+mod region;
 mod segment;
 pub(crate) mod size_class;
 pub(crate) mod state;
@@ -53,8 +56,10 @@ pub(crate) mod state;
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
+pub use handle::{Interleaved, OnNode};
 pub(crate) use heap::for_each_heap;
 pub use huge::MAX_ALIGN;
+pub use policy::{PolicyGuard, with_policy};
 pub use size_class::SMALL_MAX;
 pub use state::{Config, Mode};
 
@@ -113,6 +118,8 @@ impl NumaAlloc {
         unsafe {
             if (*seg).kind == SMALL {
                 (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize
+            } else if (*seg).kind == region::REGION {
+                region::usable_size(seg, p)
             } else {
                 huge::usable_size(seg, p)
             }
@@ -161,7 +168,14 @@ impl NumaAlloc {
                     p
                 }
             }
-            None => huge::alloc(state, size, align, zero),
+            None => {
+                let node = match policy::active(state) {
+                    // SAFETY: the interleaver outlives the policy that installed it.
+                    policy::Active::Interleave(il) => unsafe { (*il).cursor.pick(size).node },
+                    a => a.node(state),
+                };
+                huge::alloc_on(state, node, size, align, zero)
+            }
         }
     }
 }
@@ -187,6 +201,8 @@ unsafe fn free(p: *mut u8) {
             } else {
                 free_remote(page, p.cast::<Block>());
             }
+        } else if (*seg).kind == region::REGION {
+            region::free(seg);
         } else if let Some(state) = State::try_get() {
             debug_assert_eq!((*seg).kind, HUGE);
             huge::free(state, seg);
@@ -253,7 +269,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
                 if new_size <= bs && (new_size >= bs / 2 || bs <= 64) && class_for(new_size, align).is_some() {
                     return p;
                 }
-            } else if new_size > SMALL_MAX {
+            } else if (*seg).kind == HUGE && new_size > SMALL_MAX {
                 if let Some(state) = State::try_get() {
                     let q = huge::realloc(state, p, align, new_size);
                     if !q.is_null() {

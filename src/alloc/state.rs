@@ -8,7 +8,9 @@ use core::ptr::{self, NonNull};
 
 use super::arena::Arena;
 use super::heap::Heap;
+use super::policy::Interleaver;
 use crate::os::{file, mem};
+use crate::policy::Policy;
 use crate::sync::{InitCell, SpinLock};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
@@ -34,6 +36,7 @@ pub enum Mode {
 /// | `NUMAWEAVE_MODE` | `auto`, `flat`, `per-node` | `auto` |
 /// | `NUMAWEAVE_STRICT` | `0`, `1`: bind strictly (`MPOL_BIND`), never fall back to another node | `0` |
 /// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS | `8M` |
+/// | `NUMAWEAVE_POLICY` | a [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
 ///
 /// An invalid value is reported once on stderr and the configured value kept.
@@ -42,12 +45,21 @@ pub struct Config {
     pub(crate) mode: Mode,
     pub(crate) strict: bool,
     pub(crate) purge_threshold: usize,
+    pub(crate) policy: Policy,
 }
 
 impl Config {
     /// The defaults: `Auto`, not strict, 8 MiB purge threshold.
     pub const fn new() -> Self {
-        Self { mode: Mode::Auto, strict: false, purge_threshold: 8 << 20 }
+        Self { mode: Mode::Auto, strict: false, purge_threshold: 8 << 20, policy: Policy::Local }
+    }
+
+    /// The process default memory policy (threads may override it with
+    /// [`with_policy`](crate::with_policy)). Checked against the topology at
+    /// start-up; an invalid one is reported on stderr and `Local` used.
+    pub const fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// Sets the mode.
@@ -90,6 +102,14 @@ impl Config {
                 _ => file::report(format_args!("numaweave: ignoring NUMAWEAVE_STRICT={v:?} (want 0 or 1)")),
             }
         }
+        if let Some(v) = file::env(c"NUMAWEAVE_POLICY") {
+            match v.parse::<Policy>() {
+                Ok(p) => self.policy = p,
+                Err(e) => file::report(format_args!(
+                    "numaweave: ignoring NUMAWEAVE_POLICY={v:?}: {e} (want e.g. local, bind:1, preferred:0, interleave:0-3:bytes=2M)"
+                )),
+            }
+        }
         if let Some(v) = file::env(c"NUMAWEAVE_PURGE") {
             match crate::units::parse_bytes(v) {
                 Some(b) => self.purge_threshold = b,
@@ -122,6 +142,10 @@ pub(crate) struct State {
     pub(crate) heaps: SpinLock<*mut Heap>,
     meta: SpinLock<MetaChunk>,
     pub(crate) key: libc::pthread_key_t,
+    /// The process default policy (validated) and, for an interleave, its
+    /// cursor and regions.
+    pub(crate) default_policy: Policy,
+    pub(crate) default_interleaver: Option<Interleaver>,
 }
 
 // SAFETY: raw pointers inside are guarded by the spin locks around them.
@@ -179,6 +203,17 @@ impl State {
                 home[n] = h as u8;
             }
         }
+        let default_policy = match config.policy.validate(&topology) {
+            Ok(()) => config.policy,
+            Err(e) => {
+                file::report(format_args!("numaweave: default policy {}: {e}; using local", config.policy));
+                Policy::Local
+            }
+        };
+        let default_interleaver = match &default_policy {
+            Policy::Interleave(i) => Some(Interleaver::new(i)),
+            _ => None,
+        };
         let mut key: libc::pthread_key_t = 0;
         // SAFETY: `key` is writable; the destructor is an `extern "C" fn(*mut c_void)`.
         unsafe { libc::pthread_key_create(&mut key, Some(super::heap::thread_exit)) };
@@ -192,6 +227,8 @@ impl State {
             heaps: SpinLock::new(ptr::null_mut()),
             meta: SpinLock::new(MetaChunk { next: ptr::null_mut(), end: ptr::null_mut() }),
             key,
+            default_policy,
+            default_interleaver,
         }
     }
 

@@ -227,7 +227,9 @@ impl core::str::FromStr for Policy {
             "interleave" => {
                 let set = nodes(parts.next())?;
                 let mut granularity = Granularity::Count(1);
-                let mut weights: Option<Vec<u8>> = None;
+                // Fixed storage: the allocator parses `NUMAWEAVE_POLICY` during
+                // its own start-up, where nothing may allocate.
+                let mut weights: Option<([u8; MAX_NODES], usize)> = None;
                 for opt in parts.by_ref() {
                     let (k, v) = opt.split_once('=').ok_or(bad("interleave options are key=value"))?;
                     match k.trim() {
@@ -240,16 +242,22 @@ impl core::str::FromStr for Policy {
                             granularity = Granularity::Bytes(b as u64);
                         }
                         "weights" => {
-                            let w: core::result::Result<Vec<u8>, _> =
-                                v.split(',').map(|x| x.trim().parse::<u8>()).collect();
-                            weights = Some(w.map_err(|_| bad("weights are 0..=255, comma-separated"))?);
+                            let mut w = ([0u8; MAX_NODES], 0);
+                            for x in v.split(',') {
+                                if w.1 == MAX_NODES {
+                                    return Err(bad("more weights than nodes"));
+                                }
+                                w.0[w.1] = x.trim().parse().map_err(|_| bad("weights are 0..=255, comma-separated"))?;
+                                w.1 += 1;
+                            }
+                            weights = Some(w);
                         }
                         _ => return Err(bad("unknown interleave option (count, bytes, weights)")),
                     }
                 }
                 let mut i = Interleave::new(set, granularity)?;
-                if let Some(w) = weights {
-                    i = i.with_weights(&w)?;
+                if let Some((w, n)) = weights {
+                    i = i.with_weights(&w[..n])?;
                 }
                 Policy::Interleave(i)
             }
@@ -274,9 +282,12 @@ impl fmt::Display for Policy {
                     Granularity::Count(n) => write!(f, ":count={n}")?,
                     Granularity::Bytes(b) => write!(f, ":bytes={b}")?,
                 }
+                // No allocation: the allocator prints policies at start-up.
                 if i.nodes.iter().any(|n| i.weights[n] != 1) {
-                    let w: Vec<String> = i.nodes.iter().map(|n| i.weights[n].to_string()).collect();
-                    write!(f, ":weights={}", w.join(","))?;
+                    f.write_str(":weights=")?;
+                    for (k, n) in i.nodes.iter().enumerate() {
+                        write!(f, "{}{}", if k > 0 { "," } else { "" }, i.weights[n])?;
+                    }
                 }
                 Ok(())
             }

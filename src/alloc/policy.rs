@@ -1,0 +1,183 @@
+//! Memory policies applied to [`NumaAlloc`](super::NumaAlloc): the process
+//! default (`Config::policy`, `NUMAWEAVE_POLICY`), a scoped per-thread policy
+//! ([`with_policy`]), and what each means for the allocator.
+//!
+//! The fast path never looks at a policy. `Local`, `Bind` and `Preferred`
+//! decide which arena a heap takes its next page from, and which of its pages
+//! it may refill from, both on the slow path; a thread switching policy has
+//! its heap's direct pages cleared so the next allocation of each size goes
+//! through that choice once. `Interleave` keeps the direct pages cleared, so
+//! every allocation takes the slow path, where the policy's cursor picks the
+//! node and a bump region of that node (see `region.rs`) supplies the block.
+
+use core::cell::Cell;
+use core::marker::PhantomData;
+
+use super::region::{REGION_ALIGN_MAX, REGION_MAX, Space};
+use super::state::State;
+use crate::error::Result;
+use crate::policy::{Cursor, Granularity, Interleave, Policy};
+use crate::topology::NodeSet;
+
+/// An interleave in force: its cursor and the regions it carves from.
+pub(crate) struct Interleaver {
+    pub(crate) cursor: Cursor,
+    pub(crate) space: Space,
+}
+
+impl Interleaver {
+    pub(crate) fn new(i: &Interleave) -> Self {
+        let turn_align = match i.granularity() {
+            Granularity::Bytes(b) if b >= 2 << 20 => 2 << 20,
+            _ => crate::os::page_size(),
+        };
+        Self { cursor: Cursor::new(i), space: Space::new(turn_align) }
+    }
+}
+
+/// A policy as the allocator applies it. `Copy`: the interleaver lives as
+/// long as whatever installed it (a guard, a handle, the process default).
+#[derive(Clone, Copy)]
+pub(crate) enum Active {
+    Local,
+    Bind(NodeSet),
+    Preferred(usize),
+    Interleave(*const Interleaver),
+}
+
+thread_local! {
+    /// The calling thread's policy; `None`: the process default.
+    static THREAD: Cell<Option<Active>> = const { Cell::new(None) };
+}
+
+fn to_active(p: &Policy, il: Option<*const Interleaver>) -> Active {
+    match *p {
+        Policy::Local => Active::Local,
+        Policy::Bind(s) => Active::Bind(s),
+        Policy::Preferred(n) => Active::Preferred(n),
+        Policy::Interleave(_) => match il {
+            Some(il) => Active::Interleave(il),
+            None => Active::Local,
+        },
+    }
+}
+
+/// The policy in force on the calling thread: its own, else the process
+/// default.
+#[inline]
+pub(crate) fn active(state: &'static State) -> Active {
+    if let Some(a) = THREAD.with(Cell::get) {
+        return a;
+    }
+    to_active(&state.default_policy, state.default_interleaver.as_ref().map(|i| i as *const Interleaver))
+}
+
+impl Active {
+    /// Whether a heap page on `node` may serve this policy; `here` is the
+    /// arena node of the thread's current node.
+    #[inline]
+    pub(crate) fn accepts(&self, state: &State, node: usize, here: usize) -> bool {
+        match *self {
+            Active::Interleave(_) => true,
+            // Pages of another node wait in the heap's lists for a thread that
+            // migrates back (or a policy that wants them).
+            Active::Local => state.mode != super::Mode::PerNode || node == here,
+            Active::Bind(s) => s.contains(node),
+            // The preferred node, or any while it is out of memory.
+            Active::Preferred(n) => node == n || state.arena(n).is_none_or(|a| a.is_exhausted()),
+        }
+    }
+
+    /// The node fresh memory comes from (its arena falls back by distance
+    /// when it is out of memory; for `Bind`, only within the set).
+    pub(crate) fn node(&self, state: &State) -> usize {
+        let here = state.topology.current_node();
+        match *self {
+            Active::Local | Active::Interleave(_) => here,
+            Active::Preferred(n) => n,
+            Active::Bind(s) => state.topology.nodes_by_distance(here).find(|&n| s.contains(n)).unwrap_or(here),
+        }
+    }
+
+    /// The nodes a fallback may use.
+    pub(crate) fn fallback_set(&self) -> Option<NodeSet> {
+        match *self {
+            Active::Bind(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Allocates `size` bytes aligned to `align` under interleaver `il`: the
+/// cursor picks the node, a region (or, for large blocks, a huge mapping) of
+/// that node supplies the memory.
+///
+/// # Safety
+/// `il` is live for the call.
+pub(crate) unsafe fn interleave_alloc(state: &State, il: *const Interleaver, size: usize, align: usize) -> *mut u8 {
+    // SAFETY: per the contract.
+    let il = unsafe { &*il };
+    let pick = il.cursor.pick(size);
+    if size <= REGION_MAX && align <= REGION_ALIGN_MAX {
+        il.space.alloc(state, pick.node, size, align, pick.turn)
+    } else {
+        super::huge::alloc_on(state, pick.node, size, align, false)
+    }
+}
+
+/// Sets the calling thread's policy until the guard is dropped, then puts the
+/// previous one back (guards nest). The policy is checked against the
+/// allocator's topology first.
+///
+/// While an `Interleave` policy is in force, every allocation of the thread
+/// takes the allocator's slow path (the cursor is consulted per allocation);
+/// other policies cost nothing on the fast path.
+///
+/// ```
+/// use numaweave::policy::Policy;
+/// use numaweave::{NumaAlloc, topology::NodeSet};
+/// # static A: NumaAlloc = NumaAlloc::new();
+/// let node = numaweave::Topology::global().current_node();
+/// {
+///     let _g = numaweave::with_policy(Policy::Bind(NodeSet::single(node))).unwrap();
+///     let v = Box::new([0u8; 4096]); // from `node`'s memory under NumaAlloc
+///     # drop(v);
+/// }
+/// // The previous policy again.
+/// ```
+pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
+    let state = State::get(&super::Config::new());
+    policy.validate(&state.topology)?;
+    let il = match &policy {
+        Policy::Interleave(i) => Some(Box::new(Interleaver::new(i))),
+        _ => None,
+    };
+    let active = to_active(&policy, il.as_deref().map(|p| p as *const Interleaver));
+    let prev = THREAD.with(|t| t.replace(Some(active)));
+    super::heap::reset_direct_pages();
+    Ok(PolicyGuard { prev, _il: il, _not_send: PhantomData })
+}
+
+/// Restores the previous policy of the thread when dropped; see [`with_policy`].
+#[must_use = "the policy is undone when the guard is dropped"]
+pub struct PolicyGuard {
+    prev: Option<Active>,
+    _il: Option<Box<Interleaver>>,
+    /// Thread-scoped: it restores this thread's policy.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        THREAD.with(|t| t.set(self.prev));
+        super::heap::reset_direct_pages();
+        // The interleaver goes with the guard: its regions are retired and
+        // return to the OS when their last block is freed, by any thread.
+    }
+}
+
+impl core::fmt::Debug for PolicyGuard {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PolicyGuard").finish_non_exhaustive()
+    }
+}
