@@ -20,6 +20,7 @@ use std::collections::HashSet;
 use std::sync::mpsc;
 
 use numaweave::os::{self, mem::BindFlags, mem::MemPolicy, mem::Region};
+use numaweave::policy::{Cursor, Granularity, Interleave, Policy};
 use numaweave::slab::{RawCache, SlabBox, SlabCache};
 use numaweave::topology::{self, CpuSet, NodeSet, Topology};
 use numaweave::{Error, Mode, NumaAlloc};
@@ -109,6 +110,12 @@ fn main() {
         ("numaalloc_remote_frees_return_home", numaalloc_remote_frees_return_home),
         ("numaalloc_falls_back_by_distance_when_a_node_is_full", numaalloc_falls_back_by_distance_when_a_node_is_full),
         ("slab_objects_land_on_the_cache_node", slab_objects_land_on_the_cache_node),
+        ("policy_interleave_pages_follow_the_cursor", policy_interleave_pages_follow_the_cursor),
+        ("policy_bind_never_leaves_its_set", policy_bind_never_leaves_its_set),
+        (
+            "policy_preferred_falls_back_by_distance_from_its_node",
+            policy_preferred_falls_back_by_distance_from_its_node,
+        ),
         ("slab_remote_frees_go_home_to_their_node", slab_remote_frees_go_home_to_their_node),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -609,5 +616,142 @@ fn slab_remote_frees_go_home_to_their_node(t: &Topology, _: Option<&Guest>) -> O
         cache.stats()
     );
     assert!(reused >= 900);
+    Outcome::Pass
+}
+
+/// Interleaved buffers from a handle (its own cursor, so the sequence is
+/// known): every page of every buffer is on the node a second cursor, fed the
+/// same sizes, predicts. Weighted (the first node gets two turns) and by
+/// count and by bytes.
+fn policy_interleave_pages_follow_the_cursor(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let nodes = t.memory_nodes().intersection(&t.allowed_nodes());
+    if nodes.len() < 2 {
+        return Outcome::Skip("needs two nodes with memory");
+    }
+    let weights: Vec<u8> = nodes.iter().enumerate().map(|(i, _)| if i == 0 { 2 } else { 1 }).collect();
+    let topo = t.clone();
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(first_cpu(&topo, topo.cpu_nodes().first().unwrap())).unwrap();
+        for g in [Granularity::Count(3), Granularity::Bytes(256 << 10)] {
+            let policy = Interleave::new(nodes, g).unwrap().with_weights(&weights).unwrap();
+            let h = A.interleave(policy).unwrap();
+            let model = Cursor::new(&policy);
+            let mut bufs = Vec::new();
+            for i in 0..64usize {
+                let size = 4096 << (i % 5); // 4–64 KiB
+                let b = allocator_api2::vec::Vec::<u8, _>::with_capacity_in(size, h.clone());
+                let want = topo.physical_node(model.next(size));
+                let got = touch_and_locate(b.as_ptr().cast_mut(), size);
+                assert!(
+                    got.iter().all(|&n| n == Some(want)),
+                    "{g:?} buffer {i} ({size} B): pages on {got:?}, want {want}"
+                );
+                bufs.push(b);
+            }
+            let extents =
+                bufs.windows(2).filter(|w| w[0].as_ptr() as usize + w[0].capacity() != w[1].as_ptr() as usize).count()
+                    + 1;
+            println!(
+                "\n  {g:?} over {nodes} weights {weights:?}: 64 buffers, every page on its node, {extents} extents"
+            );
+        }
+    })
+    .join()
+    .unwrap();
+    Outcome::Pass
+}
+
+fn policy_bind_never_leaves_its_set(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let mem: Vec<usize> = t.memory_nodes().intersection(&t.allowed_nodes()).iter().collect();
+    if mem.len() < 2 {
+        return Outcome::Skip("needs two nodes with memory");
+    }
+    let cpu = first_cpu(t, t.cpu_nodes().first().unwrap());
+    let topo = t.clone();
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(cpu).unwrap();
+        // A far node alone, then a pair that excludes the thread's own node.
+        let sets = [NodeSet::single(*mem.last().unwrap()), mem[1..].iter().take(2).copied().collect::<NodeSet>()];
+        for set in sets {
+            let phys: Vec<usize> = set.iter().map(|n| topo.physical_node(n)).collect();
+            let _g = numaweave::with_policy(Policy::Bind(set)).unwrap();
+            for size in [64, 4000, 100_000, 3 << 20] {
+                let l = Layout::from_size_align(size, 8).unwrap();
+                // SAFETY: valid layout; freed below.
+                let ps: Vec<*mut u8> = (0..8).map(|_| unsafe { A.alloc(l) }).collect();
+                for &p in &ps {
+                    let got = touch_and_locate(p, size);
+                    assert!(
+                        got.iter().all(|n| n.is_some_and(|n| phys.contains(&n))),
+                        "bind:{set}, {size} B: pages on {got:?}"
+                    );
+                    // SAFETY: allocated above with `l`.
+                    unsafe { A.dealloc(p, l) };
+                }
+            }
+            println!("\n  bind:{set} from cpu {cpu}: 64 B to 3 MiB blocks, every page inside the set");
+        }
+    })
+    .join()
+    .unwrap();
+    Outcome::Pass
+}
+
+/// Preferred on a node other than the thread's, filled past its size: the
+/// overflow goes to the node nearest *the preferred node*, not the thread's.
+fn policy_preferred_falls_back_by_distance_from_its_node(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    if layout.is_none() {
+        return Outcome::Skip("fills a node: only inside the numa-vm guest");
+    }
+    let cpu_nodes: Vec<usize> = t.cpu_nodes().iter().collect();
+    if cpu_nodes.len() < 2 {
+        return Outcome::Skip("needs two nodes with CPUs");
+    }
+    let (home, pref) = (cpu_nodes[0], *cpu_nodes.last().unwrap());
+    let cpu = first_cpu(t, home);
+    let target = (t.memory_of(pref) + (64 << 20)) as usize;
+    let topo = t.clone();
+    let placed = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(cpu).unwrap();
+        let _g = numaweave::with_policy(Policy::Preferred(pref)).unwrap();
+        let l = Layout::from_size_align(128 << 10, 8).unwrap();
+        let mut blocks = Vec::with_capacity(target / l.size() + 1);
+        let mut per_node = vec![0usize; numaweave::topology::MAX_NODES];
+        while blocks.len() * l.size() < target {
+            // SAFETY: valid layout.
+            let p = unsafe { A.alloc(l) };
+            assert!(!p.is_null(), "allocation failed after {} MiB", (blocks.len() * l.size()) >> 20);
+            for n in touch_and_locate(p, l.size()).into_iter().flatten() {
+                per_node[n] += 1;
+            }
+            blocks.push(p);
+        }
+        for p in blocks {
+            // SAFETY: allocated above with `l`.
+            unsafe { A.dealloc(p, l) };
+        }
+        A.collect();
+        per_node
+    })
+    .join()
+    .unwrap();
+    let elsewhere: Vec<usize> = (0..placed.len()).filter(|&n| placed[n] > 0 && n != topo.physical_node(pref)).collect();
+    println!(
+        "\n  preferred:{pref} from node {home}, {} MiB: pages per node {:?}",
+        target >> 20,
+        placed.iter().enumerate().filter(|(_, c)| **c > 0).collect::<Vec<_>>()
+    );
+    assert!(placed[topo.physical_node(pref)] > 0, "nothing on the preferred node");
+    assert!(!elsewhere.is_empty(), "nothing placed outside node {pref}");
+    let nearest = topo.nodes_by_distance(pref).find(|&n| n != pref && topo.memory_nodes().contains(n)).unwrap();
+    let d = topo.distance(pref, nearest);
+    for n in elsewhere {
+        let ln = topo.logical_node(n).unwrap();
+        assert_eq!(
+            topo.distance(pref, ln),
+            d,
+            "overflow of node {pref} reached node {ln} before the nearest, {nearest}"
+        );
+    }
     Outcome::Pass
 }

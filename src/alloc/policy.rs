@@ -80,8 +80,11 @@ impl Active {
         match *self {
             Active::Interleave(_) => true,
             // Pages of another node wait in the heap's lists for a thread that
-            // migrates back (or a policy that wants them).
-            Active::Local => state.mode != super::Mode::PerNode || node == here,
+            // migrates back (or a policy that wants them), unless this node
+            // is out of memory: then its fallback pages serve.
+            Active::Local => {
+                state.mode != super::Mode::PerNode || node == here || state.arena(here).is_none_or(|a| a.is_exhausted())
+            }
             Active::Bind(s) => s.contains(node),
             // The preferred node, or any while it is out of memory.
             Active::Preferred(n) => node == n || state.arena(n).is_none_or(|a| a.is_exhausted()),
