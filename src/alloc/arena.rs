@@ -432,6 +432,7 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         (*page).info.class = class as u8;
         (*page).info.slots = slots as u8;
         (*page).info.first_slot = first as u8;
+        (*page).info.node = (*seg).seg.arena;
         (*page).info.start = start;
         (*page).info.heap.store(heap, Ordering::Relaxed);
         NonNull::new_unchecked(page)

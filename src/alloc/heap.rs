@@ -14,7 +14,7 @@ use core::cell::Cell;
 use core::ptr;
 
 use super::policy::Active;
-use super::segment::{Block, Page, segment_of};
+use super::segment::{Block, Page};
 use super::size_class::{CLASSES, class_size};
 use super::state::State;
 use crate::sync::{AtomicStack, AtomicU64, Ordering};
@@ -84,6 +84,9 @@ pub(crate) struct Heap {
     kept_empty: [*mut Page; CLASSES],
     /// The node the heap was made or adopted on (stats are booked there).
     pub(crate) node: usize,
+    /// The node of the arena its last fresh page came from under `Local`:
+    /// pages of that node serve `Local` without asking where the thread runs.
+    last_node: usize,
     /// Links: all heaps (registry), orphans of an arena.
     pub(crate) next_all: *mut Heap,
     pub(crate) next_orphan: *mut Heap,
@@ -128,6 +131,10 @@ impl Heap {
     #[inline(never)]
     unsafe fn alloc_slow(heap: *mut Heap, class: usize) -> *mut u8 {
         let Some(state) = State::try_get() else { return ptr::null_mut() };
+        if !state.policies {
+            // SAFETY: the caller's heap.
+            return unsafe { Heap::alloc_slow_unpoliced(heap, class, state) };
+        }
         let active = super::policy::active(state);
         if let Active::Interleave(il) = active {
             // Direct pages stay empty under an interleave: every allocation
@@ -146,11 +153,17 @@ impl Heap {
             return p;
         }
         // Only pages the policy accepts may serve (for `Local` in per-node
-        // mode: pages of the node the thread runs on now).
-        let here = state.current_arena().node;
-        let accepts = |p: *mut Page| {
-            // SAFETY: pages on this heap's lists are live pages of live segments.
-            active.accepts(state, usize::from(unsafe { (*segment_of((*p).info.start)).arena }), here)
+        // mode: pages of the node the thread runs on now, looked up only if
+        // a page of another node than the heap's shows up).
+        let mut here = None;
+        let mut accepts = |p: *mut Page| {
+            // SAFETY: pages on this heap's lists are live pages.
+            let node = usize::from(unsafe { (*p).info.node });
+            match active {
+                // SAFETY: the heap is the caller's.
+                Active::Local if node == unsafe { (*heap).last_node } || state.mode != super::Mode::PerNode => true,
+                _ => active.accepts(state, node, *here.get_or_insert_with(|| state.current_arena().node)),
+            }
         };
         // SAFETY: the heap is this thread's (caller's contract).
         unsafe {
@@ -176,7 +189,57 @@ impl Heap {
             } else {
                 state.current_arena()
             };
-            match arena.alloc_page(state, class, heap, active.fallback_set()) {
+            if matches!(active, Active::Local) {
+                (*heap).last_node = arena.node;
+            }
+            Heap::fresh_page(heap, class, state, arena, active.fallback_set())
+        }
+    }
+
+    /// The slow path with policies switched off ([`Config::policies`]): the
+    /// direct page, then any page of the heap, then the arena of the node the
+    /// thread runs on now.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    ///
+    /// [`Config::policies`]: super::Config::policies
+    unsafe fn alloc_slow_unpoliced(heap: *mut Heap, class: usize, state: &'static State) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe {
+            Heap::collect_remote(heap);
+            let direct = (*heap).direct[class];
+            if direct != empty_page() && Heap::refill_from(heap, direct) {
+                return Heap::alloc_class(heap, class);
+            }
+            let mut page = (*heap).lists[class].head;
+            while !page.is_null() {
+                let next = (*page).next;
+                if page != direct && Heap::refill_from(heap, page) {
+                    (*heap).direct[class] = page;
+                    return Heap::alloc_class(heap, class);
+                }
+                page = next;
+            }
+            Heap::fresh_page(heap, class, state, state.current_arena(), None)
+        }
+    }
+
+    /// A fresh page from `arena` (falling back within `within`) becomes the
+    /// class's direct page and serves the allocation.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    unsafe fn fresh_page(
+        heap: *mut Heap,
+        class: usize,
+        state: &'static State,
+        arena: &super::arena::Arena,
+        within: Option<crate::topology::NodeSet>,
+    ) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe {
+            match arena.alloc_page(state, class, heap, within) {
                 Some(p) => {
                     let p = p.as_ptr();
                     (*heap).push_front(p);
@@ -456,6 +519,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
                     pending: ptr::null_mut(),
                     remote_pages: CachePadded(AtomicStack::new()),
                     node: arena.node,
+                    last_node: arena.node,
                     counters: HeapCounters::default(),
                     next_all: ptr::null_mut(),
                     next_orphan: ptr::null_mut(),

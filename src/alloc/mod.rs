@@ -150,6 +150,18 @@ impl NumaAlloc {
     #[inline(never)]
     unsafe fn alloc_slow(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
         let state = self.state();
+        if state.policies
+            && let policy::Active::Interleave(il) = policy::active(state)
+        {
+            // Straight to the cursor and the node's region: no size class.
+            // SAFETY: the interleaver outlives the policy that installed it.
+            let p = unsafe { policy::interleave_alloc(state, il, size.max(1), align) };
+            if zero && !p.is_null() {
+                // SAFETY: a fresh block of `size` bytes.
+                unsafe { ptr::write_bytes(p, 0, size) };
+            }
+            return p;
+        }
         match class_for(size, align) {
             Some(class) => {
                 let mut heap = heap::current();
@@ -169,9 +181,12 @@ impl NumaAlloc {
                 }
             }
             None => {
+                if !state.policies {
+                    return huge::alloc_on(state, state.current_arena().node, size, align, zero);
+                }
                 let node = match policy::active(state) {
                     // SAFETY: the interleaver outlives the policy that installed it.
-                    policy::Active::Interleave(il) => unsafe { (*il).cursor.pick(size).node },
+                    policy::Active::Interleave(il) => unsafe { (*il).pick(size).node },
                     a => a.node(state),
                 };
                 huge::alloc_on(state, node, size, align, zero)

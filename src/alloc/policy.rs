@@ -23,15 +23,40 @@ use crate::topology::NodeSet;
 pub(crate) struct Interleaver {
     pub(crate) cursor: Cursor,
     pub(crate) space: Space,
+    /// Used by one thread only (a scoped policy's): the cursor and the
+    /// carving skip their atomic read-modify-writes.
+    exclusive: bool,
 }
 
 impl Interleaver {
+    /// For a thread-scoped policy: only the thread that installs it uses it.
+    pub(crate) fn exclusive(i: &Interleave) -> Self {
+        let mut il = Self::new(i);
+        il.exclusive = true;
+        il.space.exclusive = true;
+        il
+    }
+
+    /// Where the next block of `size` bytes goes.
+    #[inline]
+    pub(crate) fn pick(&self, size: usize) -> crate::policy::Pick {
+        if self.exclusive {
+            // SAFETY: an exclusive interleaver is reachable from one thread's
+            // policy slot only.
+            unsafe { self.cursor.pick_exclusive(size) }
+        } else {
+            self.cursor.pick(size)
+        }
+    }
+
     pub(crate) fn new(i: &Interleave) -> Self {
+        // Byte turns of 2 MiB or more start on a 2 MiB boundary, so whole huge
+        // pages belong to one node (pointless, and a gap, with one node).
         let turn_align = match i.granularity() {
-            Granularity::Bytes(b) if b >= 2 << 20 => 2 << 20,
+            Granularity::Bytes(b) if b >= 2 << 20 && i.nodes().len() > 1 => 2 << 20,
             _ => crate::os::page_size(),
         };
-        Self { cursor: Cursor::new(i), space: Space::new(turn_align) }
+        Self { cursor: Cursor::new(i), space: Space::new(turn_align), exclusive: false }
     }
 }
 
@@ -117,10 +142,11 @@ impl Active {
 ///
 /// # Safety
 /// `il` is live for the call.
+#[inline]
 pub(crate) unsafe fn interleave_alloc(state: &State, il: *const Interleaver, size: usize, align: usize) -> *mut u8 {
     // SAFETY: per the contract.
     let il = unsafe { &*il };
-    let pick = il.cursor.pick(size);
+    let pick = il.pick(size);
     if size <= REGION_MAX && align <= REGION_ALIGN_MAX {
         il.space.alloc(state, pick.node, size, align, pick.turn)
     } else {
@@ -150,9 +176,12 @@ pub(crate) unsafe fn interleave_alloc(state: &State, il: *const Interleaver, siz
 /// ```
 pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
     let state = State::get(&super::Config::new());
+    if !state.policies {
+        return Err(crate::Error::InvalidPolicy { reason: "memory policies are switched off (NUMAWEAVE_POLICY=none)" });
+    }
     policy.validate(&state.topology)?;
     let il = match &policy {
-        Policy::Interleave(i) => Some(Box::new(Interleaver::new(i))),
+        Policy::Interleave(i) => Some(Box::new(Interleaver::exclusive(i))),
         _ => None,
     };
     let active = to_active(&policy, il.as_deref().map(|p| p as *const Interleaver));

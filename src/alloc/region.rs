@@ -17,7 +17,7 @@ use core::ptr::{self, NonNull};
 use super::segment::{SEGMENT_SIZE, SLOT_SIZE, Segment};
 use super::state::State;
 use crate::os::mem::{self, BindFlags, MemPolicy};
-use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, SpinLock};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, SpinLock};
 use crate::topology::MAX_NODES;
 
 /// Segment kind of a region.
@@ -27,6 +27,9 @@ const DATA: usize = SLOT_SIZE;
 const GRAIN: usize = 16;
 const BITMAP_WORDS: usize = SEGMENT_SIZE / GRAIN / 64;
 const RETIRED: usize = 1 << (usize::BITS - 1);
+/// References an exclusive space charges a region with (more than it can
+/// hold blocks).
+const CREDIT: usize = 1 << 24;
 /// Largest block a region serves; larger ones get a huge mapping of their own.
 pub(crate) const REGION_MAX: usize = 1 << 20;
 /// Largest alignment a region serves.
@@ -42,15 +45,35 @@ pub(crate) struct Region {
     /// The cursor turn the last block belonged to (a hint for aligning the
     /// start of each turn).
     last_turn: AtomicU64,
+    /// For a region of an exclusive space: the owning thread's token (0
+    /// otherwise). Its own frees only bump `owner_freed` (plain store, no
+    /// read-modify-write) until it retires the region and settles them.
+    owner: AtomicUsize,
+    owner_freed: AtomicUsize,
+    owner_retired: AtomicBool,
     starts: [AtomicU64; BITMAP_WORDS],
 }
 
 const _: () = assert!(core::mem::size_of::<Region>() <= DATA);
 
+/// `x` rounded up to `a`, a power of two (a mask, not a division: this is on
+/// every interleaved allocation).
+#[inline(always)]
+fn up(x: usize, a: usize) -> usize {
+    debug_assert!(a.is_power_of_two());
+    (x + a - 1) & !(a - 1)
+}
+
 /// Where a space carves for each node: the current region, replaced under a
 /// lock when full.
 pub(crate) struct Space {
     current: [AtomicPtr<Region>; MAX_NODES],
+    /// Carved by one thread only (a scoped policy's): plain loads and stores
+    /// instead of read-modify-writes, and each current region is charged
+    /// `CREDIT` references up front (the unused rest given back when it is
+    /// retired) instead of one `fetch_add` per block.
+    pub(crate) exclusive: bool,
+    credit: [AtomicUsize; MAX_NODES],
     replace: SpinLock<()>,
     /// A turn's first block is aligned to this (a page, or 2 MiB for byte
     /// turns of 2 MiB or more, so whole huge pages belong to one node).
@@ -61,6 +84,8 @@ impl Space {
     pub(crate) fn new(turn_align: usize) -> Self {
         Self {
             current: core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            exclusive: false,
+            credit: core::array::from_fn(|_| AtomicUsize::new(0)),
             replace: SpinLock::new(()),
             turn_align: turn_align.clamp(crate::os::page_size(), SEGMENT_SIZE / 2),
         }
@@ -70,7 +95,7 @@ impl Space {
     /// of cursor turn `turn`. Null when the node's arena cannot map a region.
     pub(crate) fn alloc(&self, state: &State, node: usize, size: usize, align: usize, turn: u64) -> *mut u8 {
         debug_assert!(size <= REGION_MAX && align <= REGION_ALIGN_MAX);
-        let size = size.max(1).next_multiple_of(GRAIN);
+        let size = up(size.max(1), GRAIN);
         // Blocks of a page or more start on a page: a turn of I/O buffers
         // then covers whole pages.
         let page = crate::os::page_size();
@@ -79,9 +104,17 @@ impl Space {
             let r = self.current[node].load(Ordering::Acquire);
             if !r.is_null() {
                 // SAFETY: a current region is live: retired (and so freeable)
-                // only after it stops being current, and our reference below
-                // keeps it from being freed while we carve.
-                if let Some(p) = unsafe { self.carve(r, size, align, turn) } {
+                // only after it stops being current, and our reference (or
+                // the exclusive space's credit) keeps it from being freed
+                // while we carve.
+                let got = unsafe {
+                    if self.exclusive {
+                        self.carve_exclusive(r, node, size, align, turn)
+                    } else {
+                        self.carve(r, size, align, turn)
+                    }
+                };
+                if let Some(p) = got {
                     return p;
                 }
             }
@@ -104,11 +137,9 @@ impl Space {
         }
         let new_turn = reg.last_turn.load(Ordering::Relaxed) != turn;
         let mut top = reg.top.load(Ordering::Relaxed);
+        let a = if new_turn { align.max(self.turn_align) } else { align };
         loop {
-            let mut start = top.next_multiple_of(align);
-            if new_turn {
-                start = start.next_multiple_of(self.turn_align);
-            }
+            let start = up(top, a);
             let end = start + size;
             if end > SEGMENT_SIZE {
                 // SAFETY: the reference taken above.
@@ -118,7 +149,13 @@ impl Space {
             match reg.top.compare_exchange_weak(top, end, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
                     let bit = start / GRAIN;
-                    reg.starts[bit / 64].fetch_or(1 << (bit % 64), Ordering::Relaxed);
+                    // A block that starts a bitmap word's 1 KiB and covers it
+                    // is the only one with a bit in that word: no RMW needed.
+                    if bit % 64 == 0 && size >= 64 * GRAIN {
+                        reg.starts[bit / 64].store(1, Ordering::Relaxed);
+                    } else {
+                        reg.starts[bit / 64].fetch_or(1 << (bit % 64), Ordering::Relaxed);
+                    }
                     if new_turn {
                         reg.last_turn.store(turn, Ordering::Relaxed);
                     }
@@ -129,6 +166,63 @@ impl Space {
         }
     }
 
+    /// [`carve`](Self::carve) for an exclusive space: no other thread carves
+    /// `r`, and its live count already holds our credit.
+    ///
+    /// # Safety
+    /// `r` is this exclusive space's current region for `node`.
+    unsafe fn carve_exclusive(
+        &self,
+        r: *mut Region,
+        node: usize,
+        size: usize,
+        align: usize,
+        turn: u64,
+    ) -> Option<*mut u8> {
+        // SAFETY: see `alloc`.
+        let reg = unsafe { &*r };
+        let new_turn = reg.last_turn.load(Ordering::Relaxed) != turn;
+        let a = if new_turn { align.max(self.turn_align) } else { align };
+        let start = up(reg.top.load(Ordering::Relaxed), a);
+        let end = start + size;
+        let credit = self.credit[node].load(Ordering::Relaxed);
+        if end > SEGMENT_SIZE || credit == 0 {
+            return None;
+        }
+        reg.top.store(end, Ordering::Relaxed);
+        self.credit[node].store(credit - 1, Ordering::Relaxed);
+        let bit = start / GRAIN;
+        let w = &reg.starts[bit / 64];
+        // Only this thread writes the bitmap (frees never do).
+        w.store(w.load(Ordering::Relaxed) | 1 << (bit % 64), Ordering::Relaxed);
+        if new_turn {
+            reg.last_turn.store(turn, Ordering::Relaxed);
+        }
+        Some(r.cast::<u8>().wrapping_add(start))
+    }
+
+    /// Retires `r`, this space's region for `node` until now.
+    ///
+    /// # Safety
+    /// As [`retire`]; `r` was current for `node`; for an exclusive space,
+    /// called on the owning thread.
+    unsafe fn retire_current(&self, node: usize, r: *mut Region) {
+        if self.exclusive {
+            // SAFETY: per the contract; the owner's fields are ours.
+            unsafe {
+                // From now on the owner's frees go through `live` too.
+                (*r).owner_retired.store(true, Ordering::Relaxed);
+                // Give back the credit not turned into blocks, and settle the
+                // owner's frees so far.
+                let unused = self.credit[node].swap(0, Ordering::Relaxed);
+                let freed = (*r).owner_freed.load(Ordering::Relaxed);
+                (*r).live.fetch_sub(unused + freed, Ordering::AcqRel);
+            }
+        }
+        // SAFETY: per the contract.
+        unsafe { retire(r) };
+    }
+
     /// Makes a fresh region current for `node` if `full` still is; false when
     /// none can be mapped.
     fn replace_full(&self, state: &State, node: usize, full: *mut Region) -> bool {
@@ -137,59 +231,85 @@ impl Space {
             return true; // another thread replaced it
         }
         let Some(fresh) = map(state, node) else { return false };
-        self.current[node].store(fresh.as_ptr(), Ordering::Release);
         if !full.is_null() {
-            // SAFETY: it was current until the store above; retired once, here.
-            unsafe { retire(full) };
+            // SAFETY: it stops being current below (before anyone else could
+            // carve it again: an exclusive space has no one else, a shared
+            // one holds a reference per carving); retired once, here.
+            unsafe { self.retire_current(node, full) };
         }
+        if self.exclusive {
+            // SAFETY: fresh, not yet visible to anyone.
+            unsafe {
+                (*fresh.as_ptr()).live.store(CREDIT, Ordering::Relaxed);
+                (*fresh.as_ptr()).owner.store(thread_token(), Ordering::Relaxed);
+            }
+            self.credit[node].store(CREDIT, Ordering::Relaxed);
+        }
+        self.current[node].store(fresh.as_ptr(), Ordering::Release);
         true
     }
 }
 
 impl Drop for Space {
     fn drop(&mut self) {
-        for c in &self.current {
-            let r = c.swap(ptr::null_mut(), Ordering::AcqRel);
+        for node in 0..MAX_NODES {
+            let r = self.current[node].swap(ptr::null_mut(), Ordering::AcqRel);
             if !r.is_null() {
                 // SAFETY: our current region, retired once.
-                unsafe { retire(r) };
+                unsafe { self.retire_current(node, r) };
             }
         }
     }
 }
 
 /// Maps a region bound to `node`'s memory (nearest other node when that one
-/// is out of memory, as for any segment).
+/// is out of memory, as for any segment), reusing a cached segment-aligned
+/// mapping of the node when there is one (an interleave that frees as it
+/// goes would otherwise map and unmap 4 MiB every thousand 4 KiB blocks).
 fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
     let arena = state.arena(node).unwrap_or_else(|| state.home_arena(node));
-    let base = mem::map_aligned(SEGMENT_SIZE, SEGMENT_SIZE).ok()?;
+    let cached = arena.take_huge(SEGMENT_SIZE);
+    let fresh = cached.is_none();
+    let (base, len) = match cached {
+        Some(c) => c,
+        None => (mem::map_aligned(SEGMENT_SIZE, SEGMENT_SIZE).ok()?, SEGMENT_SIZE),
+    };
     let policy = arena.policy(state);
-    if policy != MemPolicy::Default {
+    if fresh && policy != MemPolicy::Default {
         // SAFETY: our fresh mapping.
-        if unsafe { mem::bind(base, SEGMENT_SIZE, policy, BindFlags::NONE) }.is_err() {
+        if unsafe { mem::bind(base, len, policy, BindFlags::NONE) }.is_err() {
             // SAFETY: ours, unused.
-            let _ = unsafe { mem::unmap(base, SEGMENT_SIZE) };
+            let _ = unsafe { mem::unmap(base, len) };
             return None;
         }
     }
     let r = base.as_ptr().cast::<Region>();
-    // SAFETY: the mapping is zeroed (so are `live`, `last_turn` and the
-    // bitmap); the header fits before `DATA`.
+    // SAFETY: the header fits before `DATA`; a fresh mapping is zeroed, a
+    // reused one gets its counters and bitmap cleared.
     unsafe {
         ptr::addr_of_mut!((*r).seg).write(Segment {
             kind: REGION,
             arena: arena.node as u8,
             map_base: base.as_ptr(),
-            map_len: SEGMENT_SIZE,
+            map_len: len,
             next: ptr::null_mut(),
         });
         (*r).top.store(DATA, Ordering::Relaxed);
+        (*r).live.store(0, Ordering::Relaxed);
+        (*r).owner.store(0, Ordering::Relaxed);
+        (*r).owner_freed.store(0, Ordering::Relaxed);
+        (*r).owner_retired.store(false, Ordering::Relaxed);
         (*r).last_turn.store(u64::MAX, Ordering::Relaxed);
+        if !fresh {
+            ptr::addr_of_mut!((*r).starts).write_bytes(0, 1);
+        }
     }
-    if arena.spilled(state, base) {
-        arena.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+    if fresh {
+        if arena.spilled(state, base) {
+            arena.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        arena.counters.reserved.fetch_add(len as u64, Ordering::Relaxed);
     }
-    arena.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
     arena.counters.region_live.fetch_add(1, Ordering::Relaxed);
     NonNull::new(r)
 }
@@ -220,26 +340,57 @@ unsafe fn release(r: *mut Region) {
     }
 }
 
+/// Gives a dead region's mapping back: to its arena's cache of
+/// segment-aligned mappings, else to the OS.
+///
+/// # Safety
+/// Retired with no live block: nobody else can reach `r`.
 unsafe fn unmap(r: *mut Region) {
+    // SAFETY: per the contract the header is ours.
+    let (node, base, len) = unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len) };
+    // SAFETY: the region's own mapping.
+    let base = unsafe { NonNull::new_unchecked(base) };
     if let Some(state) = State::try_get() {
-        // SAFETY: the region is ours to drop (see callers).
-        let node = usize::from(unsafe { (*r).seg.arena });
-        if let Some(a) = state.arena(node).or_else(|| Some(state.home_arena(node))) {
-            a.counters.reserved.fetch_sub(SEGMENT_SIZE as u64, Ordering::Relaxed);
-            a.counters.region_live.fetch_sub(1, Ordering::Relaxed);
+        let a = state.arena(node).unwrap_or_else(|| state.home_arena(node));
+        a.counters.region_live.fetch_sub(1, Ordering::Relaxed);
+        if a.keep_huge(state, base, len) {
+            return;
         }
+        a.counters.reserved.fetch_sub(len as u64, Ordering::Relaxed);
+        a.counters.purged.fetch_add(len as u64, Ordering::Relaxed);
     }
-    // SAFETY: a whole segment mapping of ours, with no live block.
-    let _ = unsafe { mem::unmap(NonNull::new_unchecked(r.cast()), SEGMENT_SIZE) };
+    // SAFETY: a whole mapping of ours with no live block.
+    let _ = unsafe { mem::unmap(base, len) };
+}
+
+thread_local! {
+    /// Its address identifies the thread (never 0; unique among live threads).
+    static TOKEN: u8 = const { 0 };
+}
+
+#[inline(always)]
+fn thread_token() -> usize {
+    TOKEN.with(|t| t as *const u8 as usize)
 }
 
 /// Frees a block of region `seg`.
 ///
 /// # Safety
 /// `seg` is the region of a live block that the caller gives up.
+#[inline]
 pub(crate) unsafe fn free(seg: *mut Segment) {
-    // SAFETY: per the contract.
-    unsafe { release(seg.cast()) }
+    let r = seg.cast::<Region>();
+    // SAFETY: per the contract the region is live.
+    unsafe {
+        let owner = (*r).owner.load(Ordering::Relaxed);
+        // The owning thread, before it retires the region: a plain count.
+        if owner != 0 && owner == thread_token() && !(*r).owner_retired.load(Ordering::Relaxed) {
+            let f = &(*r).owner_freed;
+            f.store(f.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            return;
+        }
+        release(r)
+    }
 }
 
 /// The usable size of the region block at `p`: up to the next block's start

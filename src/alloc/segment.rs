@@ -99,6 +99,9 @@ pub(crate) struct Info {
     pub(crate) class: u8,
     pub(crate) slots: u8,
     pub(crate) first_slot: u8,
+    /// The segment's arena (node), copied here so a policy's slow-path check
+    /// reads the line it already has.
+    pub(crate) node: u8,
 }
 
 /// The part of a page other threads write.
@@ -142,6 +145,7 @@ impl Page {
                 class: 0,
                 slots: 0,
                 first_slot: 0,
+                node: 0,
             },
             remote: Remote { thread_free: CountedStack::new(), remote_next: ptr::null_mut() },
         }

@@ -36,7 +36,7 @@ pub enum Mode {
 /// | `NUMAWEAVE_MODE` | `auto`, `flat`, `per-node` | `auto` |
 /// | `NUMAWEAVE_STRICT` | `0`, `1`: bind strictly (`MPOL_BIND`), never fall back to another node | `0` |
 /// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS | `8M` |
-/// | `NUMAWEAVE_POLICY` | a [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)) | `local` |
+/// | `NUMAWEAVE_POLICY` | the process default [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)); `none` switches policies off ([`Config::policies`]) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
 ///
 /// An invalid value is reported once on stderr and the configured value kept.
@@ -46,12 +46,23 @@ pub struct Config {
     pub(crate) strict: bool,
     pub(crate) purge_threshold: usize,
     pub(crate) policy: Policy,
+    pub(crate) policies: bool,
 }
 
 impl Config {
     /// The defaults: `Auto`, not strict, 8 MiB purge threshold.
     pub const fn new() -> Self {
-        Self { mode: Mode::Auto, strict: false, purge_threshold: 8 << 20, policy: Policy::Local }
+        Self { mode: Mode::Auto, strict: false, purge_threshold: 8 << 20, policy: Policy::Local, policies: true }
+    }
+
+    /// Switches memory policies off (`NUMAWEAVE_POLICY=none`): the slow path
+    /// skips the policy lookup and every thread allocates as under `Local`
+    /// before policies existed (a heap refills from any of its pages).
+    /// [`with_policy`](crate::with_policy) then fails. For measuring what
+    /// policies cost; there is no other reason to.
+    pub const fn policies(mut self, on: bool) -> Self {
+        self.policies = on;
+        self
     }
 
     /// The process default memory policy (threads may override it with
@@ -103,7 +114,8 @@ impl Config {
             }
         }
         if let Some(v) = file::env(c"NUMAWEAVE_POLICY") {
-            match v.parse::<Policy>() {
+            match v.trim().parse::<Policy>() {
+                _ if v.trim() == "none" => self.policies = false,
                 Ok(p) => self.policy = p,
                 Err(e) => file::report(format_args!(
                     "numaweave: ignoring NUMAWEAVE_POLICY={v:?}: {e} (want e.g. local, bind:1, preferred:0, interleave:0-3:bytes=2M)"
@@ -146,6 +158,8 @@ pub(crate) struct State {
     /// cursor and regions.
     pub(crate) default_policy: Policy,
     pub(crate) default_interleaver: Option<Interleaver>,
+    /// `false`: policies switched off, the slow path never looks them up.
+    pub(crate) policies: bool,
 }
 
 // SAFETY: raw pointers inside are guarded by the spin locks around them.
@@ -229,6 +243,7 @@ impl State {
             key,
             default_policy,
             default_interleaver,
+            policies: config.policies,
         }
     }
 

@@ -79,6 +79,12 @@ pub struct Cursor {
     state: AtomicU64,
     /// `Bytes`: bytes placed on each node so far.
     placed: [AtomicU64; MAX_NODES],
+    /// `Count`, exclusive picks: position in the round, allocations in the
+    /// current turn, turns so far (kept instead of dividing the counter each
+    /// time).
+    ex_pos: AtomicU64,
+    ex_in_turn: AtomicU64,
+    ex_turn: AtomicU64,
 }
 
 impl Cursor {
@@ -105,6 +111,9 @@ impl Cursor {
             granularity: policy.granularity(),
             state: AtomicU64::new(0),
             placed: core::array::from_fn(|_| AtomicU64::new(0)),
+            ex_pos: AtomicU64::new(0),
+            ex_in_turn: AtomicU64::new(0),
+            ex_turn: AtomicU64::new(0),
         }
     }
 
@@ -127,6 +136,51 @@ impl Cursor {
                 Pick { node: usize::from(self.round[(turn % self.len) as usize]), turn }
             }
             Granularity::Bytes(b) => self.pick_bytes(size as u64, b),
+        }
+    }
+
+    /// [`pick`](Self::pick) for a cursor only the calling thread uses: the
+    /// same sequence, with plain loads and stores instead of atomic
+    /// read-modify-writes (a thread-scoped interleave's cursor).
+    ///
+    /// # Safety
+    /// No other thread uses the cursor while this runs (nor ever, between
+    /// two exclusive picks, without synchronising with the caller).
+    #[inline]
+    pub unsafe fn pick_exclusive(&self, size: usize) -> Pick {
+        match self.granularity {
+            Granularity::Count(n) => {
+                // No division: the turn and the position in the round are
+                // kept as they advance (the counter too, for `current`).
+                let k = self.state.load(Ordering::Relaxed);
+                self.state.store(k + 1, Ordering::Relaxed);
+                let pos = self.ex_pos.load(Ordering::Relaxed);
+                let c = self.ex_in_turn.load(Ordering::Relaxed) + 1;
+                let turn = self.ex_turn.load(Ordering::Relaxed);
+                let node = usize::from(self.round[pos as usize]);
+                if c == u64::from(n) {
+                    self.ex_in_turn.store(0, Ordering::Relaxed);
+                    self.ex_pos.store(if pos + 1 == self.len { 0 } else { pos + 1 }, Ordering::Relaxed);
+                    self.ex_turn.store(turn + 1, Ordering::Relaxed);
+                } else {
+                    self.ex_in_turn.store(c, Ordering::Relaxed);
+                }
+                Pick { node, turn }
+            }
+            Granularity::Bytes(b) => {
+                let s = self.state.load(Ordering::Relaxed);
+                let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
+                let node = usize::from(self.round[t]);
+                let target = (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+                let placed = self.placed[node].load(Ordering::Relaxed).saturating_add(size as u64);
+                self.placed[node].store(placed, Ordering::Relaxed);
+                if placed >= target {
+                    let next =
+                        if t as u64 + 1 == self.len { (r + 1) << TURN_BITS } else { (r << TURN_BITS) | (t as u64 + 1) };
+                    self.state.store(next, Ordering::Relaxed);
+                }
+                Pick { node, turn: s }
+            }
         }
     }
 
@@ -175,7 +229,10 @@ impl Cursor {
 
     /// With `Bytes`, the bytes placed on `node` so far (0 with `Count`).
     pub fn placed(&self, node: usize) -> u64 {
-        self.placed.get(node).map_or(0, |p| p.load(Ordering::Relaxed))
+        match self.granularity {
+            Granularity::Bytes(_) => self.placed.get(node).map_or(0, |p| p.load(Ordering::Relaxed)),
+            Granularity::Count(_) => 0,
+        }
     }
 
     /// The round: node of each turn, in order.
@@ -291,6 +348,19 @@ mod tests {
                 "weights {weights:?}: after 200,000 allocations, Bytes(2M) spread {sb} (worst {worst}), Count(8) spread {sc}"
             );
             assert!(sc > 10 * (B + largest), "Count(8) should drift far past Bytes' bound: {sc} vs {sb}");
+        }
+    }
+
+    #[test]
+    fn exclusive_picks_give_the_shared_sequence() {
+        for g in [Granularity::Count(3), Granularity::Bytes(5000)] {
+            let (a, b) = (cursor("0-2", g, Some(&[2, 1, 1])), cursor("0-2", g, Some(&[2, 1, 1])));
+            let mut r = Rng(3);
+            for _ in 0..10_000 {
+                let size = (1 + r.next() % 3000) as usize;
+                // SAFETY: `b` is used by this thread alone.
+                assert_eq!(a.pick(size), unsafe { b.pick_exclusive(size) });
+            }
         }
     }
 

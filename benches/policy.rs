@@ -1,0 +1,123 @@
+//! What memory policies cost `NumaAlloc`, in one run (ratios, not absolute
+//! times, are the point on a noisy machine):
+//!
+//! - the default `Local` policy against the same allocator with policies
+//!   switched off (`NUMAWEAVE_POLICY=none`), in alternating child processes
+//!   (the switch is read at start-up): the policy lookup sits on the slow
+//!   path only, so the churn should not notice it;
+//! - an interleaved allocation (`Count(8)`, `Bytes(2 MiB)` over every memory
+//!   node) against a local one, alloc + free of 4 KiB buffers in a loop.
+//!
+//! ```text
+//! cargo bench --bench policy
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::hint::black_box;
+use std::process::Command;
+use std::time::Instant;
+
+use numaweave::NumaAlloc;
+use numaweave::policy::{Granularity, Interleave, Policy};
+
+#[global_allocator]
+static A: NumaAlloc = NumaAlloc::new();
+
+/// Mixed-size churn: 256 live blocks of 16 B–16 KiB, replaced one by one;
+/// nanoseconds per alloc + free pair.
+fn churn(rounds: usize) -> f64 {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(256);
+    let t = Instant::now();
+    for i in 0..rounds {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let l = Layout::from_size_align(16 << (x % 11), 8).unwrap();
+        // SAFETY: valid layout; freed below or at the end.
+        let p = unsafe { A.alloc(l) };
+        assert!(!p.is_null());
+        if live.len() < 256 {
+            live.push((p, l));
+        } else {
+            let k = i % 256;
+            let (q, ql) = std::mem::replace(&mut live[k], (p, l));
+            // SAFETY: allocated above with `ql`.
+            unsafe { A.dealloc(q, ql) };
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / rounds as f64;
+    for (p, l) in live {
+        // SAFETY: allocated above with `l`.
+        unsafe { A.dealloc(p, l) };
+    }
+    ns
+}
+
+/// Alloc + free of a 4 KiB buffer (page-aligned, as an I/O buffer, or not);
+/// nanoseconds per pair.
+fn pairs(n: usize, align: usize) -> f64 {
+    let l = Layout::from_size_align(4096, align).unwrap();
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: valid layout; freed at once.
+        unsafe {
+            let p = black_box(A.alloc(l));
+            A.dealloc(p, l);
+        }
+    }
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    if std::env::var_os("NUMAWEAVE_BENCH_CHILD").is_some() {
+        churn(200_000); // warm-up
+        println!("{}", churn(2_000_000));
+        return;
+    }
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo bench -- --list`
+    }
+    let exe = std::env::current_exe().unwrap();
+    let run = |policy: &str| -> f64 {
+        let out =
+            Command::new(&exe).env("NUMAWEAVE_BENCH_CHILD", "1").env("NUMAWEAVE_POLICY", policy).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        with.push(run("local"));
+        without.push(run("none"));
+    }
+    let (w, wo) = (median(with.clone()), median(without.clone()));
+    println!("churn, ns per alloc+free pair (5 alternating processes each):");
+    println!("  default Local policy   {w:.2}  {with:.2?}");
+    println!("  policies switched off  {wo:.2}  {without:.2?}");
+    println!("  Local / off = {:.3}", w / wo);
+
+    let nodes = numaweave::Topology::global().memory_nodes();
+    for align in [4096, 8] {
+        let mut local = Vec::new();
+        let mut count8 = Vec::new();
+        let mut bytes2m = Vec::new();
+        pairs(100_000, align);
+        for _ in 0..5 {
+            local.push(pairs(1_000_000, align));
+            for (g, v) in [(Granularity::Count(8), &mut count8), (Granularity::Bytes(2 << 20), &mut bytes2m)] {
+                let _g = numaweave::with_policy(Policy::Interleave(Interleave::new(nodes, g).unwrap())).unwrap();
+                v.push(pairs(1_000_000, align));
+            }
+        }
+        let (l, c, b) = (median(local), median(count8), median(bytes2m));
+        println!("\n4 KiB alloc+free pairs aligned to {align}, interleaved over nodes {nodes}, ns (median of 5):");
+        println!("  Local           {l:.2}");
+        println!("  Count(8)        {c:.2}  = {:.2}x local", c / l);
+        println!("  Bytes(2 MiB)    {b:.2}  = {:.2}x local", b / l);
+    }
+}
