@@ -54,13 +54,17 @@ fn sizes(n: usize) -> Vec<usize> {
 fn main() {
     let mut n_bufs = 2000;
     let mut svg_path = std::env::temp_dir().join("numaweave-granularity.svg");
+    let mut svg_stdout = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--buffers" => n_bufs = args.next().and_then(|v| v.parse().ok()).expect("--buffers N"),
             "--svg" => svg_path = args.next().expect("--svg PATH").into(),
+            // Inside the VM, whose files vanish with it: the SVG goes to
+            // stdout between marker lines, for the harness to cut out.
+            "--svg-stdout" => svg_stdout = true,
             _ => {
-                eprintln!("usage: granularity [--buffers N] [--svg PATH]");
+                eprintln!("usage: granularity [--buffers N] [--svg PATH | --svg-stdout]");
                 std::process::exit(2);
             }
         }
@@ -122,7 +126,9 @@ fn main() {
             let mut st = vec![0i32; addrs.len()];
             os::mem::page_nodes(&addrs, &mut st).expect("move_pages");
             pages.extend(st.iter().map(|&n| usize::try_from(n).ok()));
-            frames.extend(addrs.iter().map(|&a| os::mem::page_frame(a).ok().flatten()));
+            let mut f = vec![None; addrs.len()];
+            let _ = os::mem::page_frames(b.as_ptr(), &mut f);
+            frames.extend(f);
         }
         let phys_runs = if frames.iter().all(Option::is_some) {
             let f: Vec<u64> = frames.iter().map(|f| f.unwrap()).collect();
@@ -150,13 +156,18 @@ fn main() {
         );
         rows.push(Row { name: name.to_string(), pages });
     }
-    match write_svg(&svg_path, &rows) {
+    let svg = svg(&rows);
+    if svg_stdout {
+        println!("\n-----BEGIN SVG-----\n{svg}-----END SVG-----");
+        return;
+    }
+    match std::fs::write(&svg_path, svg) {
         Ok(()) => println!("\nplacement map (one cell per page, coloured by node): {}", svg_path.display()),
         Err(e) => eprintln!("could not write {}: {e}", svg_path.display()),
     }
 }
 
-fn write_svg(path: &std::path::Path, rows: &[Row]) -> std::io::Result<()> {
+fn svg(rows: &[Row]) -> String {
     const PALETTE: [&str; 8] = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
     let (cell, row_h, label_w, gap) = (2usize, 28usize, 190usize, 14usize);
     let width = label_w + MAP_PAGES * cell + 10;
@@ -188,5 +199,5 @@ fn write_svg(path: &std::path::Path, rows: &[Row]) -> std::io::Result<()> {
         let _ = writeln!(s, r#"<text x="{}" y="{}">node {n}</text>"#, 20 + n * 80, ly + 11);
     }
     s.push_str("</svg>\n");
-    std::fs::write(path, s)
+    s
 }

@@ -296,6 +296,41 @@ pub fn page_node(addr: *const u8) -> Result<Option<usize>> {
     }
 }
 
+/// Physical frames of `out.len()` consecutive pages starting at the page of
+/// `start`, in one read of `/proc/self/pagemap`: `None` for a page not
+/// present. Frame numbers need `CAP_SYS_ADMIN`; without it the kernel
+/// reports them as 0 and this fails with `EPERM`, as [`page_frame`] does.
+pub fn page_frames(start: *const u8, out: &mut [Option<u64>]) -> Result<()> {
+    // SAFETY: literal path, valid flags.
+    let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("open(/proc/self/pagemap)"));
+    }
+    let mut entries = vec![0u64; out.len()];
+    let off = (start as usize / page_size() * 8) as libc::off_t;
+    let want = entries.len() * 8;
+    // SAFETY: reads into the vector's `want` bytes.
+    let r = unsafe { libc::pread(fd, entries.as_mut_ptr().cast(), want, off) };
+    let err = (r != want as isize).then(|| Error::last_os("pread(/proc/self/pagemap)"));
+    // SAFETY: `fd` is ours.
+    unsafe { libc::close(fd) };
+    if let Some(e) = err {
+        return Err(e);
+    }
+    for (o, &e) in out.iter_mut().zip(&entries) {
+        *o = if e >> 63 == 0 {
+            None
+        } else {
+            let pfn = e & ((1 << 55) - 1);
+            if pfn == 0 {
+                return Err(Error::Os { call: "pread(/proc/self/pagemap)", errno: libc::EPERM });
+            }
+            Some(pfn)
+        };
+    }
+    Ok(())
+}
+
 /// The physical frame number of the page holding `addr`, from
 /// `/proc/self/pagemap`; `None` when the page is not present. The kernel shows
 /// frame numbers only to `CAP_SYS_ADMIN` (others read 0, reported as an
