@@ -16,6 +16,10 @@
 //!
 //! - [`alloc`]: [`NumaAlloc`], per-node arenas, thread heaps, remote frees,
 //!   huge blocks; [`stats`] sums its counters into a per-node table.
+//! - [`policy`]: memory policies: `Local`, `Bind`, `Preferred`, and
+//!   `Interleave` with a granularity (`Count(n)` allocations or `Bytes(b)` per
+//!   turn, weighted), as the process default, per thread ([`with_policy`]) or
+//!   per call (allocator handles [`OnNode`], [`Interleaved`]).
 //! - [`slab`]: node slabs, `kmem_cache`-like typed caches of fixed-size
 //!   objects (I/O commands, sense and DMA buffers) with per-thread magazines,
 //!   placed on a device's node.

@@ -13,8 +13,22 @@
 //! sizes vary, is why `Bytes(b)` exists: see [`Cursor`].
 //!
 //! This module holds the policies, their validation and text form, and the
-//! lock-free interleave [`Cursor`]; applying them to allocations (process
-//! default, scoped per thread, per-call handles) builds on it.
+//! lock-free interleave [`Cursor`]. [`NumaAlloc`](crate::NumaAlloc) applies
+//! them at three levels:
+//!
+//! - **process default**: [`Config::policy`](crate::Config::policy) or
+//!   `NUMAWEAVE_POLICY` (a bad string is reported on stderr and `local`
+//!   kept);
+//! - **per thread, scoped**: [`with_policy`](crate::with_policy) returns a
+//!   guard that restores the previous policy when dropped;
+//! - **per call**: allocator handles for `allocator_api2` collections,
+//!   [`NumaAlloc::on_node`](crate::NumaAlloc::on_node) and
+//!   [`NumaAlloc::interleave`](crate::NumaAlloc::interleave) (its own cursor).
+//!
+//! `Local`, `Bind` and `Preferred` cost nothing on the allocation fast path:
+//! they choose where a thread's heap takes pages from. Under `Interleave` the
+//! cursor places every allocation, carved from a per-node bump region, so the
+//! blocks of one turn are adjacent in memory (one extent, not one per block).
 //!
 //! # Text form (`NUMAWEAVE_POLICY`)
 //!
