@@ -5,7 +5,7 @@
 //! A region is a 4 MiB segment (kind [`REGION`]) of one node's arena, carved
 //! front to back by any thread with a CAS on its `top`; it is never reused
 //! piecemeal. Every live block holds a reference (`live`); the [`Space`] that
-//! carves from the region holds none, but *retires* it (sets `RETIRED`) when
+//! carves from the region holds none, but *retires* it (a [`RetireCount`]) when
 //! it moves to a fresh one. The region goes back to the OS when it is retired
 //! and its last block is freed, whichever comes last: freeing is a single
 //! `fetch_sub` from any thread, through the global allocator like any block.
@@ -17,7 +17,7 @@ use core::ptr::{self, NonNull};
 use super::segment::{SEGMENT_SIZE, SLOT_SIZE, Segment};
 use super::state::State;
 use crate::os::mem::{self, BindFlags, MemPolicy};
-use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, SpinLock};
+use crate::sync::{Acquired, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, RetireCount, SpinLock};
 use crate::topology::MAX_NODES;
 
 /// Segment kind of a region.
@@ -26,7 +26,6 @@ pub(crate) const REGION: u8 = 0x3c;
 const DATA: usize = SLOT_SIZE;
 const GRAIN: usize = 16;
 const BITMAP_WORDS: usize = SEGMENT_SIZE / GRAIN / 64;
-const RETIRED: usize = 1 << (usize::BITS - 1);
 /// References an exclusive space charges a region with (more than it can
 /// hold blocks).
 const CREDIT: usize = 1 << 24;
@@ -40,8 +39,8 @@ pub(crate) struct Region {
     pub(crate) seg: Segment,
     /// Offset of the first byte not carved yet.
     top: AtomicUsize,
-    /// Live blocks, plus `RETIRED` once its space has moved on.
-    live: AtomicUsize,
+    /// Live blocks (references), retired once its space has moved on.
+    live: RetireCount,
     /// The cursor turn the last block belonged to (a hint for aligning the
     /// start of each turn).
     last_turn: AtomicU64,
@@ -74,7 +73,8 @@ pub(crate) struct Space {
     /// retired) instead of one `fetch_add` per block.
     pub(crate) exclusive: bool,
     credit: [AtomicUsize; MAX_NODES],
-    replace: SpinLock<()>,
+    /// A shared space's per-node carving locks.
+    pub(crate) locks: [SpinLock<()>; MAX_NODES],
     /// A turn's first block is aligned to this (a page, or 2 MiB for byte
     /// turns of 2 MiB or more, so whole huge pages belong to one node).
     turn_align: usize,
@@ -86,13 +86,19 @@ impl Space {
             current: core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             exclusive: false,
             credit: core::array::from_fn(|_| AtomicUsize::new(0)),
-            replace: SpinLock::new(()),
+            locks: core::array::from_fn(|_| SpinLock::new(())),
             turn_align: turn_align.clamp(crate::os::page_size(), SEGMENT_SIZE / 2),
         }
     }
 
     /// A block of `size` bytes aligned to `align` on `node`'s region, as part
     /// of cursor turn `turn`. Null when the node's arena cannot map a region.
+    ///
+    /// A shared space carves under its node's lock: a thread may only take a
+    /// reference on a region while it is current, and a region stops being
+    /// current (and is retired, and perhaps freed) under the same lock, so
+    /// no thread ever touches a region that was freed under it. An exclusive
+    /// space has no other carver and needs no lock.
     pub(crate) fn alloc(&self, state: &State, node: usize, size: usize, align: usize, turn: u64) -> *mut u8 {
         debug_assert!(size <= REGION_MAX && align <= REGION_ALIGN_MAX);
         let size = up(size.max(1), GRAIN);
@@ -100,70 +106,57 @@ impl Space {
         // then covers whole pages.
         let page = crate::os::page_size();
         let align = if size >= page { align.max(page) } else { align.max(GRAIN) };
+        let _g = (!self.exclusive).then(|| self.locks[node].lock());
         loop {
             let r = self.current[node].load(Ordering::Acquire);
             if !r.is_null() {
-                // SAFETY: a current region is live: retired (and so freeable)
-                // only after it stops being current, and our reference (or
-                // the exclusive space's credit) keeps it from being freed
-                // while we carve.
+                // SAFETY: the current region is live (retired only once it is
+                // no longer current, which needs the lock we hold, or, for an
+                // exclusive space, this thread).
                 let got = unsafe {
                     if self.exclusive {
                         self.carve_exclusive(r, node, size, align, turn)
                     } else {
-                        self.carve(r, size, align, turn)
+                        self.carve_locked(r, size, align, turn)
                     }
                 };
                 if let Some(p) = got {
                     return p;
                 }
             }
-            if !self.replace_full(state, node, r) {
+            if !self.replace(state, node, r) {
                 return ptr::null_mut();
             }
         }
     }
 
+    /// Carves a block of a shared space's current region.
+    ///
     /// # Safety
-    /// `r` is (or was until just now) this space's current region for its node.
-    unsafe fn carve(&self, r: *mut Region, size: usize, align: usize, turn: u64) -> Option<*mut u8> {
+    /// `r` is the current region for its node, and the caller holds the
+    /// node's lock.
+    unsafe fn carve_locked(&self, r: *mut Region, size: usize, align: usize, turn: u64) -> Option<*mut u8> {
         // SAFETY: see `alloc`.
         let reg = unsafe { &*r };
-        // Take the block's reference first: a region seen retired is left alone.
-        if reg.live.fetch_add(1, Ordering::Acquire) & RETIRED != 0 {
-            // SAFETY: the reference we just took.
-            unsafe { release(r) };
+        let new_turn = reg.last_turn.load(Ordering::Relaxed) != turn;
+        let a = if new_turn { align.max(self.turn_align) } else { align };
+        let start = up(reg.top.load(Ordering::Relaxed), a);
+        let end = start + size;
+        if end > SEGMENT_SIZE {
             return None;
         }
-        let new_turn = reg.last_turn.load(Ordering::Relaxed) != turn;
-        let mut top = reg.top.load(Ordering::Relaxed);
-        let a = if new_turn { align.max(self.turn_align) } else { align };
-        loop {
-            let start = up(top, a);
-            let end = start + size;
-            if end > SEGMENT_SIZE {
-                // SAFETY: the reference taken above.
-                unsafe { release(r) };
-                return None;
-            }
-            match reg.top.compare_exchange_weak(top, end, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => {
-                    let bit = start / GRAIN;
-                    // A block that starts a bitmap word's 1 KiB and covers it
-                    // is the only one with a bit in that word: no RMW needed.
-                    if bit % 64 == 0 && size >= 64 * GRAIN {
-                        reg.starts[bit / 64].store(1, Ordering::Relaxed);
-                    } else {
-                        reg.starts[bit / 64].fetch_or(1 << (bit % 64), Ordering::Relaxed);
-                    }
-                    if new_turn {
-                        reg.last_turn.store(turn, Ordering::Relaxed);
-                    }
-                    return Some(r.cast::<u8>().wrapping_add(start));
-                }
-                Err(t) => top = t,
-            }
+        // Current, so not retired: the reference is ours.
+        let got = reg.live.try_acquire();
+        debug_assert_eq!(got, Acquired::Yes);
+        reg.top.store(end, Ordering::Relaxed);
+        let bit = start / GRAIN;
+        let w = &reg.starts[bit / 64];
+        // Carvers hold the lock and frees never touch the bitmap.
+        w.store(w.load(Ordering::Relaxed) | 1 << (bit % 64), Ordering::Relaxed);
+        if new_turn {
+            reg.last_turn.store(turn, Ordering::Relaxed);
         }
+        Some(r.cast::<u8>().wrapping_add(start))
     }
 
     /// [`carve`](Self::carve) for an exclusive space: no other thread carves
@@ -216,31 +209,32 @@ impl Space {
                 // owner's frees so far.
                 let unused = self.credit[node].swap(0, Ordering::Relaxed);
                 let freed = (*r).owner_freed.load(Ordering::Relaxed);
-                (*r).live.fetch_sub(unused + freed, Ordering::AcqRel);
+                // Not retired yet: this cannot be the freeing release.
+                let last = (*r).live.release_n(unused + freed);
+                debug_assert!(!last);
             }
         }
         // SAFETY: per the contract.
         unsafe { retire(r) };
     }
 
-    /// Makes a fresh region current for `node` if `full` still is; false when
-    /// none can be mapped.
-    fn replace_full(&self, state: &State, node: usize, full: *mut Region) -> bool {
-        let _g = self.replace.lock();
-        if self.current[node].load(Ordering::Relaxed) != full {
-            return true; // another thread replaced it
-        }
+    /// Makes a fresh region current for `node` in place of `full`, which is
+    /// retired; false when none can be mapped.
+    ///
+    /// Called with the node's lock held (shared) or by the owning thread
+    /// (exclusive), so `full` is still the current region.
+    fn replace(&self, state: &State, node: usize, full: *mut Region) -> bool {
         let Some(fresh) = map(state, node) else { return false };
         if !full.is_null() {
-            // SAFETY: it stops being current below (before anyone else could
-            // carve it again: an exclusive space has no one else, a shared
-            // one holds a reference per carving); retired once, here.
+            // SAFETY: nobody can take a reference on it any more (see
+            // `alloc`): retired once, here, before its credit (exclusive)
+            // makes way for the fresh region's.
             unsafe { self.retire_current(node, full) };
         }
         if self.exclusive {
             // SAFETY: fresh, not yet visible to anyone.
             unsafe {
-                (*fresh.as_ptr()).live.store(CREDIT, Ordering::Relaxed);
+                (*fresh.as_ptr()).live.reset(CREDIT);
                 (*fresh.as_ptr()).owner.store(thread_token(), Ordering::Relaxed);
             }
             self.credit[node].store(CREDIT, Ordering::Relaxed);
@@ -295,7 +289,7 @@ fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
             next: ptr::null_mut(),
         });
         (*r).top.store(DATA, Ordering::Relaxed);
-        (*r).live.store(0, Ordering::Relaxed);
+        (*r).live.reset(0);
         (*r).owner.store(0, Ordering::Relaxed);
         (*r).owner_freed.store(0, Ordering::Relaxed);
         (*r).owner_retired.store(false, Ordering::Relaxed);
@@ -320,9 +314,7 @@ fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
 /// `r` is a live region that its space has just stopped using; called once.
 unsafe fn retire(r: *mut Region) {
     // SAFETY: per the contract.
-    let old = unsafe { (*r).live.fetch_or(RETIRED, Ordering::AcqRel) };
-    debug_assert_eq!(old & RETIRED, 0);
-    if old == 0 {
+    if unsafe { (*r).live.retire() } {
         // SAFETY: retired with no live block: nobody can reach it again.
         unsafe { unmap(r) };
     }
@@ -334,7 +326,7 @@ unsafe fn retire(r: *mut Region) {
 /// The caller holds a reference (a live block of `r`, or one taken in `carve`).
 unsafe fn release(r: *mut Region) {
     // SAFETY: our reference keeps it alive until this returns.
-    if unsafe { (*r).live.fetch_sub(1, Ordering::AcqRel) } == RETIRED | 1 {
+    if unsafe { (*r).live.release() } {
         // SAFETY: retired, and ours was the last reference.
         unsafe { unmap(r) };
     }

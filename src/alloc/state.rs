@@ -299,11 +299,17 @@ impl State {
     }
 }
 
-/// Every lock of the allocator, in one fixed order. No code path holds two of
-/// them at once, so taking them all here cannot deadlock with other threads.
+/// Every lock of the allocator, in one fixed order: the order in which any
+/// code path that holds two of them takes them (a carving lock, then an
+/// arena's), so taking them all here cannot deadlock with other threads.
+/// (Spaces of per-call handles are not listed: a child forked while another
+/// thread carves from a handle must not use that handle.)
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
-    [&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock].into_iter().chain(arenas)
+    // The default interleave's carving locks are taken before any arena's
+    // (carving may map a region, which takes the arena's lock).
+    let spaces = state.default_interleaver.iter().flat_map(|il| il.space.locks.iter().map(|l| l as &dyn RawLock));
+    [&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock].into_iter().chain(spaces).chain(arenas)
 }
 
 /// The two raw operations the fork handlers need, over locks of any content.

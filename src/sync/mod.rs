@@ -5,9 +5,11 @@
 //! the same code that ships (the approach of sharded-slab's `sync.rs`).
 
 mod once;
+mod retire;
 mod spin;
 mod stack;
 pub use once::InitCell;
+pub use retire::{Acquired, RetireCount};
 pub use spin::{SpinGuard, SpinLock};
 pub use stack::{AtomicStack, CountedStack, Linked};
 
