@@ -31,8 +31,8 @@
 //!   (`mmap`), placement (`mbind`), release (`madvise`), and where pages really
 //!   are (`move_pages`, `/proc/self/pagemap`).
 //! - [`sync`]: the loom shim and the primitives the allocator's concurrency
-//!   rests on (one-time initialisation, spin lock, push/take-all stacks), each
-//!   modelled with loom in `loom-tests/`.
+//!   rests on (one-time initialisation, spin lock, push/take-all stacks, the
+//!   retire count of bump regions), each modelled with loom in `loom-tests/`.
 //!
 //! ```
 //! use numaweave::os::mem::{MemPolicy, Region};

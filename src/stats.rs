@@ -32,6 +32,9 @@ pub struct NodeStats {
     pub fallbacks: u64,
     /// Huge blocks live.
     pub huge_live: u64,
+    /// Bump regions (interleaved and per-call handle blocks, 4 MiB each)
+    /// mapped and not yet released.
+    pub regions: u64,
 }
 
 impl NodeStats {
@@ -45,6 +48,7 @@ impl NodeStats {
         self.remote_frees += o.remote_frees;
         self.fallbacks += o.fallbacks;
         self.huge_live += o.huge_live;
+        self.regions += o.regions;
     }
 }
 
@@ -81,6 +85,7 @@ impl Stats {
             s.returned = ld(&c.purged);
             s.fallbacks = ld(&c.fallbacks);
             s.huge_live = ld(&c.huge_live);
+            s.regions = ld(&c.region_live);
             s.in_use = ld(&c.huge_bytes);
             s.allocs = ld(&c.huge_allocs);
             s.frees = ld(&c.huge_frees);
@@ -126,7 +131,7 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "{:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>12} {:>9} {:>5}",
+            "{:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>12} {:>9} {:>5} {:>7}",
             "node",
             "reserved",
             "committed",
@@ -136,12 +141,13 @@ impl fmt::Display for Stats {
             "frees",
             "remote frees",
             "fallbacks",
-            "huge"
+            "huge",
+            "regions"
         )?;
         let row = |f: &mut fmt::Formatter<'_>, name: &str, s: &NodeStats| {
             writeln!(
                 f,
-                "{name:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>12} {:>9} {:>5}",
+                "{name:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>12} {:>9} {:>5} {:>7}",
                 h(s.reserved),
                 h(s.committed),
                 h(s.in_use),
@@ -150,7 +156,8 @@ impl fmt::Display for Stats {
                 s.frees,
                 s.remote_frees,
                 s.fallbacks,
-                s.huge_live
+                s.huge_live,
+                s.regions
             )
         };
         for n in self.nodes.iter() {

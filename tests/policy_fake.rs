@@ -92,6 +92,7 @@ fn scoped_interleave_follows_the_cursor_and_keeps_turns_contiguous() {
         return;
     }
     on_node0();
+    let regions_before = A.stats().total().regions;
     let nodes: NodeSet = "0-1".parse().unwrap();
     let g = with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Count(4)).unwrap())).unwrap();
     let layout = Layout::from_size_align(4096, 4096).unwrap();
@@ -146,10 +147,13 @@ fn scoped_interleave_follows_the_cursor_and_keeps_turns_contiguous() {
         assert!(std::slice::from_raw_parts(q, l.size()).iter().all(|&x| x == 0x5a));
         A.dealloc(q, Layout::from_size_align(l.size() * 3, 8).unwrap());
     }
+    assert!(A.stats().total().regions > regions_before);
     for (p, l) in blocks {
         // SAFETY: allocated above with `l`.
         unsafe { A.dealloc(p, l) };
     }
+    // Every block freed and the guards gone: every region given back.
+    assert_eq!(A.stats().total().regions, regions_before, "regions outlived their blocks");
     println!("interleave checked: Count(4) sequence and turns adjacent, Bytes spread {}", per[0].abs_diff(per[1]));
 }
 

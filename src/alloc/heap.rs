@@ -141,16 +141,10 @@ impl Heap {
             // comes here and the cursor places it.
             let size = class_size(class);
             let align = (1usize << size.trailing_zeros()).min(super::region::REGION_ALIGN_MAX);
+            // Region blocks are not the heap's: its counters stay out of it
+            // (the arenas count regions).
             // SAFETY: the interleaver outlives the policy that installed it.
-            let p = unsafe { super::policy::interleave_alloc(state, il, size, align) };
-            if !p.is_null() {
-                // SAFETY: the heap is this thread's.
-                unsafe {
-                    bump(&(*heap).counters.allocs, 1);
-                    bump(&(*heap).counters.bytes_alloc, size as u64);
-                }
-            }
-            return p;
+            return unsafe { super::policy::interleave_alloc(state, il, size, align) };
         }
         // Only pages the policy accepts may serve (for `Local` in per-node
         // mode: pages of the node the thread runs on now, looked up only if
