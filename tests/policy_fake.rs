@@ -230,3 +230,61 @@ fn process_default_from_the_environment() {
     }
     println!("default {spec} checked");
 }
+
+#[test]
+fn a_shared_interleave_handle_under_contention() {
+    if !in_child() {
+        assert!(child("a_shared_interleave_handle_under_contention", None).contains("contention checked"));
+        return;
+    }
+    const THREADS: usize = 4;
+    const PER: usize = 20_000;
+    let regions_before = A.stats().total().regions;
+    {
+        let h = A.interleave(Interleave::new("0-1".parse().unwrap(), Granularity::Bytes(64 << 10)).unwrap()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<allocator_api2::boxed::Box<[u64; 16], numaweave::Interleaved>>>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let per_node: Vec<[u64; 2]> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (h, tx, rx) = (h.clone(), tx.clone(), rx.clone());
+                    s.spawn(move || {
+                        let mut per = [0u64; 2];
+                        let mut batch = Vec::with_capacity(64);
+                        for i in 0..PER {
+                            let v = (t * PER + i) as u64;
+                            let b = allocator_api2::boxed::Box::new_in([v; 16], h.clone());
+                            per[node_of(&*b)] += 128;
+                            batch.push(b);
+                            if batch.len() == 64 {
+                                tx.send(std::mem::replace(&mut batch, Vec::with_capacity(64))).unwrap();
+                            }
+                            // Free what another thread allocated, checking it.
+                            if let Ok(theirs) = rx.lock().unwrap().try_recv() {
+                                for b in theirs {
+                                    assert!(b.iter().all(|&x| x == b[0]), "a block was overwritten");
+                                }
+                            }
+                        }
+                        drop(batch);
+                        per
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        drop(tx);
+        for theirs in rx.lock().unwrap().try_iter() {
+            for b in theirs {
+                assert!(b.iter().all(|&x| x == b[0]));
+            }
+        }
+        let total: [u64; 2] = [per_node.iter().map(|p| p[0]).sum(), per_node.iter().map(|p| p[1]).sum()];
+        // One cursor for all threads: within one turn plus one allocation.
+        assert!(total[0].abs_diff(total[1]) <= (64 << 10) + 128, "bytes per node {total:?}");
+        println!("{THREADS} threads × {PER} blocks: bytes per node {total:?}");
+    }
+    // Handle and blocks gone: every region given back.
+    assert_eq!(A.stats().total().regions, regions_before, "regions outlived their blocks");
+    println!("contention checked");
+}

@@ -345,7 +345,10 @@ fn shrink_core(core: &Arc<Core>) -> usize {
 ///
 /// Allocation moves a `T` into an object and returns a [`SlabBox<T>`];
 /// dropping the box drops the `T` and returns the object to the cache. On
-/// failure the value given is dropped.
+/// failure the value given is dropped. A typed cache's "constructor" is the
+/// value moved in (and `T`'s `Drop` its destructor); the kernel's `ctor`
+/// contract, objects constructed once and kept constructed while free, is
+/// [`CacheBuilder::constructor`] on a [`RawCache`].
 ///
 /// ```
 /// use numaweave::slab::SlabCache;
