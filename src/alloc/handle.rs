@@ -53,7 +53,7 @@ impl Placer {
             }
         };
         let p = if size <= REGION_MAX && align <= REGION_ALIGN_MAX {
-            space.alloc(self.state, node, size, align, turn)
+            space.alloc(node, size, align, turn)
         } else {
             huge::alloc_on(self.state, node, size, align, false)
         };

@@ -84,6 +84,10 @@ pub(crate) struct Heap {
     kept_empty: [*mut Page; CLASSES],
     /// The node the heap was made or adopted on (stats are booked there).
     pub(crate) node: usize,
+    /// The thread's interleaver while an interleave policy is in force (null
+    /// otherwise): the slow path's first check, so that an interleaved
+    /// allocation skips the policy lookup.
+    il: *const super::policy::Interleaver,
     /// The node of the arena its last fresh page came from under `Local`:
     /// pages of that node serve `Local` without asking where the thread runs.
     last_node: usize,
@@ -130,6 +134,28 @@ impl Heap {
     #[cold]
     #[inline(never)]
     unsafe fn alloc_slow(heap: *mut Heap, class: usize) -> *mut u8 {
+        // SAFETY: the heap is this thread's.
+        let il = unsafe { (*heap).il };
+        if !il.is_null() {
+            // Direct pages stay empty under an interleave: every allocation
+            // comes here and the cursor places it (region blocks are not the
+            // heap's: its counters stay out of it). Kept apart from the page
+            // refill so this path has a small frame.
+            let size = class_size(class);
+            let align = (1usize << size.trailing_zeros()).min(super::region::REGION_ALIGN_MAX);
+            // SAFETY: the interleaver outlives the policy that installed it.
+            return unsafe { super::policy::interleave_alloc(il, size, align) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { Heap::refill(heap, class) }
+    }
+
+    /// The slow path proper: a page that can serve, under the policy in force.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    #[inline(never)]
+    unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
         let Some(state) = State::try_get() else { return ptr::null_mut() };
         if !state.policies {
             // SAFETY: the caller's heap.
@@ -137,14 +163,11 @@ impl Heap {
         }
         let active = super::policy::active(state);
         if let Active::Interleave(il) = active {
-            // Direct pages stay empty under an interleave: every allocation
-            // comes here and the cursor places it.
-            let size = class_size(class);
-            let align = (1usize << size.trailing_zeros()).min(super::region::REGION_ALIGN_MAX);
-            // Region blocks are not the heap's: its counters stay out of it
-            // (the arenas count regions).
-            // SAFETY: the interleaver outlives the policy that installed it.
-            return unsafe { super::policy::interleave_alloc(state, il, size, align) };
+            // A heap made before its thread's interleave was known.
+            // SAFETY: the heap is this thread's.
+            unsafe { (*heap).il = il };
+            // SAFETY: as above.
+            return unsafe { Heap::alloc_slow(heap, class) };
         }
         // Only pages the policy accepts may serve (for `Local` in per-node
         // mode: pages of the node the thread runs on now, looked up only if
@@ -514,6 +537,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
                     remote_pages: CachePadded(AtomicStack::new()),
                     node: arena.node,
                     last_node: arena.node,
+                    il: ptr::null(),
                     counters: HeapCounters::default(),
                     next_all: ptr::null_mut(),
                     next_orphan: ptr::null_mut(),
@@ -531,6 +555,8 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
         unsafe {
             (*heap).next_orphan = ptr::null_mut();
             (*heap).owned.store(1, Ordering::Relaxed);
+            // The previous thread's interleave (and its interleaver) is gone.
+            (*heap).il = ptr::null();
         }
         heap
     };
@@ -565,12 +591,15 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
 
 /// Points every size class of the calling thread's heap at the empty page,
 /// so that the next allocation of each goes through the slow path (and the
-/// policy now in force).
-pub(crate) fn reset_direct_pages() {
+/// policy now in force), and records the interleaver in force (null: none).
+pub(crate) fn reset_direct_pages(il: *const super::policy::Interleaver) {
     let h = current();
     if !h.is_null() {
         // SAFETY: the calling thread's heap; the pages stay on its lists.
-        unsafe { (*h).direct = [empty_page(); CLASSES] };
+        unsafe {
+            (*h).direct = [empty_page(); CLASSES];
+            (*h).il = il;
+        }
     }
 }
 

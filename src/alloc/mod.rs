@@ -155,7 +155,7 @@ impl NumaAlloc {
         {
             // Straight to the cursor and the node's region: no size class.
             // SAFETY: the interleaver outlives the policy that installed it.
-            let p = unsafe { policy::interleave_alloc(state, il, size.max(1), align) };
+            let p = unsafe { policy::interleave_alloc(il, size.max(1), align) };
             if zero && !p.is_null() {
                 // SAFETY: a fresh block of `size` bytes.
                 unsafe { ptr::write_bytes(p, 0, size) };

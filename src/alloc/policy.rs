@@ -49,6 +49,22 @@ impl Interleaver {
         }
     }
 
+    /// A block of `size` bytes aligned to `align` on the node the cursor
+    /// picks: from that node's region, or (large or very aligned blocks) a
+    /// huge mapping of its own. Null when the node cannot supply it.
+    #[inline]
+    pub(crate) fn alloc_block(&self, size: usize, align: usize) -> *mut u8 {
+        let pick = self.pick(size);
+        if size <= REGION_MAX && align <= REGION_ALIGN_MAX {
+            self.space.alloc(pick.node, size, align, pick.turn)
+        } else {
+            match State::try_get() {
+                Some(state) => super::huge::alloc_on(state, pick.node, size, align, false),
+                None => core::ptr::null_mut(),
+            }
+        }
+    }
+
     pub(crate) fn new(i: &Interleave) -> Self {
         // Byte turns of 2 MiB or more start on a 2 MiB boundary, so whole huge
         // pages belong to one node (pointless, and a gap, with one node).
@@ -136,21 +152,21 @@ impl Active {
     }
 }
 
-/// Allocates `size` bytes aligned to `align` under interleaver `il`: the
-/// cursor picks the node, a region (or, for large blocks, a huge mapping) of
-/// that node supplies the memory.
+/// Allocates `size` bytes aligned to `align` under interleaver `il`.
 ///
 /// # Safety
 /// `il` is live for the call.
 #[inline]
-pub(crate) unsafe fn interleave_alloc(state: &State, il: *const Interleaver, size: usize, align: usize) -> *mut u8 {
+pub(crate) unsafe fn interleave_alloc(il: *const Interleaver, size: usize, align: usize) -> *mut u8 {
     // SAFETY: per the contract.
-    let il = unsafe { &*il };
-    let pick = il.pick(size);
-    if size <= REGION_MAX && align <= REGION_ALIGN_MAX {
-        il.space.alloc(state, pick.node, size, align, pick.turn)
-    } else {
-        super::huge::alloc_on(state, pick.node, size, align, false)
+    unsafe { (*il).alloc_block(size, align) }
+}
+
+/// The interleaver of `a`, or null.
+pub(crate) fn interleaver_of(a: Active) -> *const Interleaver {
+    match a {
+        Active::Interleave(il) => il,
+        _ => core::ptr::null(),
     }
 }
 
@@ -186,7 +202,7 @@ pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
     };
     let active = to_active(&policy, il.as_deref().map(|p| p as *const Interleaver));
     let prev = THREAD.with(|t| t.replace(Some(active)));
-    super::heap::reset_direct_pages();
+    super::heap::reset_direct_pages(interleaver_of(active));
     Ok(PolicyGuard { prev, _il: il, _not_send: PhantomData })
 }
 
@@ -202,7 +218,8 @@ pub struct PolicyGuard {
 impl Drop for PolicyGuard {
     fn drop(&mut self) {
         THREAD.with(|t| t.set(self.prev));
-        super::heap::reset_direct_pages();
+        let il = State::try_get().map_or(core::ptr::null(), |s| interleaver_of(active(s)));
+        super::heap::reset_direct_pages(il);
         // The interleaver goes with the guard: its regions are retired and
         // return to the OS when their last block is freed, by any thread.
     }

@@ -99,7 +99,8 @@ impl Space {
     /// current (and is retired, and perhaps freed) under the same lock, so
     /// no thread ever touches a region that was freed under it. An exclusive
     /// space has no other carver and needs no lock.
-    pub(crate) fn alloc(&self, state: &State, node: usize, size: usize, align: usize, turn: u64) -> *mut u8 {
+    #[inline]
+    pub(crate) fn alloc(&self, node: usize, size: usize, align: usize, turn: u64) -> *mut u8 {
         debug_assert!(size <= REGION_MAX && align <= REGION_ALIGN_MAX);
         let size = up(size.max(1), GRAIN);
         // Blocks of a page or more start on a page: a turn of I/O buffers
@@ -124,7 +125,7 @@ impl Space {
                     return p;
                 }
             }
-            if !self.replace(state, node, r) {
+            if !self.replace(node, r) {
                 return ptr::null_mut();
             }
         }
@@ -164,6 +165,7 @@ impl Space {
     ///
     /// # Safety
     /// `r` is this exclusive space's current region for `node`.
+    #[inline(always)]
     unsafe fn carve_exclusive(
         &self,
         r: *mut Region,
@@ -223,7 +225,9 @@ impl Space {
     ///
     /// Called with the node's lock held (shared) or by the owning thread
     /// (exclusive), so `full` is still the current region.
-    fn replace(&self, state: &State, node: usize, full: *mut Region) -> bool {
+    #[cold]
+    fn replace(&self, node: usize, full: *mut Region) -> bool {
+        let Some(state) = State::try_get() else { return false };
         let Some(fresh) = map(state, node) else { return false };
         if !full.is_null() {
             // SAFETY: nobody can take a reference on it any more (see

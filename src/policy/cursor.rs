@@ -146,7 +146,7 @@ impl Cursor {
     /// # Safety
     /// No other thread uses the cursor while this runs (nor ever, between
     /// two exclusive picks, without synchronising with the caller).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn pick_exclusive(&self, size: usize) -> Pick {
         match self.granularity {
             Granularity::Count(n) => {
