@@ -3,7 +3,7 @@
 //!
 //! - the default `Local` policy against the same allocator with policies
 //!   switched off (`NUMAWEAVE_POLICY=none`), in alternating child processes
-//!   (the switch is read at start-up): the policy lookup sits on the slow
+//!   (the switch is read at start-up, seven of each): the policy lookup sits on the slow
 //!   path only, so the churn should not notice it;
 //! - an interleaved allocation (`Count(8)`, `Bytes(2 MiB)` over every memory
 //!   node) against a local one, alloc + free of 4 KiB buffers in a loop.
@@ -91,12 +91,12 @@ fn main() {
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
     let (mut with, mut without) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
+    for _ in 0..7 {
         with.push(run("local"));
         without.push(run("none"));
     }
     let (w, wo) = (median(with.clone()), median(without.clone()));
-    println!("churn, ns per alloc+free pair (5 alternating processes each):");
+    println!("churn, ns per alloc+free pair (7 alternating processes each):");
     println!("  default Local policy   {w:.2}  {with:.2?}");
     println!("  policies switched off  {wo:.2}  {without:.2?}");
     println!("  Local / off = {:.3}", w / wo);
