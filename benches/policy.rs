@@ -3,7 +3,7 @@
 //!
 //! - the default `Local` policy against the same allocator with policies
 //!   switched off (`NUMAWEAVE_POLICY=none`), in alternating child processes
-//!   (the switch is read at start-up, seven of each): the policy lookup sits on the slow
+//!   (the switch is read at start-up; eight of each, in ABBA order): the policy lookup sits on the slow
 //!   path only, so the churn should not notice it;
 //! - an interleaved allocation (`Count(8)`, `Bytes(2 MiB)` over every memory
 //!   node) against a local one, alloc + free of 4 KiB buffers in a loop.
@@ -76,6 +76,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     if std::env::var_os("NUMAWEAVE_BENCH_CHILD").is_some() {
+        // Pinned: a thread moving between (fake) nodes would make `Local`
+        // take fresh pages on its new node, which is the policy working, not
+        // what it costs to look up.
+        let _ = numaweave::os::cpu::pin_current_thread(numaweave::Topology::global().cpus().first().unwrap_or(0));
         churn(200_000); // warm-up
         println!("{}", churn(2_000_000));
         return;
@@ -84,22 +88,36 @@ fn main() {
         return; // `cargo bench -- --list`
     }
     let exe = std::env::current_exe().unwrap();
-    let run = |policy: &str| -> f64 {
-        let out =
-            Command::new(&exe).env("NUMAWEAVE_BENCH_CHILD", "1").env("NUMAWEAVE_POLICY", policy).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-    };
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    for _ in 0..7 {
-        with.push(run("local"));
-        without.push(run("none"));
+    // On this machine's topology, and on `fake:2` in per-node mode, where
+    // `Local` checks the node of the pages it refills from.
+    for (label, topo) in [("this machine", None), ("fake:2, per-node", Some("fake:2"))] {
+        let run = |policy: &str| -> f64 {
+            let mut c = Command::new(&exe);
+            c.env("NUMAWEAVE_BENCH_CHILD", "1").env("NUMAWEAVE_POLICY", policy);
+            if let Some(t) = topo {
+                c.env("NUMAWEAVE_TOPOLOGY", t).env("NUMAWEAVE_MODE", "per-node");
+            }
+            let out = c.output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        };
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        // ABBA order: neither side always runs second.
+        for i in 0..8 {
+            if i % 2 == 0 {
+                with.push(run("local"));
+                without.push(run("none"));
+            } else {
+                without.push(run("none"));
+                with.push(run("local"));
+            }
+        }
+        let (w, wo) = (median(with.clone()), median(without.clone()));
+        println!("churn on {label}, ns per alloc+free pair (8 processes each, ABBA order):");
+        println!("  default Local policy   {w:.2}  {with:.2?}");
+        println!("  policies switched off  {wo:.2}  {without:.2?}");
+        println!("  Local / off = {:.3}", w / wo);
     }
-    let (w, wo) = (median(with.clone()), median(without.clone()));
-    println!("churn, ns per alloc+free pair (7 alternating processes each):");
-    println!("  default Local policy   {w:.2}  {with:.2?}");
-    println!("  policies switched off  {wo:.2}  {without:.2?}");
-    println!("  Local / off = {:.3}", w / wo);
 
     let nodes = numaweave::Topology::global().memory_nodes();
     for align in [4096, 8] {

@@ -91,6 +91,10 @@ pub(crate) struct Heap {
     /// The node of the arena its last fresh page came from under `Local`:
     /// pages of that node serve `Local` without asking where the thread runs.
     last_node: usize,
+    /// Whether any page of the heap may be on another node than `last_node`
+    /// (a fallback, another policy's pages, a migration): until then `Local`
+    /// takes any page without reading its node.
+    mixed: bool,
     /// Links: all heaps (registry), orphans of an arena.
     pub(crate) next_all: *mut Heap,
     pub(crate) next_orphan: *mut Heap,
@@ -162,6 +166,11 @@ impl Heap {
             return unsafe { Heap::alloc_slow_unpoliced(heap, class, state) };
         }
         let active = super::policy::active(state);
+        if matches!(active, Active::Local) && state.mode != super::Mode::PerNode {
+            // One arena: `Local` has nothing to choose, any page serves.
+            // SAFETY: the caller's heap.
+            return unsafe { Heap::alloc_slow_unpoliced(heap, class, state) };
+        }
         if let Active::Interleave(il) = active {
             // A heap made before its thread's interleave was known.
             // SAFETY: the heap is this thread's.
@@ -174,11 +183,15 @@ impl Heap {
         // a page of another node than the heap's shows up).
         let mut here = None;
         let mut accepts = |p: *mut Page| {
+            // SAFETY: the heap is the caller's.
+            if matches!(active, Active::Local) && !unsafe { (*heap).mixed } {
+                return true;
+            }
             // SAFETY: pages on this heap's lists are live pages.
             let node = usize::from(unsafe { (*p).info.node });
             match active {
                 // SAFETY: the heap is the caller's.
-                Active::Local if node == unsafe { (*heap).last_node } || state.mode != super::Mode::PerNode => true,
+                Active::Local if node == unsafe { (*heap).last_node } => true,
                 _ => active.accepts(state, node, *here.get_or_insert_with(|| state.current_arena().node)),
             }
         };
@@ -206,10 +219,18 @@ impl Heap {
             } else {
                 state.current_arena()
             };
-            if matches!(active, Active::Local) {
+            if matches!(active, Active::Local) && (*heap).last_node != arena.node {
+                // The thread moved: pages of its old node are foreign now.
+                (*heap).mixed = true;
                 (*heap).last_node = arena.node;
             }
-            Heap::fresh_page(heap, class, state, arena, active.fallback_set())
+            let p = Heap::fresh_page(heap, class, state, arena, active.fallback_set());
+            let direct = (*heap).direct[class];
+            if direct != empty_page() && usize::from((*direct).info.node) != (*heap).last_node {
+                // A fallback page, or one a policy placed elsewhere.
+                (*heap).mixed = true;
+            }
+            p
         }
     }
 
@@ -537,6 +558,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
                     remote_pages: CachePadded(AtomicStack::new()),
                     node: arena.node,
                     last_node: arena.node,
+                    mixed: false,
                     il: ptr::null(),
                     counters: HeapCounters::default(),
                     next_all: ptr::null_mut(),

@@ -13,10 +13,11 @@
 use core::cell::Cell;
 use core::marker::PhantomData;
 
-use super::region::{REGION_ALIGN_MAX, REGION_MAX, Space};
+use super::region::{REGION_ALIGN_MAX, REGION_MAX, Region, Space, block_layout, book, up};
 use super::state::State;
 use crate::error::Result;
-use crate::policy::{Cursor, Granularity, Interleave, Policy};
+use crate::policy::{Cursor, Granularity, Interleave, Pick, Policy};
+use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use crate::topology::NodeSet;
 
 /// An interleave in force: its cursor and the regions it carves from.
@@ -24,8 +25,28 @@ pub(crate) struct Interleaver {
     pub(crate) cursor: Cursor,
     pub(crate) space: Space,
     /// Used by one thread only (a scoped policy's): the cursor and the
-    /// carving skip their atomic read-modify-writes.
+    /// carving skip their atomic read-modify-writes, and the rest of each
+    /// turn is served from `window`.
     exclusive: bool,
+    count: bool,
+    window: Window,
+}
+
+/// An exclusive interleave's turn in progress, served without picking: the
+/// turn's node region, where it is carved up to, and what is left of the
+/// turn. Booked into the cursor and the space (`close_window`) before any
+/// other use of them. Plain loads and stores: one thread only.
+struct Window {
+    /// Allocations (`Count`) or bytes (`Bytes`) left in the turn; 0: closed.
+    left: AtomicU64,
+    /// Served since it opened: allocations and bytes.
+    served: AtomicU64,
+    bytes: AtomicU64,
+    region: AtomicPtr<Region>,
+    node: AtomicUsize,
+    top: AtomicUsize,
+    end: AtomicUsize,
+    credit: AtomicUsize,
 }
 
 impl Interleaver {
@@ -42,8 +63,12 @@ impl Interleaver {
     pub(crate) fn pick(&self, size: usize) -> crate::policy::Pick {
         if self.exclusive {
             // SAFETY: an exclusive interleaver is reachable from one thread's
-            // policy slot only.
-            unsafe { self.cursor.pick_exclusive(size) }
+            // policy slot only. The window is booked first: the cursor then
+            // stands where the window left it.
+            unsafe {
+                self.close_window();
+                self.cursor.pick_exclusive(size)
+            }
         } else {
             self.cursor.pick(size)
         }
@@ -54,15 +79,108 @@ impl Interleaver {
     /// huge mapping of its own. Null when the node cannot supply it.
     #[inline]
     pub(crate) fn alloc_block(&self, size: usize, align: usize) -> *mut u8 {
-        let pick = self.pick(size);
-        if size <= REGION_MAX && align <= REGION_ALIGN_MAX {
-            self.space.alloc(pick.node, size, align, pick.turn)
-        } else {
-            match State::try_get() {
-                Some(state) => super::huge::alloc_on(state, pick.node, size, align, false),
-                None => core::ptr::null_mut(),
+        let small = size <= REGION_MAX && align <= REGION_ALIGN_MAX;
+        if self.exclusive {
+            if small {
+                // SAFETY: an exclusive interleaver is used by one thread.
+                if let Some(p) = unsafe { self.window_alloc(size, align) } {
+                    return p;
+                }
             }
+            // SAFETY: as above.
+            return unsafe { self.alloc_exclusive(size, align, small) };
         }
+        let pick = self.cursor.pick(size);
+        if small { self.space.alloc(pick.node, size, align, pick.turn) } else { self.huge(pick, size, align) }
+    }
+
+    fn huge(&self, pick: Pick, size: usize, align: usize) -> *mut u8 {
+        match State::try_get() {
+            Some(state) => super::huge::alloc_on(state, pick.node, size, align, false),
+            None => core::ptr::null_mut(),
+        }
+    }
+
+    /// The rest of the turn in progress, at the top of its node's region.
+    ///
+    /// # Safety
+    /// Exclusive: called by the one thread that uses this interleaver.
+    #[inline(always)]
+    unsafe fn window_alloc(&self, size: usize, align: usize) -> Option<*mut u8> {
+        let w = &self.window;
+        let left = w.left.load(Ordering::Relaxed);
+        if left == 0 {
+            return None;
+        }
+        let (bsize, align) = block_layout(size, align);
+        let start = up(w.top.load(Ordering::Relaxed), align);
+        let end = start + bsize;
+        let credit = w.credit.load(Ordering::Relaxed);
+        if end > w.end.load(Ordering::Relaxed) || credit == 0 {
+            return None;
+        }
+        w.top.store(end, Ordering::Relaxed);
+        w.credit.store(credit - 1, Ordering::Relaxed);
+        // A byte turn ends at the allocation that reaches its target.
+        let rest = if self.count { left - 1 } else { left.saturating_sub(size as u64) };
+        w.left.store(rest, Ordering::Relaxed);
+        w.served.store(w.served.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        w.bytes.store(w.bytes.load(Ordering::Relaxed) + size as u64, Ordering::Relaxed);
+        // SAFETY: the window's region is the space's current one for its
+        // node, owned by this thread; `start..end` was free at its top.
+        unsafe { book(w.region.load(Ordering::Relaxed), start, end) };
+        Some(start as *mut u8)
+    }
+
+    /// Books the window into the cursor and the space, and closes it.
+    ///
+    /// # Safety
+    /// Exclusive, as [`window_alloc`](Self::window_alloc).
+    unsafe fn close_window(&self) {
+        let w = &self.window;
+        let served = w.served.load(Ordering::Relaxed);
+        if w.left.load(Ordering::Relaxed) == 0 && served == 0 {
+            return;
+        }
+        // SAFETY: per the contract.
+        unsafe { self.cursor.settle_exclusive(served, w.bytes.load(Ordering::Relaxed)) };
+        self.space.settle_credit(w.node.load(Ordering::Relaxed), w.credit.load(Ordering::Relaxed));
+        w.left.store(0, Ordering::Relaxed);
+        w.served.store(0, Ordering::Relaxed);
+        w.bytes.store(0, Ordering::Relaxed);
+    }
+
+    /// An exclusive allocation that picks: the first of a turn, one that
+    /// does not fit the window's region, or a large one. Opens a window on
+    /// the rest of the turn.
+    ///
+    /// # Safety
+    /// Exclusive, as [`window_alloc`](Self::window_alloc).
+    #[inline(never)]
+    unsafe fn alloc_exclusive(&self, size: usize, align: usize, small: bool) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe { self.close_window() };
+        // SAFETY: as above.
+        let pick = unsafe { self.cursor.pick_exclusive(size) };
+        if !small {
+            return self.huge(pick, size, align);
+        }
+        let p = self.space.alloc(pick.node, size, align, pick.turn);
+        // SAFETY: as above.
+        let left = unsafe { self.cursor.turn_left_exclusive(pick) };
+        if !p.is_null()
+            && left > 0
+            && let Some((r, top, end, credit)) = self.space.window_state(pick.node)
+        {
+            let w = &self.window;
+            w.region.store(r, Ordering::Relaxed);
+            w.node.store(pick.node, Ordering::Relaxed);
+            w.top.store(top, Ordering::Relaxed);
+            w.end.store(end, Ordering::Relaxed);
+            w.credit.store(credit, Ordering::Relaxed);
+            w.left.store(left, Ordering::Relaxed);
+        }
+        p
     }
 
     pub(crate) fn new(i: &Interleave) -> Self {
@@ -72,7 +190,32 @@ impl Interleaver {
             Granularity::Bytes(b) if b >= 2 << 20 && i.nodes().len() > 1 => 2 << 20,
             _ => crate::os::page_size(),
         };
-        Self { cursor: Cursor::new(i), space: Space::new(turn_align), exclusive: false }
+        Self {
+            cursor: Cursor::new(i),
+            space: Space::new(turn_align),
+            exclusive: false,
+            count: matches!(i.granularity(), Granularity::Count(_)),
+            window: Window {
+                left: AtomicU64::new(0),
+                served: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+                region: AtomicPtr::new(core::ptr::null_mut()),
+                node: AtomicUsize::new(0),
+                top: AtomicUsize::new(0),
+                end: AtomicUsize::new(0),
+                credit: AtomicUsize::new(0),
+            },
+        }
+    }
+}
+
+impl Drop for Interleaver {
+    fn drop(&mut self) {
+        if self.exclusive {
+            // SAFETY: `&mut self`: nobody else uses it. The space's credit must
+            // be settled before it retires its regions.
+            unsafe { self.close_window() };
+        }
     }
 }
 

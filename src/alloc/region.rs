@@ -29,6 +29,9 @@ const BITMAP_WORDS: usize = SEGMENT_SIZE / GRAIN / 64;
 /// References an exclusive space charges a region with (more than it can
 /// hold blocks).
 const CREDIT: usize = 1 << 24;
+/// Blocks this large or larger start on a page (4 KiB, the smallest page
+/// size; the real page size is asked only for them).
+const PAGE_MIN: usize = 4096;
 /// Largest block a region serves; larger ones get a huge mapping of their own.
 pub(crate) const REGION_MAX: usize = 1 << 20;
 /// Largest alignment a region serves.
@@ -58,7 +61,7 @@ const _: () = assert!(core::mem::size_of::<Region>() <= DATA);
 /// `x` rounded up to `a`, a power of two (a mask, not a division: this is on
 /// every interleaved allocation).
 #[inline(always)]
-fn up(x: usize, a: usize) -> usize {
+pub(crate) fn up(x: usize, a: usize) -> usize {
     debug_assert!(a.is_power_of_two());
     (x + a - 1) & !(a - 1)
 }
@@ -102,26 +105,29 @@ impl Space {
     #[inline]
     pub(crate) fn alloc(&self, node: usize, size: usize, align: usize, turn: u64) -> *mut u8 {
         debug_assert!(size <= REGION_MAX && align <= REGION_ALIGN_MAX);
-        let size = up(size.max(1), GRAIN);
-        // Blocks of a page or more start on a page: a turn of I/O buffers
-        // then covers whole pages.
-        let page = crate::os::page_size();
-        let align = if size >= page { align.max(page) } else { align.max(GRAIN) };
-        let _g = (!self.exclusive).then(|| self.locks[node].lock());
+        let (size, align) = block_layout(size, align);
+        if self.exclusive {
+            loop {
+                let r = self.current[node].load(Ordering::Relaxed);
+                if !r.is_null() {
+                    // SAFETY: the current region of an exclusive space is
+                    // retired only by this thread.
+                    if let Some(p) = unsafe { self.carve_exclusive(r, node, size, align, turn) } {
+                        return p;
+                    }
+                }
+                if !self.replace(node, r) {
+                    return ptr::null_mut();
+                }
+            }
+        }
+        let _g = self.locks[node].lock();
         loop {
             let r = self.current[node].load(Ordering::Acquire);
             if !r.is_null() {
-                // SAFETY: the current region is live (retired only once it is
-                // no longer current, which needs the lock we hold, or, for an
-                // exclusive space, this thread).
-                let got = unsafe {
-                    if self.exclusive {
-                        self.carve_exclusive(r, node, size, align, turn)
-                    } else {
-                        self.carve_locked(r, size, align, turn)
-                    }
-                };
-                if let Some(p) = got {
+                // SAFETY: the current region is live: retired only once it is
+                // no longer current, which needs the lock we hold.
+                if let Some(p) = unsafe { self.carve_locked(r, size, align, turn) } {
                     return p;
                 }
             }
@@ -129,6 +135,24 @@ impl Space {
                 return ptr::null_mut();
             }
         }
+    }
+
+    /// For an exclusive space's caller that serves the rest of a turn on its
+    /// own: the node's current region, its top, its end, and the credit left.
+    pub(crate) fn window_state(&self, node: usize) -> Option<(*mut Region, usize, usize, usize)> {
+        debug_assert!(self.exclusive);
+        let r = self.current[node].load(Ordering::Relaxed);
+        if r.is_null() {
+            return None;
+        }
+        // SAFETY: the current region of an exclusive space, used by this thread only.
+        let top = unsafe { (*r).top.load(Ordering::Relaxed) };
+        Some((r, r as usize + top, r as usize + SEGMENT_SIZE, self.credit[node].load(Ordering::Relaxed)))
+    }
+
+    /// Takes back the credit a window left (see [`window_state`](Self::window_state)).
+    pub(crate) fn settle_credit(&self, node: usize, credit: usize) {
+        self.credit[node].store(credit, Ordering::Relaxed);
     }
 
     /// Carves a block of a shared space's current region.
@@ -334,6 +358,36 @@ unsafe fn release(r: *mut Region) {
         // SAFETY: retired, and ours was the last reference.
         unsafe { unmap(r) };
     }
+}
+
+/// The size and alignment a region block of `size` bytes aligned to `align`
+/// really gets: a multiple of 16 bytes, and a page alignment for blocks of
+/// a page or more (a turn of I/O buffers then covers whole pages).
+#[inline(always)]
+pub(crate) fn block_layout(size: usize, align: usize) -> (usize, usize) {
+    let size = up(size.max(1), GRAIN);
+    let align = if size >= PAGE_MIN && size >= crate::os::page_size() {
+        align.max(crate::os::page_size())
+    } else {
+        align.max(GRAIN)
+    };
+    (size, align)
+}
+
+/// Books a block carved at `start..end` of region `r` outside [`Space`]
+/// (a window of an exclusive space): the region's top and the block's start bit.
+///
+/// # Safety
+/// `r` is the current region of an exclusive space owned by the calling
+/// thread, and `start..end` was free space at its top.
+#[inline(always)]
+pub(crate) unsafe fn book(r: *mut Region, start: usize, end: usize) {
+    // SAFETY: per the contract.
+    let reg = unsafe { &*r };
+    reg.top.store(end - r as usize, Ordering::Relaxed);
+    let bit = (start - r as usize) / GRAIN;
+    let w = &reg.starts[bit / 64];
+    w.store(w.load(Ordering::Relaxed) | 1 << (bit % 64), Ordering::Relaxed);
 }
 
 /// Gives a dead region's mapping back: to its arena's cache of

@@ -184,6 +184,73 @@ impl Cursor {
         }
     }
 
+    /// Exclusive picks: what is left of the turn `last` (the last pick)
+    /// belongs to, if that pick did not end it: allocations (`Count`) or bytes
+    /// before the node's target (`Bytes`; the turn ends at the allocation
+    /// that reaches it). 0 when the turn is over. Lets a caller serve the
+    /// rest of a turn without picking, then [`settle_exclusive`](Self::settle_exclusive).
+    ///
+    /// # Safety
+    /// As [`pick_exclusive`](Self::pick_exclusive).
+    pub unsafe fn turn_left_exclusive(&self, last: Pick) -> u64 {
+        match self.granularity {
+            Granularity::Count(n) => {
+                let c = self.ex_in_turn.load(Ordering::Relaxed);
+                if c == 0 { 0 } else { u64::from(n) - c }
+            }
+            Granularity::Bytes(b) => {
+                let s = self.state.load(Ordering::Relaxed);
+                if s != last.turn {
+                    return 0;
+                }
+                let t = (s & TURN_MASK) as usize;
+                let node = usize::from(self.round[t]);
+                let target =
+                    ((s >> TURN_BITS) * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+                target.saturating_sub(self.placed[node].load(Ordering::Relaxed))
+            }
+        }
+    }
+
+    /// Books `allocs` allocations of `bytes` in all, made within the turn
+    /// [`turn_left_exclusive`](Self::turn_left_exclusive) described (and
+    /// not past its end), as if each had been picked.
+    ///
+    /// # Safety
+    /// As [`pick_exclusive`](Self::pick_exclusive).
+    pub unsafe fn settle_exclusive(&self, allocs: u64, bytes: u64) {
+        if allocs == 0 {
+            return;
+        }
+        match self.granularity {
+            Granularity::Count(n) => {
+                self.state.store(self.state.load(Ordering::Relaxed) + allocs, Ordering::Relaxed);
+                let c = self.ex_in_turn.load(Ordering::Relaxed) + allocs;
+                if c >= u64::from(n) {
+                    let pos = self.ex_pos.load(Ordering::Relaxed);
+                    self.ex_in_turn.store(0, Ordering::Relaxed);
+                    self.ex_pos.store(if pos + 1 == self.len { 0 } else { pos + 1 }, Ordering::Relaxed);
+                    self.ex_turn.store(self.ex_turn.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                } else {
+                    self.ex_in_turn.store(c, Ordering::Relaxed);
+                }
+            }
+            Granularity::Bytes(b) => {
+                let s = self.state.load(Ordering::Relaxed);
+                let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
+                let node = usize::from(self.round[t]);
+                let target = (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+                let placed = self.placed[node].load(Ordering::Relaxed) + bytes;
+                self.placed[node].store(placed, Ordering::Relaxed);
+                if placed >= target {
+                    let next =
+                        if t as u64 + 1 == self.len { (r + 1) << TURN_BITS } else { (r << TURN_BITS) | (t as u64 + 1) };
+                    self.state.store(next, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     fn pick_bytes(&self, size: u64, b: u64) -> Pick {
         loop {
             // Acquire pairs with the Release of the CAS that made this turn
@@ -361,6 +428,42 @@ mod tests {
                 // SAFETY: `b` is used by this thread alone.
                 assert_eq!(a.pick(size), unsafe { b.pick_exclusive(size) });
             }
+        }
+    }
+
+    /// Serving the rest of a turn from `turn_left_exclusive` and booking it
+    /// with `settle_exclusive` gives the same nodes as picking every time.
+    #[test]
+    fn settled_turns_match_picking_every_time() {
+        for g in [Granularity::Count(5), Granularity::Bytes(7000)] {
+            let (a, b) = (cursor("0-2", g, Some(&[2, 1, 1])), cursor("0-2", g, Some(&[2, 1, 1])));
+            let mut r = Rng(11);
+            let sizes: Vec<u64> = (0..20_000).map(|_| 1 + r.next() % 3000).collect();
+            let want: Vec<usize> = sizes.iter().map(|&s| a.next(s as usize)).collect();
+            let mut got = Vec::new();
+            let mut i = 0;
+            while i < sizes.len() {
+                // SAFETY: `b` is this thread's alone.
+                unsafe {
+                    let p = b.pick_exclusive(sizes[i] as usize);
+                    got.push(p.node);
+                    i += 1;
+                    let mut left = b.turn_left_exclusive(p);
+                    let (mut n, mut bytes) = (0, 0);
+                    while left > 0 && i < sizes.len() {
+                        got.push(p.node);
+                        left = match g {
+                            Granularity::Count(_) => left - 1,
+                            Granularity::Bytes(_) => left.saturating_sub(sizes[i]),
+                        };
+                        n += 1;
+                        bytes += sizes[i];
+                        i += 1;
+                    }
+                    b.settle_exclusive(n, bytes);
+                }
+            }
+            assert_eq!(got, want, "{g:?}");
         }
     }
 
