@@ -654,6 +654,30 @@ fn policy_interleave_pages_follow_the_cursor(t: &Topology, _: Option<&Guest>) ->
             println!(
                 "\n  {g:?} over {nodes} weights {weights:?}: 64 buffers, every page on its node, {extents} extents"
             );
+
+            // The same through the global allocator under a scoped policy
+            // (its thread-only cursor and turn window): nothing else may
+            // allocate while the guard is up, so the vector is made first.
+            let model = Cursor::new(&policy);
+            let mut raw: Vec<(*mut u8, Layout)> = Vec::with_capacity(64);
+            {
+                let _g = numaweave::with_policy(Policy::Interleave(policy)).unwrap();
+                for i in 0..64usize {
+                    let l = Layout::from_size_align(4096 << (i % 5), 8).unwrap();
+                    // SAFETY: a valid layout; freed below.
+                    raw.push((unsafe { A.alloc(l) }, l));
+                }
+            }
+            for (i, &(p, l)) in raw.iter().enumerate() {
+                let want = topo.physical_node(model.next(l.size()));
+                let got = touch_and_locate(p, l.size());
+                assert!(got.iter().all(|&n| n == Some(want)), "scoped {g:?} buffer {i}: pages on {got:?}, want {want}");
+            }
+            for (p, l) in raw {
+                // SAFETY: allocated above with `l`.
+                unsafe { A.dealloc(p, l) };
+            }
+            println!("  the same under with_policy: 64 buffers, every page on its node");
         }
     })
     .join()
