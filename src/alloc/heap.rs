@@ -166,10 +166,12 @@ impl Heap {
             return unsafe { Heap::alloc_slow_unpoliced(heap, class, state) };
         }
         let active = super::policy::active(state);
-        if matches!(active, Active::Local) && state.mode != super::Mode::PerNode {
-            // One arena: `Local` has nothing to choose, any page serves.
+        // SAFETY: the heap is this thread's.
+        if matches!(active, Active::Local) && (state.mode != super::Mode::PerNode || !unsafe { (*heap).mixed }) {
+            // One arena, or every page of the heap on the thread's node:
+            // `Local` has nothing to choose, any page serves.
             // SAFETY: the caller's heap.
-            return unsafe { Heap::alloc_slow_unpoliced(heap, class, state) };
+            return unsafe { Heap::alloc_slow_local(heap, class, state) };
         }
         if let Active::Interleave(il) = active {
             // A heap made before its thread's interleave was known.
@@ -219,17 +221,11 @@ impl Heap {
             } else {
                 state.current_arena()
             };
-            if matches!(active, Active::Local) && (*heap).last_node != arena.node {
-                // The thread moved: pages of its old node are foreign now.
-                (*heap).mixed = true;
-                (*heap).last_node = arena.node;
+            if matches!(active, Active::Local) {
+                Heap::note_node(heap, arena.node);
             }
             let p = Heap::fresh_page(heap, class, state, arena, active.fallback_set());
-            let direct = (*heap).direct[class];
-            if direct != empty_page() && usize::from((*direct).info.node) != (*heap).last_node {
-                // A fallback page, or one a policy placed elsewhere.
-                (*heap).mixed = true;
-            }
+            Heap::note_direct(heap, class);
             p
         }
     }
@@ -260,6 +256,71 @@ impl Heap {
                 page = next;
             }
             Heap::fresh_page(heap, class, state, state.current_arena(), None)
+        }
+    }
+
+    /// `Local` while every page of the heap is on the node it last took a
+    /// page for: the slow path as without policies, noting when that stops
+    /// being true (the thread moved, or a fallback page came in).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    unsafe fn alloc_slow_local(heap: *mut Heap, class: usize, state: &'static State) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe {
+            Heap::collect_remote(heap);
+            let direct = (*heap).direct[class];
+            if direct != empty_page() && Heap::refill_from(heap, direct) {
+                return Heap::alloc_class(heap, class);
+            }
+            let mut page = (*heap).lists[class].head;
+            while !page.is_null() {
+                let next = (*page).next;
+                if page != direct && Heap::refill_from(heap, page) {
+                    (*heap).direct[class] = page;
+                    return Heap::alloc_class(heap, class);
+                }
+                page = next;
+            }
+            let arena = state.current_arena();
+            if state.mode == super::Mode::PerNode {
+                Heap::note_node(heap, arena.node);
+            }
+            let p = Heap::fresh_page(heap, class, state, arena, None);
+            if state.mode == super::Mode::PerNode {
+                Heap::note_direct(heap, class);
+            }
+            p
+        }
+    }
+
+    /// The thread takes a page on `node`: pages of another node it took
+    /// before are foreign from now on.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    unsafe fn note_node(heap: *mut Heap, node: usize) {
+        // SAFETY: per the contract.
+        unsafe {
+            if (*heap).last_node != node {
+                (*heap).mixed = true;
+                (*heap).last_node = node;
+            }
+        }
+    }
+
+    /// A class's new direct page on another node than the heap's (a
+    /// fallback, or a policy's placement) makes the heap mixed.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    unsafe fn note_direct(heap: *mut Heap, class: usize) {
+        // SAFETY: per the contract.
+        unsafe {
+            let direct = (*heap).direct[class];
+            if direct != empty_page() && usize::from((*direct).info.node) != (*heap).last_node {
+                (*heap).mixed = true;
+            }
         }
     }
 

@@ -13,7 +13,7 @@
 use core::cell::Cell;
 use core::marker::PhantomData;
 
-use super::region::{REGION_ALIGN_MAX, REGION_MAX, Region, Space, block_layout, book, up};
+use super::region::{REGION_ALIGN_MAX, REGION_MAX, Region, Space, block_layout_in, book, up};
 use super::state::State;
 use crate::error::Result;
 use crate::policy::{Cursor, Granularity, Interleave, Pick, Policy};
@@ -29,6 +29,7 @@ pub(crate) struct Interleaver {
     /// turn is served from `window`.
     exclusive: bool,
     count: bool,
+    page: usize,
     window: Window,
 }
 
@@ -37,11 +38,12 @@ pub(crate) struct Interleaver {
 /// turn. Booked into the cursor and the space (`close_window`) before any
 /// other use of them. Plain loads and stores: one thread only.
 struct Window {
-    /// Allocations (`Count`) or bytes (`Bytes`) left in the turn; 0: closed.
-    left: AtomicU64,
-    /// Served since it opened: allocations and bytes.
-    served: AtomicU64,
-    bytes: AtomicU64,
+    /// `Count`: allocations left in the turn (0: closed). `Bytes`: bytes
+    /// served since the window opened (closed once it reaches `b`).
+    a: AtomicU64,
+    /// `Count`: allocations left when it opened. `Bytes`: the bytes the turn
+    /// had left then (0: closed).
+    b: AtomicU64,
     region: AtomicPtr<Region>,
     node: AtomicUsize,
     top: AtomicUsize,
@@ -108,11 +110,12 @@ impl Interleaver {
     #[inline(always)]
     unsafe fn window_alloc(&self, size: usize, align: usize) -> Option<*mut u8> {
         let w = &self.window;
-        let left = w.left.load(Ordering::Relaxed);
-        if left == 0 {
+        let a = w.a.load(Ordering::Relaxed);
+        // Open? (A byte turn ends at the allocation that reaches its budget.)
+        if if self.count { a == 0 } else { a >= w.b.load(Ordering::Relaxed) } {
             return None;
         }
-        let (bsize, align) = block_layout(size, align);
+        let (bsize, align) = block_layout_in(size, align, self.page);
         let start = up(w.top.load(Ordering::Relaxed), align);
         let end = start + bsize;
         let credit = w.credit.load(Ordering::Relaxed);
@@ -121,11 +124,7 @@ impl Interleaver {
         }
         w.top.store(end, Ordering::Relaxed);
         w.credit.store(credit - 1, Ordering::Relaxed);
-        // A byte turn ends at the allocation that reaches its target.
-        let rest = if self.count { left - 1 } else { left.saturating_sub(size as u64) };
-        w.left.store(rest, Ordering::Relaxed);
-        w.served.store(w.served.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        w.bytes.store(w.bytes.load(Ordering::Relaxed) + size as u64, Ordering::Relaxed);
+        w.a.store(if self.count { a - 1 } else { a + size as u64 }, Ordering::Relaxed);
         // SAFETY: the window's region is the space's current one for its
         // node, owned by this thread; `start..end` was free at its top.
         unsafe { book(w.region.load(Ordering::Relaxed), start, end) };
@@ -138,16 +137,17 @@ impl Interleaver {
     /// Exclusive, as [`window_alloc`](Self::window_alloc).
     unsafe fn close_window(&self) {
         let w = &self.window;
-        let served = w.served.load(Ordering::Relaxed);
-        if w.left.load(Ordering::Relaxed) == 0 && served == 0 {
+        let b = w.b.load(Ordering::Relaxed);
+        if b == 0 {
             return;
         }
+        let a = w.a.load(Ordering::Relaxed);
+        let (served, bytes) = if self.count { (b - a, 0) } else { (u64::from(a > 0), a) };
         // SAFETY: per the contract.
-        unsafe { self.cursor.settle_exclusive(served, w.bytes.load(Ordering::Relaxed)) };
+        unsafe { self.cursor.settle_exclusive(served, bytes) };
         self.space.settle_credit(w.node.load(Ordering::Relaxed), w.credit.load(Ordering::Relaxed));
-        w.left.store(0, Ordering::Relaxed);
-        w.served.store(0, Ordering::Relaxed);
-        w.bytes.store(0, Ordering::Relaxed);
+        w.a.store(0, Ordering::Relaxed);
+        w.b.store(0, Ordering::Relaxed);
     }
 
     /// An exclusive allocation that picks: the first of a turn, one that
@@ -178,7 +178,8 @@ impl Interleaver {
             w.top.store(top, Ordering::Relaxed);
             w.end.store(end, Ordering::Relaxed);
             w.credit.store(credit, Ordering::Relaxed);
-            w.left.store(left, Ordering::Relaxed);
+            w.a.store(if self.count { left } else { 0 }, Ordering::Relaxed);
+            w.b.store(left, Ordering::Relaxed);
         }
         p
     }
@@ -195,10 +196,10 @@ impl Interleaver {
             space: Space::new(turn_align),
             exclusive: false,
             count: matches!(i.granularity(), Granularity::Count(_)),
+            page: crate::os::page_size(),
             window: Window {
-                left: AtomicU64::new(0),
-                served: AtomicU64::new(0),
-                bytes: AtomicU64::new(0),
+                a: AtomicU64::new(0),
+                b: AtomicU64::new(0),
                 region: AtomicPtr::new(core::ptr::null_mut()),
                 node: AtomicUsize::new(0),
                 top: AtomicUsize::new(0),

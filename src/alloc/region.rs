@@ -365,12 +365,18 @@ unsafe fn release(r: *mut Region) {
 /// a page or more (a turn of I/O buffers then covers whole pages).
 #[inline(always)]
 pub(crate) fn block_layout(size: usize, align: usize) -> (usize, usize) {
-    let size = up(size.max(1), GRAIN);
-    let align = if size >= PAGE_MIN && size >= crate::os::page_size() {
-        align.max(crate::os::page_size())
+    if up(size.max(1), GRAIN) >= PAGE_MIN {
+        block_layout_in(size, align, crate::os::page_size())
     } else {
-        align.max(GRAIN)
-    };
+        block_layout_in(size, align, usize::MAX)
+    }
+}
+
+/// [`block_layout`] with the page size known (`usize::MAX`: no page rule).
+#[inline(always)]
+pub(crate) fn block_layout_in(size: usize, align: usize, page: usize) -> (usize, usize) {
+    let size = up(size.max(1), GRAIN);
+    let align = if size >= page { align.max(page) } else { align.max(GRAIN) };
     (size, align)
 }
 
