@@ -192,19 +192,26 @@ impl Arena {
         p.map(|p| init_page(p, class, heap))
     }
 
-    /// Maps, binds and initialises a small segment; `None` when the OS has no
-    /// memory or (per-node mode) the node turned out to be full.
-    fn map_segment(&self, state: &State) -> Option<NonNull<SmallSegment>> {
-        let base = mem::map_aligned(SEGMENT_SIZE, SEGMENT_SIZE).ok()?;
+    /// A fresh segment-aligned mapping of `len` bytes under this arena's
+    /// policy; `None` when the OS refuses either (nothing is left mapped).
+    pub(crate) fn map_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
+        let base = mem::map_aligned(len, SEGMENT_SIZE).ok()?;
         let policy = self.policy(state);
         if policy != MemPolicy::Default {
             // SAFETY: our fresh, segment-aligned mapping.
-            if unsafe { mem::bind(base, SEGMENT_SIZE, policy, BindFlags::NONE) }.is_err() {
+            if unsafe { mem::bind(base, len, policy, BindFlags::NONE) }.is_err() {
                 // SAFETY: ours, unused.
-                let _ = unsafe { mem::unmap(base, SEGMENT_SIZE) };
+                let _ = unsafe { mem::unmap(base, len) };
                 return None;
             }
         }
+        Some(base)
+    }
+
+    /// Maps, binds and initialises a small segment; `None` when the OS has no
+    /// memory or (per-node mode) the node turned out to be full.
+    fn map_segment(&self, state: &State) -> Option<NonNull<SmallSegment>> {
+        let base = self.map_bound(state, SEGMENT_SIZE)?;
         // With THP set to `always`, the first touch of the header would commit a
         // whole 2 MiB huge page around it, holding small pages that may never
         // be used. The first half of the segment (header and the 1- and 4-slot

@@ -163,7 +163,7 @@ impl Heap {
         let Some(state) = State::try_get() else { return ptr::null_mut() };
         if !state.policies {
             // SAFETY: the caller's heap.
-            return unsafe { Heap::alloc_slow_unpoliced(heap, class, state) };
+            return unsafe { Heap::alloc_slow_any(heap, class, state) };
         }
         let active = super::policy::active(state);
         // SAFETY: the heap is this thread's.
@@ -171,7 +171,7 @@ impl Heap {
             // One arena, or every page of the heap on the thread's node:
             // `Local` has nothing to choose, any page serves.
             // SAFETY: the caller's heap.
-            return unsafe { Heap::alloc_slow_local(heap, class, state) };
+            return unsafe { Heap::alloc_slow_any(heap, class, state) };
         }
         if let Active::Interleave(il) = active {
             // A heap made before its thread's interleave was known.
@@ -180,15 +180,11 @@ impl Heap {
             // SAFETY: as above.
             return unsafe { Heap::alloc_slow(heap, class) };
         }
-        // Only pages the policy accepts may serve (for `Local` in per-node
-        // mode: pages of the node the thread runs on now, looked up only if
-        // a page of another node than the heap's shows up).
+        // Only pages the policy accepts may serve (for `Local` on a mixed
+        // heap: pages of its last node, or of the node the thread runs on
+        // now, looked up only if a page of another node shows up).
         let mut here = None;
-        let mut accepts = |p: *mut Page| {
-            // SAFETY: the heap is the caller's.
-            if matches!(active, Active::Local) && !unsafe { (*heap).mixed } {
-                return true;
-            }
+        let accepts = |p: *mut Page| {
             // SAFETY: pages on this heap's lists are live pages.
             let node = usize::from(unsafe { (*p).info.node });
             match active {
@@ -198,6 +194,32 @@ impl Heap {
             }
         };
         // SAFETY: the heap is this thread's (caller's contract).
+        unsafe {
+            let p = Heap::serve_listed(heap, class, accepts);
+            if !p.is_null() {
+                return p;
+            }
+            // A fresh page from the arena the policy picks (for `Local`, the
+            // node this thread runs on now).
+            let arena = state.node_arena(active.node(state));
+            if matches!(active, Active::Local) {
+                Heap::note_node(heap, arena.node);
+            }
+            let p = Heap::fresh_page(heap, class, state, arena, active.fallback_set());
+            Heap::note_direct(heap, class);
+            p
+        }
+    }
+
+    /// Serves the allocation from the class's direct page, else from any
+    /// page on its list that `accepts` lets serve (after collecting remote
+    /// frees); null when none can, for the caller to take a fresh page.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    #[inline(always)]
+    unsafe fn serve_listed(heap: *mut Heap, class: usize, mut accepts: impl FnMut(*mut Page) -> bool) -> *mut u8 {
+        // SAFETY: per the contract.
         unsafe {
             Heap::collect_remote(heap);
             let direct = (*heap).direct[class];
@@ -213,81 +235,34 @@ impl Heap {
                 }
                 page = next;
             }
-            // A fresh page from the arena the policy picks (for `Local`, the
-            // node this thread runs on now).
-            let node = active.node(state);
-            let arena = if state.mode == super::Mode::PerNode {
-                state.arena(node).unwrap_or_else(|| state.home_arena(node))
-            } else {
-                state.current_arena()
-            };
-            if matches!(active, Active::Local) {
-                Heap::note_node(heap, arena.node);
-            }
-            let p = Heap::fresh_page(heap, class, state, arena, active.fallback_set());
-            Heap::note_direct(heap, class);
-            p
+            ptr::null_mut()
         }
     }
 
-    /// The slow path with policies switched off ([`Config::policies`]): the
-    /// direct page, then any page of the heap, then the arena of the node the
-    /// thread runs on now.
+    /// Any page serves, then the arena of the node the thread runs on now:
+    /// the slow path with policies switched off ([`Config::policies`]), and
+    /// `Local`'s while every page of the heap is on the node it last took a
+    /// page for (noting, in per-node mode, when that stops being true: the
+    /// thread moved, or a fallback page came in).
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
     ///
     /// [`Config::policies`]: super::Config::policies
-    unsafe fn alloc_slow_unpoliced(heap: *mut Heap, class: usize, state: &'static State) -> *mut u8 {
+    unsafe fn alloc_slow_any(heap: *mut Heap, class: usize, state: &'static State) -> *mut u8 {
         // SAFETY: per the contract.
         unsafe {
-            Heap::collect_remote(heap);
-            let direct = (*heap).direct[class];
-            if direct != empty_page() && Heap::refill_from(heap, direct) {
-                return Heap::alloc_class(heap, class);
-            }
-            let mut page = (*heap).lists[class].head;
-            while !page.is_null() {
-                let next = (*page).next;
-                if page != direct && Heap::refill_from(heap, page) {
-                    (*heap).direct[class] = page;
-                    return Heap::alloc_class(heap, class);
-                }
-                page = next;
-            }
-            Heap::fresh_page(heap, class, state, state.current_arena(), None)
-        }
-    }
-
-    /// `Local` while every page of the heap is on the node it last took a
-    /// page for: the slow path as without policies, noting when that stops
-    /// being true (the thread moved, or a fallback page came in).
-    ///
-    /// # Safety
-    /// `heap` is the calling thread's heap.
-    unsafe fn alloc_slow_local(heap: *mut Heap, class: usize, state: &'static State) -> *mut u8 {
-        // SAFETY: per the contract.
-        unsafe {
-            Heap::collect_remote(heap);
-            let direct = (*heap).direct[class];
-            if direct != empty_page() && Heap::refill_from(heap, direct) {
-                return Heap::alloc_class(heap, class);
-            }
-            let mut page = (*heap).lists[class].head;
-            while !page.is_null() {
-                let next = (*page).next;
-                if page != direct && Heap::refill_from(heap, page) {
-                    (*heap).direct[class] = page;
-                    return Heap::alloc_class(heap, class);
-                }
-                page = next;
+            let p = Heap::serve_listed(heap, class, |_| true);
+            if !p.is_null() {
+                return p;
             }
             let arena = state.current_arena();
-            if state.mode == super::Mode::PerNode {
+            let track = state.policies && state.mode == super::Mode::PerNode;
+            if track {
                 Heap::note_node(heap, arena.node);
             }
             let p = Heap::fresh_page(heap, class, state, arena, None);
-            if state.mode == super::Mode::PerNode {
+            if track {
                 Heap::note_direct(heap, class);
             }
             p

@@ -40,12 +40,7 @@ fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
 /// without memory); null on failure. With `zero`, the block reads as zeroes
 /// (fresh mappings already do; reused ones are cleared).
 pub(crate) fn alloc_on(state: &State, node: usize, size: usize, align: usize, zero: bool) -> *mut u8 {
-    let arena = if state.mode == super::Mode::PerNode {
-        state.arena(node).unwrap_or_else(|| state.home_arena(node))
-    } else {
-        state.current_arena()
-    };
-    alloc_in(state, arena, size, align, zero)
+    alloc_in(state, state.node_arena(node), size, align, zero)
 }
 
 fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {

@@ -16,7 +16,7 @@ use core::ptr::{self, NonNull};
 
 use super::segment::{SEGMENT_SIZE, SLOT_SIZE, Segment};
 use super::state::State;
-use crate::os::mem::{self, BindFlags, MemPolicy};
+use crate::os::mem;
 use crate::sync::{Acquired, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, RetireCount, SpinLock};
 use crate::topology::MAX_NODES;
 
@@ -112,7 +112,7 @@ impl Space {
                 if !r.is_null() {
                     // SAFETY: the current region of an exclusive space is
                     // retired only by this thread.
-                    if let Some(p) = unsafe { self.carve_exclusive(r, node, size, align, turn) } {
+                    if let Some(p) = unsafe { self.carve(r, node, size, align, turn) } {
                         return p;
                     }
                 }
@@ -127,7 +127,7 @@ impl Space {
             if !r.is_null() {
                 // SAFETY: the current region is live: retired only once it is
                 // no longer current, which needs the lock we hold.
-                if let Some(p) = unsafe { self.carve_locked(r, size, align, turn) } {
+                if let Some(p) = unsafe { self.carve(r, node, size, align, turn) } {
                     return p;
                 }
             }
@@ -155,69 +155,42 @@ impl Space {
         self.credit[node].store(credit, Ordering::Relaxed);
     }
 
-    /// Carves a block of a shared space's current region.
+    /// Carves a block at the top of `r`, the current region for `node`. Its
+    /// reference comes from the exclusive space's credit, or (shared) is
+    /// taken on the region's count.
     ///
     /// # Safety
-    /// `r` is the current region for its node, and the caller holds the
-    /// node's lock.
-    unsafe fn carve_locked(&self, r: *mut Region, size: usize, align: usize, turn: u64) -> Option<*mut u8> {
-        // SAFETY: see `alloc`.
-        let reg = unsafe { &*r };
-        let new_turn = reg.last_turn.load(Ordering::Relaxed) != turn;
-        let a = if new_turn { align.max(self.turn_align) } else { align };
-        let start = up(reg.top.load(Ordering::Relaxed), a);
-        let end = start + size;
-        if end > SEGMENT_SIZE {
-            return None;
-        }
-        // Current, so not retired: the reference is ours.
-        let got = reg.live.try_acquire();
-        debug_assert_eq!(got, Acquired::Yes);
-        reg.top.store(end, Ordering::Relaxed);
-        let bit = start / GRAIN;
-        let w = &reg.starts[bit / 64];
-        // Carvers hold the lock and frees never touch the bitmap.
-        w.store(w.load(Ordering::Relaxed) | 1 << (bit % 64), Ordering::Relaxed);
-        if new_turn {
-            reg.last_turn.store(turn, Ordering::Relaxed);
-        }
-        Some(r.cast::<u8>().wrapping_add(start))
-    }
-
-    /// [`carve`](Self::carve) for an exclusive space: no other thread carves
-    /// `r`, and its live count already holds our credit.
-    ///
-    /// # Safety
-    /// `r` is this exclusive space's current region for `node`.
+    /// `r` is the current region for `node`, and the caller holds the node's
+    /// lock (shared) or is the space's thread (exclusive): no one else
+    /// carves it, and frees never touch its top or bitmap.
     #[inline(always)]
-    unsafe fn carve_exclusive(
-        &self,
-        r: *mut Region,
-        node: usize,
-        size: usize,
-        align: usize,
-        turn: u64,
-    ) -> Option<*mut u8> {
+    unsafe fn carve(&self, r: *mut Region, node: usize, size: usize, align: usize, turn: u64) -> Option<*mut u8> {
         // SAFETY: see `alloc`.
         let reg = unsafe { &*r };
         let new_turn = reg.last_turn.load(Ordering::Relaxed) != turn;
         let a = if new_turn { align.max(self.turn_align) } else { align };
-        let start = up(reg.top.load(Ordering::Relaxed), a);
+        let start = r as usize + up(reg.top.load(Ordering::Relaxed), a);
         let end = start + size;
-        let credit = self.credit[node].load(Ordering::Relaxed);
-        if end > SEGMENT_SIZE || credit == 0 {
+        if end > r as usize + SEGMENT_SIZE {
             return None;
         }
-        reg.top.store(end, Ordering::Relaxed);
-        self.credit[node].store(credit - 1, Ordering::Relaxed);
-        let bit = start / GRAIN;
-        let w = &reg.starts[bit / 64];
-        // Only this thread writes the bitmap (frees never do).
-        w.store(w.load(Ordering::Relaxed) | 1 << (bit % 64), Ordering::Relaxed);
+        if self.exclusive {
+            let credit = self.credit[node].load(Ordering::Relaxed);
+            if credit == 0 {
+                return None;
+            }
+            self.credit[node].store(credit - 1, Ordering::Relaxed);
+        } else {
+            // Current, so not retired: the reference is ours.
+            let got = reg.live.try_acquire();
+            debug_assert_eq!(got, Acquired::Yes);
+        }
+        // SAFETY: per the contract, `start..end` is free space at its top.
+        unsafe { book(r, start, end) };
         if new_turn {
             reg.last_turn.store(turn, Ordering::Relaxed);
         }
-        Some(r.cast::<u8>().wrapping_add(start))
+        Some(start as *mut u8)
     }
 
     /// Retires `r`, this space's region for `node` until now.
@@ -289,22 +262,13 @@ impl Drop for Space {
 /// mapping of the node when there is one (an interleave that frees as it
 /// goes would otherwise map and unmap 4 MiB every thousand 4 KiB blocks).
 fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
-    let arena = state.arena(node).unwrap_or_else(|| state.home_arena(node));
+    let arena = state.node_arena(node);
     let cached = arena.take_huge(SEGMENT_SIZE);
     let fresh = cached.is_none();
     let (base, len) = match cached {
         Some(c) => c,
-        None => (mem::map_aligned(SEGMENT_SIZE, SEGMENT_SIZE).ok()?, SEGMENT_SIZE),
+        None => (arena.map_bound(state, SEGMENT_SIZE)?, SEGMENT_SIZE),
     };
-    let policy = arena.policy(state);
-    if fresh && policy != MemPolicy::Default {
-        // SAFETY: our fresh mapping.
-        if unsafe { mem::bind(base, len, policy, BindFlags::NONE) }.is_err() {
-            // SAFETY: ours, unused.
-            let _ = unsafe { mem::unmap(base, len) };
-            return None;
-        }
-    }
     let r = base.as_ptr().cast::<Region>();
     // SAFETY: the header fits before `DATA`; a fresh mapping is zeroed, a
     // reused one gets its counters and bitmap cleared.
@@ -380,12 +344,13 @@ pub(crate) fn block_layout_in(size: usize, align: usize, page: usize) -> (usize,
     (size, align)
 }
 
-/// Books a block carved at `start..end` of region `r` outside [`Space`]
-/// (a window of an exclusive space): the region's top and the block's start bit.
+/// Books a block carved at `start..end` (addresses) of region `r`: the
+/// region's top and the block's start bit.
 ///
 /// # Safety
-/// `r` is the current region of an exclusive space owned by the calling
-/// thread, and `start..end` was free space at its top.
+/// `r` is a current region that only the caller carves (an exclusive
+/// space's thread, or a shared space's lock holder), and `start..end` was
+/// free space at its top. Frees never touch the top or the bitmap.
 #[inline(always)]
 pub(crate) unsafe fn book(r: *mut Region, start: usize, end: usize) {
     // SAFETY: per the contract.
@@ -407,7 +372,7 @@ unsafe fn unmap(r: *mut Region) {
     // SAFETY: the region's own mapping.
     let base = unsafe { NonNull::new_unchecked(base) };
     if let Some(state) = State::try_get() {
-        let a = state.arena(node).unwrap_or_else(|| state.home_arena(node));
+        let a = state.node_arena(node);
         a.counters.region_live.fetch_sub(1, Ordering::Relaxed);
         if a.keep_huge(state, base, len) {
             return;

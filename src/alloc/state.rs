@@ -264,6 +264,13 @@ impl State {
         }
     }
 
+    /// The arena that places memory on `node`: its own, or for a node
+    /// without memory (and in flat mode) the arena its threads draw from.
+    #[inline]
+    pub(crate) fn node_arena(&self, node: usize) -> &Arena {
+        self.arena(node).unwrap_or_else(|| self.home_arena(node))
+    }
+
     /// The arena of the calling thread's current node.
     #[inline]
     pub(crate) fn current_arena(&self) -> &Arena {
