@@ -477,15 +477,32 @@ fn numaalloc_falls_back_by_distance_when_a_node_is_full(t: &Topology, layout: Op
     let node = t.cpu_nodes().first().unwrap();
     let cpu = first_cpu(t, node);
     let target = (t.memory_of(node) + (64 << 20)) as usize;
-    let t2 = t.clone();
     let before = A.stats().per_node[node].fallbacks;
-    let placed = std::thread::spawn(move || {
+    let placed = fill_from_cpu(cpu, target, None);
+    let after = A.stats().per_node[node].fallbacks;
+    println!(
+        "\n  filled node {node} with {} MiB: pages per node {:?}, {} fallbacks",
+        target >> 20,
+        placed.iter().enumerate().filter(|(_, c)| **c > 0).collect::<Vec<_>>(),
+        after - before
+    );
+    assert!(after > before, "no fallback counted");
+    assert_spilled_to_nearest(t, node, &placed);
+    Outcome::Pass
+}
+
+/// Allocates `bytes` in 128 KiB blocks (size-class pages, drawn from the
+/// arenas) on a thread pinned to `cpu`, under `policy` when given, touching
+/// every page; frees them and gives the memory back. Returns the pages found
+/// on each kernel node.
+fn fill_from_cpu(cpu: usize, bytes: usize, policy: Option<Policy>) -> Vec<usize> {
+    std::thread::spawn(move || {
         os::cpu::pin_current_thread(cpu).unwrap();
-        // 128 KiB blocks: size-class pages, drawn from the arenas.
+        let _g = policy.map(|p| numaweave::with_policy(p).unwrap());
         let l = Layout::from_size_align(128 << 10, 8).unwrap();
-        let mut blocks = Vec::new();
+        let mut blocks = Vec::with_capacity(bytes / l.size() + 1);
         let mut per_node = vec![0usize; numaweave::topology::MAX_NODES];
-        while blocks.len() * l.size() < target {
+        while blocks.len() * l.size() < bytes {
             // SAFETY: valid layout.
             let p = unsafe { A.alloc(l) };
             assert!(!p.is_null(), "allocation failed after {} MiB", (blocks.len() * l.size()) >> 20);
@@ -502,35 +519,26 @@ fn numaalloc_falls_back_by_distance_when_a_node_is_full(t: &Topology, layout: Op
         per_node
     })
     .join()
-    .unwrap();
-    let after = A.stats().per_node[node].fallbacks;
-    let elsewhere: Vec<(usize, usize)> = placed
-        .iter()
-        .enumerate()
-        .filter(|&(n, &c)| c > 0 && n != t2.physical_node(node))
-        .map(|(n, &c)| (n, c))
-        .collect();
-    println!(
-        "\n  filled node {node} with {} MiB: pages per node {:?}, {} fallbacks",
-        target >> 20,
-        placed.iter().enumerate().filter(|(_, c)| **c > 0).collect::<Vec<_>>(),
-        after - before
-    );
-    assert!(after > before, "no fallback counted");
-    assert!(!elsewhere.is_empty(), "nothing placed outside node {node}");
-    // The overflow goes to the nearest nodes first: never farther than the
-    // nearest other node while that one has room.
-    let nearest = t2.nodes_by_distance(node).nth(1).unwrap();
-    let d = t2.distance(node, nearest);
-    for (n, _) in &elsewhere {
+    .unwrap()
+}
+
+/// Checks that a fill of node `from` (`placed`: pages per kernel node)
+/// overflowed, and only to the memory nodes nearest `from`: never farther
+/// than the nearest other node while that one has room.
+fn assert_spilled_to_nearest(t: &Topology, from: usize, placed: &[usize]) {
+    let elsewhere: Vec<usize> = (0..placed.len()).filter(|&n| placed[n] > 0 && n != t.physical_node(from)).collect();
+    assert!(!elsewhere.is_empty(), "nothing placed outside node {from}");
+    let nearest = t.nodes_by_distance(from).find(|&n| n != from && t.memory_nodes().contains(n)).unwrap();
+    let d = t.distance(from, nearest);
+    for n in elsewhere {
+        let ln = t.logical_node(n).unwrap();
         assert_eq!(
-            t2.distance(node, *n),
+            t.distance(from, ln),
             d,
-            "overflow reached node {n} (distance {}) before the nearest, {nearest}",
-            t2.distance(node, *n)
+            "overflow of node {from} reached node {ln} (distance {}) before the nearest, {nearest}",
+            t.distance(from, ln)
         );
     }
-    Outcome::Pass
 }
 
 fn slab_objects_land_on_the_cache_node(t: &Topology, _: Option<&Guest>) -> Outcome {
@@ -734,48 +742,13 @@ fn policy_preferred_falls_back_by_distance_from_its_node(t: &Topology, layout: O
     let (home, pref) = (cpu_nodes[0], *cpu_nodes.last().unwrap());
     let cpu = first_cpu(t, home);
     let target = (t.memory_of(pref) + (64 << 20)) as usize;
-    let topo = t.clone();
-    let placed = std::thread::spawn(move || {
-        os::cpu::pin_current_thread(cpu).unwrap();
-        let _g = numaweave::with_policy(Policy::Preferred(pref)).unwrap();
-        let l = Layout::from_size_align(128 << 10, 8).unwrap();
-        let mut blocks = Vec::with_capacity(target / l.size() + 1);
-        let mut per_node = vec![0usize; numaweave::topology::MAX_NODES];
-        while blocks.len() * l.size() < target {
-            // SAFETY: valid layout.
-            let p = unsafe { A.alloc(l) };
-            assert!(!p.is_null(), "allocation failed after {} MiB", (blocks.len() * l.size()) >> 20);
-            for n in touch_and_locate(p, l.size()).into_iter().flatten() {
-                per_node[n] += 1;
-            }
-            blocks.push(p);
-        }
-        for p in blocks {
-            // SAFETY: allocated above with `l`.
-            unsafe { A.dealloc(p, l) };
-        }
-        A.collect();
-        per_node
-    })
-    .join()
-    .unwrap();
-    let elsewhere: Vec<usize> = (0..placed.len()).filter(|&n| placed[n] > 0 && n != topo.physical_node(pref)).collect();
+    let placed = fill_from_cpu(cpu, target, Some(Policy::Preferred(pref)));
     println!(
         "\n  preferred:{pref} from node {home}, {} MiB: pages per node {:?}",
         target >> 20,
         placed.iter().enumerate().filter(|(_, c)| **c > 0).collect::<Vec<_>>()
     );
-    assert!(placed[topo.physical_node(pref)] > 0, "nothing on the preferred node");
-    assert!(!elsewhere.is_empty(), "nothing placed outside node {pref}");
-    let nearest = topo.nodes_by_distance(pref).find(|&n| n != pref && topo.memory_nodes().contains(n)).unwrap();
-    let d = topo.distance(pref, nearest);
-    for n in elsewhere {
-        let ln = topo.logical_node(n).unwrap();
-        assert_eq!(
-            topo.distance(pref, ln),
-            d,
-            "overflow of node {pref} reached node {ln} before the nearest, {nearest}"
-        );
-    }
+    assert!(placed[t.physical_node(pref)] > 0, "nothing on the preferred node");
+    assert_spilled_to_nearest(t, pref, &placed);
     Outcome::Pass
 }
