@@ -686,6 +686,41 @@ fn policy_interleave_pages_follow_the_cursor(t: &Topology, _: Option<&Guest>) ->
                 unsafe { A.dealloc(p, l) };
             }
             println!("  the same under with_policy: 64 buffers, every page on its node");
+
+            // Freed as it goes (blocks the thread frees are reused within
+            // the turn, or by the node's next turn): 3000 buffers, five live
+            // at a time, each written and its page asked for under the guard
+            // (`page_node` does not allocate), off the model's node: none.
+            let model = Cursor::new(&policy);
+            let l = Layout::from_size_align(4096, 8).unwrap();
+            let mut wrong: Vec<(usize, Option<usize>)> = Vec::with_capacity(3000);
+            let mut ring = [std::ptr::null_mut::<u8>(); 5];
+            {
+                let _g = numaweave::with_policy(Policy::Interleave(policy)).unwrap();
+                for i in 0..3000usize {
+                    let slot = &mut ring[i % 5];
+                    if !slot.is_null() {
+                        // SAFETY: allocated below with `l`, five steps ago.
+                        unsafe { A.dealloc(*slot, l) };
+                    }
+                    // SAFETY: a valid layout; 4096 writable bytes, freed above or below.
+                    let p = unsafe { A.alloc(l) };
+                    // SAFETY: as above.
+                    unsafe { p.write_bytes(i as u8, 4096) };
+                    *slot = p;
+                    let want = topo.physical_node(model.next(4096));
+                    let got = os::mem::page_node(p).unwrap();
+                    if got != Some(want) && wrong.len() < wrong.capacity() {
+                        wrong.push((i, got));
+                    }
+                }
+                for p in ring {
+                    // SAFETY: the last five, allocated with `l`.
+                    unsafe { A.dealloc(p, l) };
+                }
+            }
+            assert!(wrong.is_empty(), "scoped {g:?} churn: buffers off their node: {:?}", &wrong[..wrong.len().min(8)]);
+            println!("  freed as it goes (five live): 3000 buffers, every one on its node");
         }
     })
     .join()

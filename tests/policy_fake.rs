@@ -157,6 +157,136 @@ fn scoped_interleave_follows_the_cursor_and_keeps_turns_contiguous() {
     println!("interleave checked: Count(4) sequence and turns adjacent, Bytes spread {}", per[0].abs_diff(per[1]));
 }
 
+/// A scoped interleave reuses what its thread frees, without bending the
+/// turns: allocations freed at once, or a few at a time, keep the exact
+/// `Count` sequence and the `Bytes` balance; live blocks never overlap;
+/// the thread cycles a handful of warm blocks instead of walking fresh
+/// memory; a turn of mixed page-multiple sizes stays back to back; the
+/// heap's counters do not take the region blocks in; every region goes back
+/// at the end.
+#[test]
+fn scoped_interleave_reuses_freed_blocks_within_exact_turns() {
+    if !in_child() {
+        assert!(child("scoped_interleave_reuses_freed_blocks_within_exact_turns", None).contains("reuse checked"));
+        return;
+    }
+    on_node0();
+    let nodes: NodeSet = "0-1".parse().unwrap();
+    let count = |n| Policy::Interleave(Interleave::new(nodes, Granularity::Count(n)).unwrap());
+    let regions_before = A.stats().total().regions;
+    let in_use_before = A.stats().total().in_use;
+    // Room for the records, so that under the guards only the blocks are allocated.
+    let mut got: Vec<usize> = Vec::with_capacity(30_000);
+    let mut addrs: Vec<usize> = Vec::with_capacity(30_000);
+    let mut ring: std::collections::VecDeque<(*mut u8, Layout, u8)> = std::collections::VecDeque::with_capacity(16);
+
+    // Freed at once (the fast path's put-back), then through a ring of 5
+    // live blocks (put-backs and the reuse list), sizes by the class path
+    // (alignment 8) and the aligned path (4096).
+    for (depth, align) in [(0usize, 8usize), (5, 8), (0, 4096), (5, 4096)] {
+        got.clear();
+        addrs.clear();
+        let g = with_policy(count(3)).unwrap();
+        for i in 0..9_000usize {
+            let l = Layout::from_size_align(4096, align).unwrap();
+            // SAFETY: a valid layout; freed below.
+            let p = unsafe { A.alloc(l) };
+            assert!(!p.is_null());
+            got.push(node_of(p));
+            addrs.push(p as usize);
+            // SAFETY: a fresh block of 4096 bytes.
+            unsafe { p.write_bytes(i as u8, 4096) };
+            ring.push_back((p, l, i as u8));
+            while ring.len() > depth {
+                let (q, ql, v) = ring.pop_front().unwrap();
+                // SAFETY: live, written above with `v`; no other live block overlaps it.
+                unsafe {
+                    assert!(
+                        std::slice::from_raw_parts(q, 4096).iter().all(|&x| x == v),
+                        "a live block was overwritten"
+                    );
+                    A.dealloc(q, ql);
+                }
+            }
+        }
+        while let Some((q, ql, _)) = ring.pop_front() {
+            // SAFETY: live blocks of `ql`.
+            unsafe { A.dealloc(q, ql) };
+        }
+        drop(g);
+        let want: Vec<usize> = (0..9_000).map(|i| (i / 3) % 2).collect();
+        assert!(got == want, "depth {depth} align {align}: Count(3) sequence broken");
+        addrs.sort_unstable();
+        addrs.dedup();
+        assert!(addrs.len() <= 2 * (depth + 4), "depth {depth} align {align}: {} distinct blocks", addrs.len());
+    }
+
+    // Bytes: mixed sizes, half freed at once: the nodes are the ones a
+    // model cursor gives, so the balance holds.
+    let b = 64 << 10;
+    let bytes = Interleave::new(nodes, Granularity::Bytes(b)).unwrap();
+    let model = numaweave::policy::Cursor::new(&bytes);
+    let mut kept: Vec<(*mut u8, Layout)> = Vec::with_capacity(10_000);
+    got.clear();
+    let g = with_policy(Policy::Interleave(bytes)).unwrap();
+    for i in 0..20_000usize {
+        let l = Layout::from_size_align(512 << (i % 5), 8).unwrap();
+        // SAFETY: a valid layout; freed below.
+        let p = unsafe { A.alloc(l) };
+        got.push(node_of(p));
+        if i % 2 == 0 {
+            // SAFETY: just allocated with `l`.
+            unsafe { A.dealloc(p, l) };
+        } else {
+            kept.push((p, l));
+        }
+    }
+    drop(g);
+    let mut per = [0u64; 2];
+    for (i, &n) in got.iter().enumerate() {
+        let size = 512 << (i % 5);
+        assert_eq!(n, model.next(size), "Bytes: allocation {i} off the model's node");
+        per[n] += size as u64;
+        assert!(per[0].abs_diff(per[1]) <= b + 8192, "step {i}: bytes per node {per:?}");
+    }
+    for (q, ql) in kept {
+        // SAFETY: live blocks of `ql`.
+        unsafe { A.dealloc(q, ql) };
+    }
+
+    // A turn of mixed page-multiple sizes (the class path switches class at
+    // every allocation) is one extent.
+    let sizes = [4096usize, 8192, 4096, 12288, 16384, 4096, 32768, 8192];
+    let mut bufs: Vec<(*mut u8, Layout)> = Vec::with_capacity(64);
+    let g = with_policy(count(4)).unwrap();
+    for i in 0..64 {
+        let l = Layout::from_size_align(sizes[i % sizes.len()], 8).unwrap();
+        // SAFETY: a valid layout; freed below.
+        bufs.push((unsafe { A.alloc(l) }, l));
+    }
+    drop(g);
+    for (t, turn) in bufs.chunks(4).enumerate() {
+        assert!(turn.iter().all(|(p, _)| node_of(*p) == t % 2));
+        for w in turn.windows(2) {
+            assert_eq!(w[0].0 as usize + w[0].1.size(), w[1].0 as usize, "turn {t} is not one extent");
+        }
+    }
+    for (p, l) in bufs {
+        // SAFETY: allocated above with `l`.
+        unsafe { A.dealloc(p, l) };
+    }
+
+    let s = A.stats().total();
+    assert_eq!(s.regions, regions_before, "regions outlived their blocks");
+    assert!(
+        s.in_use.abs_diff(in_use_before) < 1 << 20,
+        "heap counters took region blocks in: {} -> {}",
+        in_use_before,
+        s.in_use
+    );
+    println!("reuse checked");
+}
+
 #[test]
 fn handles_work_with_collections_and_the_global_allocator() {
     if !in_child() {

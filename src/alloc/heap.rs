@@ -15,7 +15,7 @@ use core::ptr;
 
 use super::policy::Active;
 use super::segment::{Block, Page};
-use super::size_class::{CLASSES, class_size};
+use super::size_class::CLASSES;
 use super::state::State;
 use crate::sync::{AtomicStack, AtomicU64, Ordering};
 
@@ -88,6 +88,10 @@ pub(crate) struct Heap {
     /// otherwise): the slow path's first check, so that an interleaved
     /// allocation skips the policy lookup.
     il: *const super::policy::Interleaver,
+    /// Whether `Local` is the policy in force on the thread (kept with `il`
+    /// when a guard sets or restores one): the slow path's second check, so
+    /// that `Local` costs no policy lookup while the heap is not mixed.
+    local: bool,
     /// The node of the arena its last fresh page came from under `Local`:
     /// pages of that node serve `Local` without asking where the thread runs.
     last_node: usize,
@@ -141,14 +145,13 @@ impl Heap {
         // SAFETY: the heap is this thread's.
         let il = unsafe { (*heap).il };
         if !il.is_null() {
-            // Direct pages stay empty under an interleave: every allocation
-            // comes here and the cursor places it (region blocks are not the
-            // heap's: its counters stay out of it). Kept apart from the page
-            // refill so this path has a small frame.
-            let size = class_size(class);
-            let align = (1usize << size.trailing_zeros()).min(super::region::REGION_ALIGN_MAX);
+            // Under an interleave the cursor places every allocation: the
+            // class's direct page is the interleaver's pool for the rest of
+            // a turn, else empty (region blocks are not the heap's: its
+            // counters stay out of them). Kept apart from the page refill so
+            // this path has a small frame.
             // SAFETY: the interleaver outlives the policy that installed it.
-            return unsafe { super::policy::interleave_alloc(il, size, align) };
+            return unsafe { (*il).alloc_class(heap, class) };
         }
         // SAFETY: the caller's contract.
         unsafe { Heap::refill(heap, class) }
@@ -162,6 +165,13 @@ impl Heap {
     unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
         let Some(state) = State::try_get() else { return ptr::null_mut() };
         if !state.policies {
+            // SAFETY: the caller's heap.
+            return unsafe { Heap::alloc_slow_any(heap, class, state) };
+        }
+        // SAFETY: the heap is this thread's.
+        if unsafe { (*heap).local && !(*heap).mixed } {
+            // `Local` with every page of the heap on the node it last took
+            // a page for: nothing to choose, any page serves.
             // SAFETY: the caller's heap.
             return unsafe { Heap::alloc_slow_any(heap, class, state) };
         }
@@ -596,6 +606,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
                     last_node: arena.node,
                     mixed: false,
                     il: ptr::null(),
+                    local: false,
                     counters: HeapCounters::default(),
                     next_all: ptr::null_mut(),
                     next_orphan: ptr::null_mut(),
@@ -618,6 +629,8 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
         }
         heap
     };
+    // SAFETY: ours now.
+    unsafe { (*heap).local = matches!(super::policy::active(state), Active::Local) };
     HEAP.with(|c| c.set(heap));
     // Ask for `thread_exit` at thread exit. glibc keeps the first 32 keys'
     // values inside the thread descriptor, so this does not allocate.
@@ -649,15 +662,49 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
 
 /// Points every size class of the calling thread's heap at the empty page,
 /// so that the next allocation of each goes through the slow path (and the
-/// policy now in force), and records the interleaver in force (null: none).
-pub(crate) fn reset_direct_pages(il: *const super::policy::Interleaver) {
+/// policy now in force, `active`), and records its interleaver (if any) and
+/// whether it is `Local`.
+pub(crate) fn reset_direct_pages(active: Active) {
     let h = current();
     if !h.is_null() {
         // SAFETY: the calling thread's heap; the pages stay on its lists.
         unsafe {
             (*h).direct = [empty_page(); CLASSES];
-            (*h).il = il;
+            (*h).il = super::policy::interleaver_of(active);
+            (*h).local = matches!(active, Active::Local);
         }
+    }
+}
+
+/// Makes `page`, an exclusive interleaver's pool, the direct page of
+/// `class` for the calling thread's `heap`.
+///
+/// # Safety
+/// `heap` is the calling thread's heap; `page` holds blocks of `class`'s
+/// size and stays live until [`unhook_pool`].
+pub(crate) unsafe fn hook_pool(heap: *mut Heap, class: usize, page: *mut Page) {
+    // SAFETY: per the contract.
+    unsafe { (*heap).direct[class] = page };
+}
+
+/// Undoes [`hook_pool`] (if the pool is still hooked) and takes the `taken`
+/// blocks of `size` bytes that the fast path counted out of the heap's
+/// counters.
+///
+/// # Safety
+/// Called on the thread that hooked the pool; `h` is its heap (or null).
+pub(crate) unsafe fn unhook_pool(h: *mut Heap, page: *mut Page, class: usize, taken: usize, size: usize) {
+    if h.is_null() {
+        return;
+    }
+    // SAFETY: the calling thread's heap.
+    unsafe {
+        if (*h).direct[class] == page {
+            (*h).direct[class] = empty_page();
+        }
+        let c = &(*h).counters;
+        bump(&c.allocs, (taken as u64).wrapping_neg());
+        bump(&c.bytes_alloc, ((taken * size) as u64).wrapping_neg());
     }
 }
 

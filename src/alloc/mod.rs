@@ -201,9 +201,9 @@ impl Default for NumaAlloc {
     }
 }
 
-/// Frees `p`, a live block of this allocator.
+/// Frees `p`, a live block of this allocator, of `size` bytes as asked for.
 #[inline(always)]
-unsafe fn free(p: *mut u8) {
+unsafe fn free(p: *mut u8, size: usize) {
     let seg = segment_of(p);
     // SAFETY: `p` is a live block (caller's contract), so its segment header
     // is live, and for a small segment the slot belongs to a page.
@@ -217,7 +217,7 @@ unsafe fn free(p: *mut u8) {
                 free_remote(page, p.cast::<Block>());
             }
         } else if (*seg).kind == region::REGION {
-            region::free(seg);
+            region::free(seg, p, size);
         } else if let Some(state) = State::try_get() {
             debug_assert_eq!((*seg).kind, HUGE);
             huge::free(state, seg);
@@ -260,9 +260,9 @@ unsafe impl GlobalAlloc for NumaAlloc {
     }
 
     #[inline]
-    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         // SAFETY: forwarded contract: `p` is a live block of this allocator.
-        unsafe { free(p) }
+        unsafe { free(p, layout.size()) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -298,7 +298,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
             let q = self.alloc(new_layout);
             if !q.is_null() {
                 ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
-                free(p);
+                free(p, layout.size());
             }
             q
         }

@@ -6,18 +6,24 @@
 //! decide which arena a heap takes its next page from, and which of its pages
 //! it may refill from, both on the slow path; a thread switching policy has
 //! its heap's direct pages cleared so the next allocation of each size goes
-//! through that choice once. `Interleave` keeps the direct pages cleared, so
-//! every allocation takes the slow path, where the policy's cursor picks the
-//! node and a bump region of that node (see `region.rs`) supplies the block.
+//! through that choice once. Under `Interleave` the policy's cursor picks
+//! the node and a bump region of that node (see `region.rs`) supplies the
+//! block: on the slow path for a shared interleave (the process default,
+//! handles), while a thread-scoped one hands the rest of each turn to the
+//! heap's fast path as a [`Pool`] and takes back what its thread frees.
 
-use core::cell::Cell;
+use core::cell::{Cell, UnsafeCell};
 use core::marker::PhantomData;
 
-use super::region::{REGION_ALIGN_MAX, REGION_MAX, Region, Space, block_layout_in, book, up};
+use super::region::{
+    GRAIN, REGION_ALIGN_MAX, REGION_MAX, Region, Space, book, class_bytes, class_key, close_pool, exclusive_layout,
+    give_back_reuse, open_pool, pop_reuse, unbook, up,
+};
+use super::segment::{Block, Page};
 use super::state::State;
 use crate::error::Result;
 use crate::policy::{Cursor, Granularity, Interleave, Pick, Policy};
-use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::topology::NodeSet;
 
 /// An interleave in force: its cursor and the regions it carves from.
@@ -49,7 +55,65 @@ struct Window {
     top: AtomicUsize,
     end: AtomicUsize,
     credit: AtomicUsize,
+    /// The turn, and whether none of its blocks was carved yet (its first
+    /// one starts on the space's turn alignment).
+    turn: AtomicU64,
+    fresh: AtomicBool,
+    pool: Pool,
 }
+
+/// The window's turn handed to the heap's fast path, for one size class: a
+/// page descriptor that the thread's heap uses as the class's direct page,
+/// holding a few blocks (one reused block, or a run carved at the window's
+/// top), and an allowance for the rest of the turn: the thread's frees of
+/// blocks of that size go straight back on it (see `region::free`) until
+/// the turn's allocations are used up. A thread that allocates and frees a
+/// buffer in a loop then cycles one warm block through the fast path, and a
+/// turn still ends at its exact count (or bytes): the page never holds more
+/// blocks than the turn has allocations left.
+///
+/// What the fast path took is booked into the window when the pool is
+/// taken back ([`Interleaver::reclaim`]), before the window, the cursor or
+/// the space is used for anything else.
+struct Pool {
+    page: PoolPage,
+    /// Blocks put on the page at the fill (0: no pool).
+    filled: AtomicUsize,
+    /// The free budget given to the region at the fill.
+    budget: AtomicUsize,
+    /// The page's `used` at the fill: the fast path counts what it takes.
+    used0: AtomicU32,
+    class: AtomicUsize,
+    key: AtomicUsize,
+    region: AtomicPtr<Region>,
+    /// Whether the filled blocks were carved (at `carved_first`, `stride`
+    /// bytes apart, the window's top `top0` before) or one reused block.
+    carved: AtomicBool,
+    carved_first: AtomicUsize,
+    stride: AtomicUsize,
+    top0: AtomicUsize,
+    /// How many blocks to carve at the next fill: doubled when a pool is
+    /// used up, down to what was taken when it is not (a stream of mixed
+    /// sizes switches class at every allocation: carving ahead would be
+    /// undone each time).
+    hint: AtomicUsize,
+}
+
+/// Most bytes carved for a pool at once (carving writes each block's first
+/// word).
+const FILL_CARVE_BYTES: usize = 64 * 1024;
+
+#[repr(transparent)]
+struct PoolPage(UnsafeCell<Page>);
+// SAFETY: only an exclusive interleaver fills its pool, and an exclusive
+// interleaver is used by the one thread whose policy it is (the page is
+// that thread's heap's direct page, read by its fast path only).
+unsafe impl Sync for PoolPage {}
+// SAFETY: the page's pointers are to region blocks and heap-free memory
+// that any thread may touch; an exclusive interleaver (the only one whose
+// pool is ever filled) is owned by a `!Send` guard, and a shared one's pool
+// stays empty.
+unsafe impl Send for PoolPage {}
 
 impl Interleaver {
     /// For a thread-scoped policy: only the thread that installs it uses it.
@@ -68,6 +132,7 @@ impl Interleaver {
             // policy slot only. The window is booked first: the cursor then
             // stands where the window left it.
             unsafe {
+                self.reclaim(super::heap::current());
                 self.close_window();
                 self.cursor.pick_exclusive(size)
             }
@@ -83,8 +148,10 @@ impl Interleaver {
     pub(crate) fn alloc_block(&self, size: usize, align: usize) -> *mut u8 {
         let small = size <= REGION_MAX && align <= REGION_ALIGN_MAX;
         if self.exclusive {
+            // SAFETY: an exclusive interleaver is used by one thread.
+            unsafe { self.reclaim(super::heap::current()) };
             if small {
-                // SAFETY: an exclusive interleaver is used by one thread.
+                // SAFETY: as above.
                 if let Some(p) = unsafe { self.window_alloc(size, align) } {
                     return p;
                 }
@@ -111,31 +178,106 @@ impl Interleaver {
     unsafe fn window_alloc(&self, size: usize, align: usize) -> Option<*mut u8> {
         let w = &self.window;
         let a = w.a.load(Ordering::Relaxed);
-        // Open? (A byte turn ends at the allocation that reaches its budget.)
-        if if self.count { a == 0 } else { a >= w.b.load(Ordering::Relaxed) } {
+        if !self.window_open() {
             return None;
         }
-        let (bsize, align) = block_layout_in(size, align, self.page);
-        let start = up(w.top.load(Ordering::Relaxed), align);
-        let end = start + bsize;
         let credit = w.credit.load(Ordering::Relaxed);
-        if end > w.end.load(Ordering::Relaxed) || credit == 0 {
+        if credit == 0 {
             return None;
         }
-        w.top.store(end, Ordering::Relaxed);
+        let (key, bsize, align) = exclusive_layout(size, align, self.page);
+        let r = w.region.load(Ordering::Relaxed);
+        // SAFETY: the window's region is the space's current one for its
+        // node, carved (and its lists used) by this thread only.
+        let p = match unsafe { pop_reuse(r, key, align) } {
+            Some(p) => p,
+            None => {
+                let start = up(w.top.load(Ordering::Relaxed), self.first_align(align));
+                let end = start + bsize;
+                if end > w.end.load(Ordering::Relaxed) {
+                    return None;
+                }
+                w.top.store(end, Ordering::Relaxed);
+                // SAFETY: as above; `start..end` was free at its top.
+                unsafe {
+                    book(r, start, end);
+                    self.carved_in_turn(r);
+                }
+                start as *mut u8
+            }
+        };
         w.credit.store(credit - 1, Ordering::Relaxed);
         w.a.store(if self.count { a - 1 } else { a + size as u64 }, Ordering::Relaxed);
-        // SAFETY: the window's region is the space's current one for its
-        // node, owned by this thread; `start..end` was free at its top.
-        unsafe { book(w.region.load(Ordering::Relaxed), start, end) };
-        Some(start as *mut u8)
+        Some(p)
+    }
+
+    /// Whether the window has some of its turn left (a byte turn ends at
+    /// the allocation that reaches its budget).
+    #[inline(always)]
+    fn window_open(&self) -> bool {
+        let a = self.window.a.load(Ordering::Relaxed);
+        if self.count { a != 0 } else { a < self.window.b.load(Ordering::Relaxed) }
+    }
+
+    /// The alignment of the next block carved in the window: the turn's
+    /// first starts on the space's turn alignment.
+    #[inline(always)]
+    fn first_align(&self, align: usize) -> usize {
+        if self.window.fresh.load(Ordering::Relaxed) { align.max(self.space.turn_align()) } else { align }
+    }
+
+    /// A block of the window's turn was carved in `r`.
+    ///
+    /// # Safety
+    /// Exclusive, as [`window_alloc`](Self::window_alloc); `r` is the
+    /// window's region.
+    #[inline(always)]
+    unsafe fn carved_in_turn(&self, r: *mut Region) {
+        let w = &self.window;
+        if w.fresh.load(Ordering::Relaxed) {
+            w.fresh.store(false, Ordering::Relaxed);
+            // SAFETY: per the contract.
+            unsafe { super::region::set_last_turn(r, w.turn.load(Ordering::Relaxed)) };
+        }
+    }
+
+    /// Opens the window on the turn in progress with nothing served yet:
+    /// the allocation that needs it is served from the window too, so a
+    /// turn change costs no pick. False when the node has no current region
+    /// (the caller then picks, and the space maps one).
+    ///
+    /// # Safety
+    /// Exclusive, as [`window_alloc`](Self::window_alloc); no pool is open.
+    #[inline(always)]
+    unsafe fn open_turn(&self) -> bool {
+        // SAFETY: per the contract.
+        let (pick, left) = unsafe {
+            self.close_window();
+            self.cursor.turn_exclusive()
+        };
+        let Some((r, top, end, credit)) = self.space.window_state(pick.node) else { return false };
+        let w = &self.window;
+        w.region.store(r, Ordering::Relaxed);
+        w.node.store(pick.node, Ordering::Relaxed);
+        w.top.store(top, Ordering::Relaxed);
+        w.end.store(end, Ordering::Relaxed);
+        w.credit.store(credit, Ordering::Relaxed);
+        w.turn.store(pick.turn, Ordering::Relaxed);
+        // SAFETY: the node's current region, ours.
+        w.fresh.store(unsafe { super::region::last_turn(r) } != pick.turn, Ordering::Relaxed);
+        w.a.store(if self.count { left } else { 0 }, Ordering::Relaxed);
+        w.b.store(left, Ordering::Relaxed);
+        true
     }
 
     /// Books the window into the cursor and the space, and closes it.
     ///
     /// # Safety
-    /// Exclusive, as [`window_alloc`](Self::window_alloc).
+    /// Exclusive, as [`window_alloc`](Self::window_alloc); no pool is open
+    /// ([`reclaim`](Self::reclaim) first).
+    #[inline(always)]
     unsafe fn close_window(&self) {
+        debug_assert_eq!(self.window.pool.filled.load(Ordering::Relaxed), 0);
         let w = &self.window;
         let b = w.b.load(Ordering::Relaxed);
         if b == 0 {
@@ -155,7 +297,7 @@ impl Interleaver {
     /// the rest of the turn.
     ///
     /// # Safety
-    /// Exclusive, as [`window_alloc`](Self::window_alloc).
+    /// Exclusive, as [`window_alloc`](Self::window_alloc); no pool is open.
     #[inline(never)]
     unsafe fn alloc_exclusive(&self, size: usize, align: usize, small: bool) -> *mut u8 {
         // SAFETY: per the contract.
@@ -178,10 +320,190 @@ impl Interleaver {
             w.top.store(top, Ordering::Relaxed);
             w.end.store(end, Ordering::Relaxed);
             w.credit.store(credit, Ordering::Relaxed);
+            w.turn.store(pick.turn, Ordering::Relaxed);
+            w.fresh.store(false, Ordering::Relaxed);
             w.a.store(if self.count { left } else { 0 }, Ordering::Relaxed);
             w.b.store(left, Ordering::Relaxed);
         }
         p
+    }
+
+    /// A block of size class `class` for the heap of the calling thread,
+    /// whose direct page for the class ran dry: the first of a turn (or of a
+    /// pool), with the rest of the turn's allocations of the class put on
+    /// the pool for the heap's fast path (exclusive interleavers only).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap, and this interleaver the one in
+    /// force on the thread.
+    #[inline(never)]
+    pub(crate) unsafe fn alloc_class(&self, heap: *mut super::heap::Heap, class: usize) -> *mut u8 {
+        let size = class_bytes(class);
+        if !self.exclusive {
+            return self.alloc_block(size, GRAIN);
+        }
+        // SAFETY: exclusive: the calling thread's interleaver; `heap` is its
+        // heap.
+        unsafe {
+            self.reclaim(heap);
+            if (self.window_open() || self.open_turn()) && self.fill(heap, class) {
+                // The pool serves this allocation too.
+                return super::heap::Heap::alloc_class(heap, class);
+            }
+            // No region for the node yet, or it is full: pick, and let the
+            // space map one.
+            let p = self.alloc_exclusive(size, GRAIN, true);
+            if !p.is_null() {
+                self.fill(heap, class);
+            }
+            p
+        }
+    }
+
+    /// Opens the pool on what is left of the window's turn for size class
+    /// `class` (see [`Pool`]) and makes it the heap's direct page for the
+    /// class.
+    ///
+    /// # Safety
+    /// As [`alloc_class`](Self::alloc_class); no pool is open.
+    #[inline(always)]
+    unsafe fn fill(&self, heap: *mut super::heap::Heap, class: usize) -> bool {
+        let (w, pl) = (&self.window, &self.window.pool);
+        let size = class_bytes(class);
+        let a = w.a.load(Ordering::Relaxed);
+        let left = if self.count {
+            a
+        } else {
+            // Allocations until the turn's bytes are reached (none: closed).
+            w.b.load(Ordering::Relaxed).saturating_sub(a).div_ceil(size as u64)
+        };
+        let credit = w.credit.load(Ordering::Relaxed);
+        // The turn's allowance: blocks on the page plus frees put back.
+        let k = (left.min(u32::MAX as u64) as usize).min(credit);
+        if k == 0 {
+            return false;
+        }
+        let (key, bsize) = class_key(class);
+        let r = w.region.load(Ordering::Relaxed);
+        let page = pl.page.0.get();
+        // SAFETY: the window's region, carved and listed by this thread only.
+        unsafe {
+            let (list, n) = match pop_reuse(r, key, GRAIN) {
+                Some(b) => {
+                    let b = b.cast::<Block>();
+                    (*b).next = core::ptr::null_mut();
+                    pl.carved.store(false, Ordering::Relaxed);
+                    (b, 1)
+                }
+                None => {
+                    let align = if bsize >= self.page { self.page } else { GRAIN };
+                    let stride = up(bsize, align);
+                    let top0 = w.top.load(Ordering::Relaxed);
+                    let first = up(top0, self.first_align(align));
+                    let end = w.end.load(Ordering::Relaxed);
+                    let fit = if first + bsize <= end { (end - first - bsize) / stride + 1 } else { 0 };
+                    let want = pl.hint.load(Ordering::Relaxed).min((FILL_CARVE_BYTES / stride).max(1));
+                    let n = k.min(fit).min(want);
+                    if n == 0 {
+                        return false;
+                    }
+                    for i in 0..n {
+                        let b = first + i * stride;
+                        book(r, b, b + bsize);
+                        let next = if i + 1 < n { (b + stride) as *mut Block } else { core::ptr::null_mut() };
+                        (*(b as *mut Block)).next = next;
+                    }
+                    w.top.store(first + (n - 1) * stride + bsize, Ordering::Relaxed);
+                    self.carved_in_turn(r);
+                    pl.carved.store(true, Ordering::Relaxed);
+                    pl.carved_first.store(first, Ordering::Relaxed);
+                    pl.stride.store(stride, Ordering::Relaxed);
+                    pl.top0.store(top0, Ordering::Relaxed);
+                    (first as *mut Block, n)
+                }
+            };
+            // Booked as if all were taken; `reclaim` settles what was.
+            w.credit.store(credit - n, Ordering::Relaxed);
+            w.a.store(if self.count { a - n as u64 } else { a + (n * size) as u64 }, Ordering::Relaxed);
+            (*page).free = list;
+            (*page).info.block_size = size as u32;
+            pl.used0.store((*page).used, Ordering::Relaxed);
+            pl.filled.store(n, Ordering::Relaxed);
+            pl.budget.store(k - n, Ordering::Relaxed);
+            pl.class.store(class, Ordering::Relaxed);
+            pl.key.store(key, Ordering::Relaxed);
+            pl.region.store(r, Ordering::Relaxed);
+            open_pool(r, key, page, k - n);
+            super::heap::hook_pool(heap, class, page);
+        }
+        true
+    }
+
+    /// Takes the pool back from the heap and the region, and books what
+    /// the fast path took (region blocks leave the heap's counters). Blocks
+    /// still on the page go back where they came from: carved ones by
+    /// moving the window's top back when nothing was put back on the page
+    /// (a turn of mixed sizes stays back to back), else onto the region's
+    /// reuse list.
+    ///
+    /// # Safety
+    /// Exclusive, as [`window_alloc`](Self::window_alloc); `heap` is the
+    /// calling thread's heap (or null).
+    #[inline(always)]
+    unsafe fn reclaim(&self, heap: *mut super::heap::Heap) {
+        let (w, pl) = (&self.window, &self.window.pool);
+        let n = pl.filled.load(Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        pl.filled.store(0, Ordering::Relaxed);
+        let page = pl.page.0.get();
+        let r = pl.region.load(Ordering::Relaxed);
+        // SAFETY: per the contract, the pool and the region's lists are this
+        // thread's.
+        unsafe {
+            let put_back = pl.budget.load(Ordering::Relaxed) - close_pool(r);
+            let taken = (*page).used.wrapping_sub(pl.used0.load(Ordering::Relaxed)) as usize;
+            let size = (*page).info.block_size as usize;
+            super::heap::unhook_pool(heap, page, pl.class.load(Ordering::Relaxed), taken, size);
+            // Settle: `n` were booked, `taken` were allocations.
+            let credit = w.credit.load(Ordering::Relaxed);
+            w.credit.store(credit + n - taken, Ordering::Relaxed);
+            let a = w.a.load(Ordering::Relaxed) as i64;
+            let d = n as i64 - taken as i64;
+            w.a.store(if self.count { a + d } else { a - d * size as i64 } as u64, Ordering::Relaxed);
+            let carved = pl.carved.load(Ordering::Relaxed);
+            let hint = pl.hint.load(Ordering::Relaxed);
+            pl.hint.store(
+                if carved && taken >= n {
+                    (hint * 2).min(FILL_CARVE_BYTES / GRAIN)
+                } else if carved {
+                    taken.max(1)
+                } else {
+                    hint
+                },
+                Ordering::Relaxed,
+            );
+            let rest = n + put_back - taken;
+            if rest == 0 {
+                return;
+            }
+            let free = (*page).free;
+            (*page).free = core::ptr::null_mut();
+            if carved && put_back == 0 {
+                // The last `rest` blocks carved, never handed out.
+                let stride = pl.stride.load(Ordering::Relaxed);
+                let top = if rest == n { pl.top0.load(Ordering::Relaxed) } else { free as usize };
+                unbook(r, free as usize, rest, stride, top);
+                w.top.store(top, Ordering::Relaxed);
+            } else {
+                let mut tail = free;
+                while !(*tail).next.is_null() {
+                    tail = (*tail).next;
+                }
+                give_back_reuse(r, pl.key.load(Ordering::Relaxed), free, tail);
+            }
+        }
     }
 
     pub(crate) fn new(i: &Interleave) -> Self {
@@ -205,6 +527,22 @@ impl Interleaver {
                 top: AtomicUsize::new(0),
                 end: AtomicUsize::new(0),
                 credit: AtomicUsize::new(0),
+                turn: AtomicU64::new(0),
+                fresh: AtomicBool::new(false),
+                pool: Pool {
+                    page: PoolPage(UnsafeCell::new(Page::empty())),
+                    filled: AtomicUsize::new(0),
+                    budget: AtomicUsize::new(0),
+                    used0: AtomicU32::new(0),
+                    class: AtomicUsize::new(0),
+                    key: AtomicUsize::new(0),
+                    region: AtomicPtr::new(core::ptr::null_mut()),
+                    carved: AtomicBool::new(false),
+                    carved_first: AtomicUsize::new(0),
+                    stride: AtomicUsize::new(0),
+                    top0: AtomicUsize::new(0),
+                    hint: AtomicUsize::new(1),
+                },
             },
         }
     }
@@ -215,7 +553,10 @@ impl Drop for Interleaver {
         if self.exclusive {
             // SAFETY: `&mut self`: nobody else uses it. The space's credit must
             // be settled before it retires its regions.
-            unsafe { self.close_window() };
+            unsafe {
+                self.reclaim(super::heap::current());
+                self.close_window();
+            }
         }
     }
 }
@@ -318,9 +659,11 @@ pub(crate) fn interleaver_of(a: Active) -> *const Interleaver {
 /// previous one back (guards nest). The policy is checked against the
 /// allocator's topology first.
 ///
-/// While an `Interleave` policy is in force, every allocation of the thread
-/// takes the allocator's slow path (the cursor is consulted per allocation);
-/// other policies cost nothing on the fast path.
+/// While an `Interleave` policy is in force, the cursor places every
+/// allocation of the thread: the rest of each turn is served by the
+/// allocator's fast path, and blocks the thread frees are reused on their
+/// node (see the crate's README); other policies cost nothing on the fast
+/// path.
 ///
 /// ```
 /// use numaweave::policy::Policy;
@@ -346,7 +689,7 @@ pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
     };
     let active = to_active(&policy, il.as_deref().map(|p| p as *const Interleaver));
     let prev = THREAD.with(|t| t.replace(Some(active)));
-    super::heap::reset_direct_pages(interleaver_of(active));
+    super::heap::reset_direct_pages(active);
     Ok(PolicyGuard { prev, _il: il, _not_send: PhantomData })
 }
 
@@ -362,8 +705,9 @@ pub struct PolicyGuard {
 impl Drop for PolicyGuard {
     fn drop(&mut self) {
         THREAD.with(|t| t.set(self.prev));
-        let il = State::try_get().map_or(core::ptr::null(), |s| interleaver_of(active(s)));
-        super::heap::reset_direct_pages(il);
+        if let Some(s) = State::try_get() {
+            super::heap::reset_direct_pages(active(s));
+        }
         // The interleaver goes with the guard: its regions are retired and
         // return to the OS when their last block is freed, by any thread.
     }

@@ -212,12 +212,42 @@ impl Cursor {
         }
     }
 
+    /// Exclusive picks: the turn in progress, without booking anything: its
+    /// node and turn ([`Pick`]), and what is left of it (allocations with
+    /// `Count`, bytes before its node's target with `Bytes`; never 0). A
+    /// caller may serve that much of it and then
+    /// [`settle_exclusive`](Self::settle_exclusive).
+    ///
+    /// # Safety
+    /// As [`pick_exclusive`](Self::pick_exclusive).
+    #[inline]
+    pub unsafe fn turn_exclusive(&self) -> (Pick, u64) {
+        match self.granularity {
+            Granularity::Count(n) => {
+                let node = usize::from(self.round[self.ex_pos.load(Ordering::Relaxed) as usize]);
+                let left = u64::from(n) - self.ex_in_turn.load(Ordering::Relaxed);
+                (Pick { node, turn: self.ex_turn.load(Ordering::Relaxed) }, left)
+            }
+            Granularity::Bytes(b) => {
+                let s = self.state.load(Ordering::Relaxed);
+                let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
+                let node = usize::from(self.round[t]);
+                let target = (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+                // A turn ends at the allocation reaching its target, so the
+                // turn in progress is below it.
+                let left = target.saturating_sub(self.placed[node].load(Ordering::Relaxed)).max(1);
+                (Pick { node, turn: s }, left)
+            }
+        }
+    }
+
     /// Books `allocs` allocations of `bytes` in all, made within the turn
     /// [`turn_left_exclusive`](Self::turn_left_exclusive) described (and
     /// not past its end), as if each had been picked.
     ///
     /// # Safety
     /// As [`pick_exclusive`](Self::pick_exclusive).
+    #[inline]
     pub unsafe fn settle_exclusive(&self, allocs: u64, bytes: u64) {
         if allocs == 0 {
             return;
@@ -451,6 +481,43 @@ mod tests {
                     let mut left = b.turn_left_exclusive(p);
                     let (mut n, mut bytes) = (0, 0);
                     while left > 0 && i < sizes.len() {
+                        got.push(p.node);
+                        left = match g {
+                            Granularity::Count(_) => left - 1,
+                            Granularity::Bytes(_) => left.saturating_sub(sizes[i]),
+                        };
+                        n += 1;
+                        bytes += sizes[i];
+                        i += 1;
+                    }
+                    b.settle_exclusive(n, bytes);
+                }
+            }
+            assert_eq!(got, want, "{g:?}");
+        }
+    }
+
+    /// Serving whole turns from `turn_exclusive` (nothing picked) and
+    /// booking them with `settle_exclusive`, sometimes stopping early, gives
+    /// the same nodes as picking every time.
+    #[test]
+    fn turns_served_without_picking_match_picking_every_time() {
+        for g in [Granularity::Count(5), Granularity::Bytes(7000)] {
+            let (a, b) = (cursor("0-2", g, Some(&[2, 1, 1])), cursor("0-2", g, Some(&[2, 1, 1])));
+            let mut r = Rng(17);
+            let sizes: Vec<u64> = (0..20_000).map(|_| 1 + r.next() % 3000).collect();
+            let want: Vec<usize> = sizes.iter().map(|&s| a.next(s as usize)).collect();
+            let mut got = Vec::new();
+            let mut i = 0;
+            while i < sizes.len() {
+                // SAFETY: `b` is this thread's alone.
+                unsafe {
+                    let (p, mut left) = b.turn_exclusive();
+                    assert!(left > 0);
+                    // Stop early now and then, as a pool taken back does.
+                    let stop = 1 + r.next() % 4;
+                    let (mut n, mut bytes) = (0, 0);
+                    while left > 0 && i < sizes.len() && n < stop {
                         got.push(p.node);
                         left = match g {
                             Granularity::Count(_) => left - 1,
