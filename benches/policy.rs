@@ -3,7 +3,7 @@
 //!
 //! - the default `Local` policy against the same allocator with policies
 //!   switched off (`NUMAWEAVE_POLICY=none`), in alternating child processes
-//!   (the switch is read at start-up; eight of each, in ABBA order): the policy lookup sits on the slow
+//!   (the switch is read at start-up; twelve of each, in ABBA order): the policy lookup sits on the slow
 //!   path only, so the churn should not notice it;
 //! - an interleaved allocation (`Count(8)`, `Bytes(2 MiB)` over every memory
 //!   node, or over the two nodes of `fake:2` on a one-node machine, so that
@@ -87,21 +87,26 @@ fn interleave_pairs() {
         let mut count8 = Vec::new();
         let mut bytes2m = Vec::new();
         pairs(100_000, align, write);
-        for _ in 0..5 {
+        // Nine rounds, each local then both interleaves back to back: the
+        // median of the rounds' ratios is the figure a busy spell of the
+        // machine moves least.
+        for _ in 0..9 {
             local.push(pairs(1_000_000, align, write));
             for (g, v) in [(Granularity::Count(8), &mut count8), (Granularity::Bytes(2 << 20), &mut bytes2m)] {
                 let _g = numaweave::with_policy(Policy::Interleave(Interleave::new(nodes, g).unwrap())).unwrap();
                 v.push(pairs(1_000_000, align, write));
             }
         }
+        let ratio = |v: &[f64]| median(v.iter().zip(&local).map(|(a, b)| a / b).collect());
+        let (rc, rb) = (ratio(&count8), ratio(&bytes2m));
         let (l, c, b) = (median(local), median(count8), median(bytes2m));
         let what = if write { ", first word written" } else { "" };
         println!(
-            "\n4 KiB alloc+free pairs aligned to {align}{what}, interleaved over nodes {nodes}{synthetic}, ns (median of 5):"
+            "\n4 KiB alloc+free pairs aligned to {align}{what}, interleaved over nodes {nodes}{synthetic}, ns (medians of 9 rounds; ratio: median of the rounds' ratios):"
         );
         println!("  Local           {l:.2}");
-        println!("  Count(8)        {c:.2}  = {:.2}x local", c / l);
-        println!("  Bytes(2 MiB)    {b:.2}  = {:.2}x local", b / l);
+        println!("  Count(8)        {c:.2}  = {rc:.2}x local");
+        println!("  Bytes(2 MiB)    {b:.2}  = {rb:.2}x local");
     }
 }
 
@@ -113,6 +118,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     if std::env::var_os("NUMAWEAVE_BENCH_PAIRS").is_some() {
         interleave_pairs();
+        return;
+    }
+    if std::env::var_os("NUMAWEAVE_BENCH_DEFAULT").is_some() {
+        // Under the process default policy (`NUMAWEAVE_POLICY`), pinned:
+        // unaligned 4 KiB pairs, then the same with the first word written.
+        let _ = numaweave::os::cpu::pin_current_thread(numaweave::Topology::global().cpus().first().unwrap_or(0));
+        pairs(100_000, 8, false);
+        println!("{} {}", pairs(1_000_000, 8, false), pairs(1_000_000, 8, true));
         return;
     }
     if std::env::var_os("NUMAWEAVE_BENCH_CHILD").is_some() {
@@ -148,7 +161,7 @@ fn main() {
         };
         let (mut with, mut without) = (Vec::new(), Vec::new());
         // ABBA order: neither side always runs second.
-        for i in 0..8 {
+        for i in 0..12 {
             if i % 2 == 0 {
                 with.push(run("local"));
                 without.push(run("none"));
@@ -158,11 +171,11 @@ fn main() {
             }
         }
         let (w, wo) = (median(with.clone()), median(without.clone()));
-        println!("churn on {label}, ns per alloc+free pair (8 processes each, ABBA order):");
+        println!("churn on {label}, ns per alloc+free pair (12 processes each, ABBA order):");
         println!("  default Local policy   {w:.2}  {with:.2?}");
         println!("  policies switched off  {wo:.2}  {without:.2?}");
         // Each pair ran back to back, so a busy spell of the machine slows
-        // both of it: the median of the eight pairs' ratios is the figure
+        // both of it: the median of the twelve pairs' ratios is the figure
         // that spell moves least; the minima agree on a quiet machine.
         let paired = median(with.iter().zip(&without).map(|(a, b)| a / b).collect());
         let fastest = with.iter().copied().fold(f64::MAX, f64::min) / without.iter().copied().fold(f64::MAX, f64::min);
@@ -172,12 +185,41 @@ fn main() {
         );
     }
 
-    let mut c = Command::new(&exe);
-    c.env("NUMAWEAVE_BENCH_PAIRS", "1");
-    if numaweave::Topology::global().memory_nodes().len() < 2 {
-        c.env("NUMAWEAVE_TOPOLOGY", "fake:2").env("NUMAWEAVE_MODE", "per-node");
+    let two = numaweave::Topology::global().memory_nodes().len() < 2;
+    let child = |var: &str, policy: Option<&str>| {
+        let mut c = Command::new(&exe);
+        c.env(var, "1");
+        if two {
+            c.env("NUMAWEAVE_TOPOLOGY", "fake:2").env("NUMAWEAVE_MODE", "per-node");
+        }
+        if let Some(p) = policy {
+            c.env("NUMAWEAVE_POLICY", p);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    print!("{}", child("NUMAWEAVE_BENCH_PAIRS", None));
+
+    // The process default interleave (each thread its own cursor): its
+    // processes against `local` ones, in turn, seven rounds.
+    let nodes = if two { "0-1".to_string() } else { numaweave::Topology::global().memory_nodes().to_string() };
+    let policies = ["local".to_string(), format!("interleave:{nodes}:count=8"), format!("interleave:{nodes}:bytes=2M")];
+    let mut ns: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
+    for _ in 0..7 {
+        for (k, p) in policies.iter().enumerate() {
+            let out = child("NUMAWEAVE_BENCH_DEFAULT", Some(p));
+            let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            ns[k].push((v[0], v[1]));
+        }
     }
-    let out = c.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    print!("{}", String::from_utf8_lossy(&out.stdout));
+    println!(
+        "\nprocess default policy, 4 KiB alloc+free pairs aligned to 8 (plain / first word written), ns (medians of 7 processes; ratio: median of the rounds' ratios):"
+    );
+    for (k, p) in policies.iter().enumerate() {
+        let m = |f: fn(&(f64, f64)) -> f64, v: &[(f64, f64)]| median(v.iter().map(f).collect());
+        let r = |f: fn(&(f64, f64)) -> f64| median(ns[k].iter().zip(&ns[0]).map(|(a, b)| f(a) / f(b)).collect());
+        let (plain, written) = (m(|x| x.0, &ns[k]), m(|x| x.1, &ns[k]));
+        println!("  {p:28} {plain:6.2} {written:6.2}  = {:.2}x / {:.2}x local", r(|x| x.0), r(|x| x.1));
+    }
 }

@@ -88,6 +88,12 @@ pub(crate) struct Heap {
     /// otherwise): the slow path's first check, so that an interleaved
     /// allocation skips the policy lookup.
     il: *const super::policy::Interleaver,
+    /// The thread's own interleaver for a process default interleave (as
+    /// Linux keeps interleave state per task), made on first use in
+    /// metadata memory and kept with the heap (`default_il_live`: made and
+    /// not yet dropped at thread exit).
+    default_il: *mut super::policy::Interleaver,
+    default_il_live: bool,
     /// Whether `Local` is the policy in force on the thread (kept with `il`
     /// when a guard sets or restores one): the slow path's second check, so
     /// that `Local` costs no policy lookup while the heap is not mixed.
@@ -606,6 +612,8 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
                     last_node: arena.node,
                     mixed: false,
                     il: ptr::null(),
+                    default_il: ptr::null_mut(),
+                    default_il_live: false,
                     local: false,
                     counters: HeapCounters::default(),
                     next_all: ptr::null_mut(),
@@ -629,9 +637,10 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
         }
         heap
     };
-    // SAFETY: ours now.
-    unsafe { (*heap).local = matches!(super::policy::active(state), Active::Local) };
     HEAP.with(|c| c.set(heap));
+    // SAFETY: ours now (and current: the policy lookup may make the
+    // thread's interleaver, kept in it).
+    unsafe { (*heap).local = matches!(super::policy::active(state), Active::Local) };
     // Ask for `thread_exit` at thread exit. glibc keeps the first 32 keys'
     // values inside the thread descriptor, so this does not allocate.
     // SAFETY: a key made at start-up.
@@ -648,8 +657,18 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     if heap.is_null() {
         return;
     }
-    HEAP.with(|c| c.set(ptr::null_mut()));
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
+    unsafe {
+        if (*heap).default_il_live {
+            // Its pool back, its regions retired: they go back to the OS
+            // once other threads free their last blocks.
+            (*heap).default_il_live = false;
+            (*heap).il = ptr::null();
+            ptr::drop_in_place((*heap).default_il);
+        }
+    }
+    HEAP.with(|c| c.set(ptr::null_mut()));
+    // SAFETY: as above.
     unsafe {
         Heap::release_empty_pages(heap);
         (*heap).owned.store(0, Ordering::Relaxed);
@@ -673,6 +692,34 @@ pub(crate) fn reset_direct_pages(active: Active) {
             (*h).il = super::policy::interleaver_of(active);
             (*h).local = matches!(active, Active::Local);
         }
+    }
+}
+
+/// The calling thread's own interleaver for the process default interleave
+/// `policy`, made on first use (with the thread's heap, if need be); `None`
+/// when no memory can be had for it.
+pub(crate) fn thread_interleaver(
+    state: &'static State,
+    policy: &crate::policy::Interleave,
+) -> Option<*const super::policy::Interleaver> {
+    let mut h = current();
+    if h.is_null() {
+        h = init_current(state)?;
+    }
+    // SAFETY: the calling thread's heap.
+    unsafe {
+        if !(*h).default_il_live {
+            if (*h).default_il.is_null() {
+                let size = core::mem::size_of::<super::policy::Interleaver>();
+                let align = core::mem::align_of::<super::policy::Interleaver>();
+                (*h).default_il = state.alloc_meta(size, align)?.as_ptr().cast();
+            }
+            // Metadata memory of the right layout, unused: the previous
+            // thread's interleaver (if any) was dropped at its exit.
+            ptr::write((*h).default_il, super::policy::Interleaver::exclusive(policy));
+            (*h).default_il_live = true;
+        }
+        Some((*h).default_il)
     }
 }
 

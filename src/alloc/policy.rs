@@ -8,9 +8,11 @@
 //! its heap's direct pages cleared so the next allocation of each size goes
 //! through that choice once. Under `Interleave` the policy's cursor picks
 //! the node and a bump region of that node (see `region.rs`) supplies the
-//! block: on the slow path for a shared interleave (the process default,
-//! handles), while a thread-scoped one hands the rest of each turn to the
-//! heap's fast path as a [`Pool`] and takes back what its thread frees.
+//! block: on the slow path for a handle's interleave (its cursor shared by
+//! the threads using the handle), while a thread's own interleaver (a
+//! [`with_policy`] guard's, or the thread's copy of a process default
+//! interleave) hands the rest of each turn to the heap's fast path as a
+//! [`Pool`] and takes back what its thread frees.
 
 use core::cell::{Cell, UnsafeCell};
 use core::marker::PhantomData;
@@ -562,7 +564,8 @@ impl Drop for Interleaver {
 }
 
 /// A policy as the allocator applies it. `Copy`: the interleaver lives as
-/// long as whatever installed it (a guard, a handle, the process default).
+/// long as whatever installed it (a guard, a handle, the thread's heap for
+/// the process default).
 #[derive(Clone, Copy)]
 pub(crate) enum Active {
     Local,
@@ -595,7 +598,10 @@ pub(crate) fn active(state: &'static State) -> Active {
     if let Some(a) = THREAD.with(Cell::get) {
         return a;
     }
-    to_active(&state.default_policy, state.default_interleaver.as_ref().map(|i| i as *const Interleaver))
+    if let Policy::Interleave(i) = &state.default_policy {
+        return to_active(&state.default_policy, super::heap::thread_interleaver(state, i));
+    }
+    to_active(&state.default_policy, None)
 }
 
 impl Active {

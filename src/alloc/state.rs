@@ -8,7 +8,6 @@ use core::ptr::{self, NonNull};
 
 use super::arena::Arena;
 use super::heap::Heap;
-use super::policy::Interleaver;
 use crate::os::{file, mem};
 use crate::policy::Policy;
 use crate::sync::{InitCell, SpinLock};
@@ -68,6 +67,13 @@ impl Config {
     /// The process default memory policy (threads may override it with
     /// [`with_policy`](crate::with_policy)). Checked against the topology at
     /// start-up; an invalid one is reported on stderr and `Local` used.
+    ///
+    /// An `Interleave` default gives each thread its own cursor and regions
+    /// (Linux, too, keeps the interleave position per task): a thread's
+    /// allocations rotate over the nodes turn by turn, and what it frees is
+    /// reused on its node, as under a [`with_policy`](crate::with_policy)
+    /// interleave. For one cursor shared by many threads, use a handle
+    /// ([`NumaAlloc::interleave`](crate::NumaAlloc::interleave)).
     pub const fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
@@ -154,10 +160,9 @@ pub(crate) struct State {
     pub(crate) heaps: SpinLock<*mut Heap>,
     meta: SpinLock<MetaChunk>,
     pub(crate) key: libc::pthread_key_t,
-    /// The process default policy (validated) and, for an interleave, its
-    /// cursor and regions.
+    /// The process default policy (validated). An interleave gives each
+    /// thread its own cursor and regions (see `policy::thread_interleaver`).
     pub(crate) default_policy: Policy,
-    pub(crate) default_interleaver: Option<Interleaver>,
     /// `false`: policies switched off, the slow path never looks them up.
     pub(crate) policies: bool,
 }
@@ -224,10 +229,6 @@ impl State {
                 Policy::Local
             }
         };
-        let default_interleaver = match &default_policy {
-            Policy::Interleave(i) => Some(Interleaver::new(i)),
-            _ => None,
-        };
         let mut key: libc::pthread_key_t = 0;
         // SAFETY: `key` is writable; the destructor is an `extern "C" fn(*mut c_void)`.
         unsafe { libc::pthread_key_create(&mut key, Some(super::heap::thread_exit)) };
@@ -242,7 +243,6 @@ impl State {
             meta: SpinLock::new(MetaChunk { next: ptr::null_mut(), end: ptr::null_mut() }),
             key,
             default_policy,
-            default_interleaver,
             policies: config.policies,
         }
     }
@@ -307,16 +307,14 @@ impl State {
 }
 
 /// Every lock of the allocator, in one fixed order: the order in which any
-/// code path that holds two of them takes them (a carving lock, then an
-/// arena's), so taking them all here cannot deadlock with other threads.
-/// (Spaces of per-call handles are not listed: a child forked while another
-/// thread carves from a handle must not use that handle.)
+/// code path that holds two of them takes them, so taking them all here
+/// cannot deadlock with other threads. (Spaces of per-call handles are not
+/// listed: a child forked while another thread carves from a handle must not
+/// use that handle. The process default interleave carves without locks:
+/// each thread has its own.)
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
-    // The default interleave's carving locks are taken before any arena's
-    // (carving may map a region, which takes the arena's lock).
-    let spaces = state.default_interleaver.iter().flat_map(|il| il.space.locks.iter().map(|l| l as &dyn RawLock));
-    [&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock].into_iter().chain(spaces).chain(arenas)
+    [&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock].into_iter().chain(arenas)
 }
 
 /// The two raw operations the fork handlers need, over locks of any content.

@@ -18,7 +18,8 @@
 //!
 //! - **process default**: [`Config::policy`](crate::Config::policy) or
 //!   `NUMAWEAVE_POLICY` (a bad string is reported on stderr and `local`
-//!   kept);
+//!   kept); a default interleave gives each thread its own cursor, as Linux
+//!   keeps a task's interleave position per task;
 //! - **per thread, scoped**: [`with_policy`](crate::with_policy) returns a
 //!   guard that restores the previous policy when dropped;
 //! - **per call**: allocator handles for `allocator_api2` collections,
