@@ -354,10 +354,11 @@ fn process_default_from_the_environment() {
             // Threads interleave on their own cursors and regions; what they
             // leave is given back once they exit and their blocks are freed.
             let regions = A.stats().total().regions;
-            let kept: Vec<Vec<usize>> = std::thread::scope(|s| {
+            // Plain threads, joined: see `default_interleave_blocks_freed_across_threads`.
+            let kept: Vec<Vec<usize>> = {
                 let hs: Vec<_> = (0..4)
                     .map(|_| {
-                        s.spawn(|| {
+                        std::thread::spawn(move || {
                             let mut ps: Vec<*mut u8> = Vec::with_capacity(30);
                             for _ in 0..30 {
                                 // SAFETY: a valid layout; freed below.
@@ -373,7 +374,7 @@ fn process_default_from_the_environment() {
                     })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
-            });
+            };
             for nodes in &kept {
                 assert_runs_of(3, nodes);
             }
@@ -387,6 +388,95 @@ fn process_default_from_the_environment() {
         unsafe { A.dealloc(p, layout) };
     }
     println!("default {spec} checked");
+}
+
+/// Under a default interleave (each thread its own cursor, pools and reuse
+/// lists), four threads allocate mixed sizes, keep a few, free some at once
+/// and hand the rest to the next thread, which checks and frees them (the
+/// remote frees of pooled and reused blocks): no block is overwritten while
+/// live, and once the threads are gone and every block freed, every region
+/// is given back.
+#[test]
+fn default_interleave_blocks_freed_across_threads() {
+    if !in_child() {
+        for p in ["interleave:0-1:count=5", "interleave:0-1:bytes=64K:weights=2,1"] {
+            assert!(child("default_interleave_blocks_freed_across_threads", Some(p)).contains("exchange checked"));
+        }
+        return;
+    }
+    const THREADS: usize = 4;
+    const PER: usize = 20_000;
+    // This thread's own regions on both nodes first: it allocates too (the
+    // channels, the threads), and the count below is of the workers' regions.
+    let warm: Vec<Box<[u8; 4096]>> = (0..100).map(|_| Box::new([0; 4096])).collect();
+    assert!(warm.iter().any(|b| node_of(&**b) == 0) && warm.iter().any(|b| node_of(&**b) == 1));
+    drop(warm);
+    let regions = A.stats().total().regions;
+    let (txs, rxs): (Vec<_>, Vec<_>) =
+        (0..THREADS).map(|_| std::sync::mpsc::channel::<Vec<(usize, usize, u8)>>()).unzip();
+    let mut rxs: Vec<Option<_>> = rxs.into_iter().map(Some).collect();
+    // Plain threads, joined: `join` returns once a thread is gone, its
+    // exit handlers (which retire its regions) run; a scope returns as soon
+    // as the closures do.
+    let mut workers = Vec::new();
+    {
+        for t in 0..THREADS {
+            let tx = txs[(t + 1) % THREADS].clone();
+            let rx = rxs[t].take().unwrap();
+            workers.push(std::thread::spawn(move || {
+                let check_free = |(p, size, v): (usize, usize, u8)| {
+                    let p = p as *mut u8;
+                    // SAFETY: a live block of `size` bytes, written with `v`.
+                    unsafe {
+                        assert!(
+                            std::slice::from_raw_parts(p, size).iter().all(|&x| x == v),
+                            "a live block was overwritten"
+                        );
+                        A.dealloc(p, Layout::from_size_align(size, 8).unwrap());
+                    }
+                };
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut ring: std::collections::VecDeque<(usize, usize, u8)> = std::collections::VecDeque::new();
+                let mut batch = Vec::new();
+                for i in 0..PER {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let size = 16 << (x % 13); // 16 B – 64 KiB
+                    let v = (i * 7 + t) as u8;
+                    // SAFETY: a valid layout; freed here or by the next thread.
+                    let p = unsafe { A.alloc(Layout::from_size_align(size, 8).unwrap()) };
+                    assert!(!p.is_null());
+                    // SAFETY: `size` fresh bytes.
+                    unsafe { p.write_bytes(v, size) };
+                    match x % 3 {
+                        0 => check_free((p as usize, size, v)),
+                        1 => batch.push((p as usize, size, v)),
+                        _ => ring.push_back((p as usize, size, v)),
+                    }
+                    if ring.len() > 8 {
+                        check_free(ring.pop_front().unwrap());
+                    }
+                    if batch.len() == 64 {
+                        tx.send(std::mem::take(&mut batch)).unwrap();
+                    }
+                    while let Ok(b) = rx.try_recv() {
+                        b.into_iter().for_each(check_free);
+                    }
+                }
+                tx.send(batch).unwrap();
+                drop(tx);
+                ring.into_iter().for_each(check_free);
+                for b in rx {
+                    b.into_iter().for_each(check_free);
+                }
+            }));
+        }
+        drop(txs);
+    }
+    workers.into_iter().for_each(|w| w.join().unwrap());
+    assert_eq!(A.stats().total().regions, regions, "regions outlived their blocks");
+    println!("exchange checked");
 }
 
 /// `nodes` changes node every `n` entries (the first and last runs may be
