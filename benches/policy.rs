@@ -1,16 +1,20 @@
-//! What memory policies cost `NumaAlloc`, in one run (ratios, not absolute
-//! times, are the point on a noisy machine):
+//! What memory policies cost `NumaAlloc`, in one run (ratios against a
+//! baseline measured alongside, not absolute times, are the point on a noisy
+//! machine; times are the thread's CPU time):
 //!
 //! - the default `Local` policy against the same allocator with policies
 //!   switched off (`NUMAWEAVE_POLICY=none`), in alternating child processes
-//!   (the switch is read at start-up; twelve of each, in ABBA order): the policy lookup sits on the slow
-//!   path only, so the churn should not notice it;
+//!   (the switch is read at start-up; twelve of each, in ABBA order), on this
+//!   machine and on `fake:2` in per-node mode: the policy lookup sits on the
+//!   slow path only, so the churn should not notice it;
 //! - an interleaved allocation (`Count(8)`, `Bytes(2 MiB)` over every memory
 //!   node, or over the two nodes of `fake:2` on a one-node machine, so that
 //!   turns do change node) against a local one: alloc + free of a 4 KiB
 //!   buffer in a loop, page-aligned or not, the buffer left alone or its
 //!   first word written (an I/O buffer is used: a placement that walks fresh
-//!   memory shows there), in a pinned child process.
+//!   memory shows there), under a scoped interleave in a pinned child
+//!   process, then under the process default interleave (one child process
+//!   per policy, in rounds).
 //!
 //! ```text
 //! cargo bench --bench policy
@@ -19,7 +23,6 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::process::Command;
-use std::time::Instant;
 
 use numaweave::NumaAlloc;
 use numaweave::policy::{Granularity, Interleave, Policy};
@@ -27,12 +30,21 @@ use numaweave::policy::{Granularity, Interleave, Policy};
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
+/// CPU time of the calling thread, in nanoseconds: on a shared machine the
+/// time a thread waits for a CPU is not what the allocator costs.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid `timespec` to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Mixed-size churn: 256 live blocks of 16 B–16 KiB, replaced one by one;
 /// nanoseconds per alloc + free pair.
 fn churn(rounds: usize) -> f64 {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(256);
-    let t = Instant::now();
+    let t = thread_cpu_ns();
     for i in 0..rounds {
         x ^= x << 13;
         x ^= x >> 7;
@@ -50,7 +62,7 @@ fn churn(rounds: usize) -> f64 {
             unsafe { A.dealloc(q, ql) };
         }
     }
-    let ns = t.elapsed().as_nanos() as f64 / rounds as f64;
+    let ns = (thread_cpu_ns() - t) as f64 / rounds as f64;
     for (p, l) in live {
         // SAFETY: allocated above with `l`.
         unsafe { A.dealloc(p, l) };
@@ -62,7 +74,7 @@ fn churn(rounds: usize) -> f64 {
 /// its first word written or not); nanoseconds per pair.
 fn pairs(n: usize, align: usize, write: bool) -> f64 {
     let l = Layout::from_size_align(4096, align).unwrap();
-    let t = Instant::now();
+    let t = thread_cpu_ns();
     for i in 0..n {
         // SAFETY: valid layout; freed at once.
         unsafe {
@@ -73,7 +85,7 @@ fn pairs(n: usize, align: usize, write: bool) -> f64 {
             A.dealloc(p, l);
         }
     }
-    t.elapsed().as_nanos() as f64 / n as f64
+    (thread_cpu_ns() - t) as f64 / n as f64
 }
 
 /// The interleave figures, in a child pinned to one CPU.

@@ -19,9 +19,9 @@ use core::marker::PhantomData;
 
 use super::region::{
     GRAIN, REGION_ALIGN_MAX, REGION_MAX, Region, Space, book, class_bytes, class_key, close_pool, exclusive_layout,
-    give_back_reuse, open_pool, pop_reuse, unbook, up,
+    give_back_reuse, open_pool, pop_reuse, top_addr, unbook, up,
 };
-use super::segment::{Block, Page};
+use super::segment::{Block, Page, SEGMENT_SIZE};
 use super::state::State;
 use crate::error::Result;
 use crate::policy::{Cursor, Granularity, Interleave, Pick, Policy};
@@ -42,9 +42,9 @@ pub(crate) struct Interleaver {
 }
 
 /// An exclusive interleave's turn in progress, served without picking: the
-/// turn's node region, where it is carved up to, and what is left of the
-/// turn. Booked into the cursor and the space (`close_window`) before any
-/// other use of them. Plain loads and stores: one thread only.
+/// turn's node and region (carved, and its credit spent, in place) and what
+/// is left of the turn, booked into the cursor (`close_window`) before any
+/// other use of it. Plain loads and stores: one thread only.
 struct Window {
     /// `Count`: allocations left in the turn (0: closed). `Bytes`: bytes
     /// served since the window opened (closed once it reaches `b`).
@@ -52,11 +52,10 @@ struct Window {
     /// `Count`: allocations left when it opened. `Bytes`: the bytes the turn
     /// had left then (0: closed).
     b: AtomicU64,
+    /// The turn's node and that node's current region in the space (whose
+    /// top and credit the window carves and spends in place).
     region: AtomicPtr<Region>,
     node: AtomicUsize,
-    top: AtomicUsize,
-    end: AtomicUsize,
-    credit: AtomicUsize,
     /// The turn, and whether none of its blocks was carved yet (its first
     /// one starts on the space's turn alignment).
     turn: AtomicU64,
@@ -183,7 +182,8 @@ impl Interleaver {
         if !self.window_open() {
             return None;
         }
-        let credit = w.credit.load(Ordering::Relaxed);
+        let node = w.node.load(Ordering::Relaxed);
+        let credit = self.space.credit(node);
         if credit == 0 {
             return None;
         }
@@ -194,12 +194,12 @@ impl Interleaver {
         let p = match unsafe { pop_reuse(r, key, align) } {
             Some(p) => p,
             None => {
-                let start = up(w.top.load(Ordering::Relaxed), self.first_align(align));
+                // SAFETY: as above.
+                let start = up(unsafe { top_addr(r) }, self.first_align(align));
                 let end = start + bsize;
-                if end > w.end.load(Ordering::Relaxed) {
+                if end > r as usize + SEGMENT_SIZE {
                     return None;
                 }
-                w.top.store(end, Ordering::Relaxed);
                 // SAFETY: as above; `start..end` was free at its top.
                 unsafe {
                     book(r, start, end);
@@ -208,7 +208,7 @@ impl Interleaver {
                 start as *mut u8
             }
         };
-        w.credit.store(credit - 1, Ordering::Relaxed);
+        self.space.set_credit(node, credit - 1);
         w.a.store(if self.count { a - 1 } else { a + size as u64 }, Ordering::Relaxed);
         Some(p)
     }
@@ -257,13 +257,13 @@ impl Interleaver {
             self.close_window();
             self.cursor.turn_exclusive()
         };
-        let Some((r, top, end, credit)) = self.space.window_state(pick.node) else { return false };
+        let r = self.space.current_region(pick.node);
+        if r.is_null() {
+            return false;
+        }
         let w = &self.window;
         w.region.store(r, Ordering::Relaxed);
         w.node.store(pick.node, Ordering::Relaxed);
-        w.top.store(top, Ordering::Relaxed);
-        w.end.store(end, Ordering::Relaxed);
-        w.credit.store(credit, Ordering::Relaxed);
         w.turn.store(pick.turn, Ordering::Relaxed);
         // SAFETY: the node's current region, ours.
         w.fresh.store(unsafe { super::region::last_turn(r) } != pick.turn, Ordering::Relaxed);
@@ -289,7 +289,6 @@ impl Interleaver {
         let (served, bytes) = if self.count { (b - a, 0) } else { (u64::from(a > 0), a) };
         // SAFETY: per the contract.
         unsafe { self.cursor.settle_exclusive(served, bytes) };
-        self.space.settle_credit(w.node.load(Ordering::Relaxed), w.credit.load(Ordering::Relaxed));
         w.a.store(0, Ordering::Relaxed);
         w.b.store(0, Ordering::Relaxed);
     }
@@ -314,14 +313,12 @@ impl Interleaver {
         let left = unsafe { self.cursor.turn_left_exclusive(pick) };
         if !p.is_null()
             && left > 0
-            && let Some((r, top, end, credit)) = self.space.window_state(pick.node)
+            && let r = self.space.current_region(pick.node)
+            && !r.is_null()
         {
             let w = &self.window;
             w.region.store(r, Ordering::Relaxed);
             w.node.store(pick.node, Ordering::Relaxed);
-            w.top.store(top, Ordering::Relaxed);
-            w.end.store(end, Ordering::Relaxed);
-            w.credit.store(credit, Ordering::Relaxed);
             w.turn.store(pick.turn, Ordering::Relaxed);
             w.fresh.store(false, Ordering::Relaxed);
             w.a.store(if self.count { left } else { 0 }, Ordering::Relaxed);
@@ -379,7 +376,8 @@ impl Interleaver {
             // Allocations until the turn's bytes are reached (none: closed).
             w.b.load(Ordering::Relaxed).saturating_sub(a).div_ceil(size as u64)
         };
-        let credit = w.credit.load(Ordering::Relaxed);
+        let node = w.node.load(Ordering::Relaxed);
+        let credit = self.space.credit(node);
         // The turn's allowance: blocks on the page plus frees put back.
         let k = (left.min(u32::MAX as u64) as usize).min(credit);
         if k == 0 {
@@ -400,9 +398,9 @@ impl Interleaver {
                 None => {
                     let align = if bsize >= self.page { self.page } else { GRAIN };
                     let stride = up(bsize, align);
-                    let top0 = w.top.load(Ordering::Relaxed);
+                    let top0 = top_addr(r);
                     let first = up(top0, self.first_align(align));
-                    let end = w.end.load(Ordering::Relaxed);
+                    let end = r as usize + SEGMENT_SIZE;
                     let fit = if first + bsize <= end { (end - first - bsize) / stride + 1 } else { 0 };
                     let want = pl.hint.load(Ordering::Relaxed).min((FILL_CARVE_BYTES / stride).max(1));
                     let n = k.min(fit).min(want);
@@ -415,7 +413,6 @@ impl Interleaver {
                         let next = if i + 1 < n { (b + stride) as *mut Block } else { core::ptr::null_mut() };
                         (*(b as *mut Block)).next = next;
                     }
-                    w.top.store(first + (n - 1) * stride + bsize, Ordering::Relaxed);
                     self.carved_in_turn(r);
                     pl.carved.store(true, Ordering::Relaxed);
                     pl.carved_first.store(first, Ordering::Relaxed);
@@ -425,7 +422,7 @@ impl Interleaver {
                 }
             };
             // Booked as if all were taken; `reclaim` settles what was.
-            w.credit.store(credit - n, Ordering::Relaxed);
+            self.space.set_credit(node, credit - n);
             w.a.store(if self.count { a - n as u64 } else { a + (n * size) as u64 }, Ordering::Relaxed);
             (*page).free = list;
             (*page).info.block_size = size as u32;
@@ -469,8 +466,8 @@ impl Interleaver {
             let size = (*page).info.block_size as usize;
             super::heap::unhook_pool(heap, page, pl.class.load(Ordering::Relaxed), taken, size);
             // Settle: `n` were booked, `taken` were allocations.
-            let credit = w.credit.load(Ordering::Relaxed);
-            w.credit.store(credit + n - taken, Ordering::Relaxed);
+            let node = w.node.load(Ordering::Relaxed);
+            self.space.set_credit(node, self.space.credit(node) + n - taken);
             let a = w.a.load(Ordering::Relaxed) as i64;
             let d = n as i64 - taken as i64;
             w.a.store(if self.count { a + d } else { a - d * size as i64 } as u64, Ordering::Relaxed);
@@ -497,7 +494,6 @@ impl Interleaver {
                 let stride = pl.stride.load(Ordering::Relaxed);
                 let top = if rest == n { pl.top0.load(Ordering::Relaxed) } else { free as usize };
                 unbook(r, free as usize, rest, stride, top);
-                w.top.store(top, Ordering::Relaxed);
             } else {
                 let mut tail = free;
                 while !(*tail).next.is_null() {
@@ -526,9 +522,6 @@ impl Interleaver {
                 b: AtomicU64::new(0),
                 region: AtomicPtr::new(core::ptr::null_mut()),
                 node: AtomicUsize::new(0),
-                top: AtomicUsize::new(0),
-                end: AtomicUsize::new(0),
-                credit: AtomicUsize::new(0),
                 turn: AtomicU64::new(0),
                 fresh: AtomicBool::new(false),
                 pool: Pool {

@@ -236,21 +236,23 @@ impl Space {
         self.turn_align
     }
 
-    /// For an exclusive space's caller that serves the rest of a turn on its
-    /// own: the node's current region, its top, its end, and the credit left.
-    pub(crate) fn window_state(&self, node: usize) -> Option<(*mut Region, usize, usize, usize)> {
+    /// An exclusive space's current region for `node` (null: none yet), for
+    /// its thread's window to carve in place.
+    pub(crate) fn current_region(&self, node: usize) -> *mut Region {
         debug_assert!(self.exclusive);
-        let r = self.current[node].load(Ordering::Relaxed);
-        if r.is_null() {
-            return None;
-        }
-        // SAFETY: the current region of an exclusive space, used by this thread only.
-        let top = unsafe { (*r).top.load(Ordering::Relaxed) };
-        Some((r, r as usize + top, r as usize + SEGMENT_SIZE, self.credit[node].load(Ordering::Relaxed)))
+        self.current[node].load(Ordering::Relaxed)
     }
 
-    /// Takes back the credit a window left (see [`window_state`](Self::window_state)).
-    pub(crate) fn settle_credit(&self, node: usize, credit: usize) {
+    /// An exclusive space's references left to hand out on `node`'s
+    /// current region.
+    #[inline(always)]
+    pub(crate) fn credit(&self, node: usize) -> usize {
+        self.credit[node].load(Ordering::Relaxed)
+    }
+
+    /// Sets what [`credit`](Self::credit) returns (the space's thread only).
+    #[inline(always)]
+    pub(crate) fn set_credit(&self, node: usize, credit: usize) {
         self.credit[node].store(credit, Ordering::Relaxed);
     }
 
@@ -495,6 +497,16 @@ pub(crate) unsafe fn give_back_reuse(r: *mut Region, key: usize, head: *mut Bloc
         (*tail).next = list.load(Ordering::Relaxed);
         list.store(head, Ordering::Relaxed);
     }
+}
+
+/// The address of `r`'s top (the first byte not carved).
+///
+/// # Safety
+/// `r` is a live region.
+#[inline(always)]
+pub(crate) unsafe fn top_addr(r: *mut Region) -> usize {
+    // SAFETY: per the contract.
+    r as usize + unsafe { (*r).top.load(Ordering::Relaxed) }
 }
 
 /// The cursor turn `r`'s last block belonged to.
