@@ -87,10 +87,9 @@ struct Pool {
     class: AtomicUsize,
     key: AtomicUsize,
     region: AtomicPtr<Region>,
-    /// Whether the filled blocks were carved (at `carved_first`, `stride`
-    /// bytes apart, the window's top `top0` before) or one reused block.
+    /// Whether the filled blocks were carved (`stride` bytes apart, the
+    /// window's top `top0` before) or one reused block.
     carved: AtomicBool,
-    carved_first: AtomicUsize,
     stride: AtomicUsize,
     top0: AtomicUsize,
     /// How many blocks to carve at the next fill: doubled when a pool is
@@ -415,7 +414,6 @@ impl Interleaver {
                     }
                     self.carved_in_turn(r);
                     pl.carved.store(true, Ordering::Relaxed);
-                    pl.carved_first.store(first, Ordering::Relaxed);
                     pl.stride.store(stride, Ordering::Relaxed);
                     pl.top0.store(top0, Ordering::Relaxed);
                     (first as *mut Block, n)
@@ -533,7 +531,6 @@ impl Interleaver {
                     key: AtomicUsize::new(0),
                     region: AtomicPtr::new(core::ptr::null_mut()),
                     carved: AtomicBool::new(false),
-                    carved_first: AtomicUsize::new(0),
                     stride: AtomicUsize::new(0),
                     top0: AtomicUsize::new(0),
                     hint: AtomicUsize::new(1),

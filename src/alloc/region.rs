@@ -12,8 +12,9 @@
 //!
 //! A block-start bitmap (one bit per 16 bytes) answers `usable_size`.
 //!
-//! The region of a thread-scoped interleave (an exclusive space) also reuses
-//! what its thread frees: such a block goes onto one of the region's reuse
+//! The region of a thread's own interleave (an exclusive space: a
+//! `with_policy` guard's, or the thread's copy of a process default
+//! interleave) also reuses what its thread frees: such a block goes onto one of the region's reuse
 //! lists, keyed by its size (a size class below 4 KiB, a number of 4 KiB
 //! units above), and the node's next allocation of that size takes it back.
 //! A thread that allocates and frees I/O buffers in a loop then cycles
