@@ -749,10 +749,25 @@ pub(crate) unsafe fn unhook_pool(h: *mut Heap, page: *mut Page, class: usize, ta
         if (*h).direct[class] == page {
             (*h).direct[class] = empty_page();
         }
-        let c = &(*h).counters;
-        bump(&c.allocs, (taken as u64).wrapping_neg());
-        bump(&c.bytes_alloc, ((taken * size) as u64).wrapping_neg());
+        uncount_pool(h, taken, size);
     }
+}
+
+/// Takes `taken` blocks of `size` bytes, allocated from an interleaver's
+/// pool through the fast path, out of the heap's counters (region blocks
+/// are not the heap's).
+///
+/// # Safety
+/// `h` is the calling thread's heap (or null).
+#[inline(always)]
+pub(crate) unsafe fn uncount_pool(h: *mut Heap, taken: usize, size: usize) {
+    if h.is_null() {
+        return;
+    }
+    // SAFETY: per the contract.
+    let c = unsafe { &(*h).counters };
+    bump(&c.allocs, (taken as u64).wrapping_neg());
+    bump(&c.bytes_alloc, ((taken * size) as u64).wrapping_neg());
 }
 
 /// Returns the calling thread's empty pages and purges the arenas.

@@ -220,7 +220,7 @@ impl Cursor {
     ///
     /// # Safety
     /// As [`pick_exclusive`](Self::pick_exclusive).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn turn_exclusive(&self) -> (Pick, u64) {
         match self.granularity {
             Granularity::Count(n) => {
@@ -247,7 +247,7 @@ impl Cursor {
     ///
     /// # Safety
     /// As [`pick_exclusive`](Self::pick_exclusive).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn settle_exclusive(&self, allocs: u64, bytes: u64) {
         if allocs == 0 {
             return;
