@@ -343,11 +343,6 @@ impl Interleaver {
         // SAFETY: exclusive: the calling thread's interleaver; `heap` is its
         // heap.
         unsafe {
-            if self.count
-                && let Some(p) = self.next_count_turn(heap, class)
-            {
-                return p;
-            }
             self.reclaim(heap);
             if (self.window_open() || self.open_turn()) && self.fill(heap, class) {
                 // The pool serves this allocation too.
@@ -360,81 +355,6 @@ impl Interleaver {
                 self.fill(heap, class);
             }
             p
-        }
-    }
-
-    /// `Count`'s common turn change, in one pass: the pool of `class` ran
-    /// dry exactly as its turn ended (the loop that frees what it allocates:
-    /// the turn's last block went to its region's reuse list), and the next
-    /// node's region has a block of the size to reuse. Does what `reclaim`,
-    /// `open_turn` and `fill` do in that case (same bookkeeping, same
-    /// sequence; the tests that pin the sequence run through here) without
-    /// their general cases. `None` with nothing changed when the case is
-    /// another, or with the old turn booked and the window closed when the
-    /// next node has no block to reuse (the general path goes on from there).
-    ///
-    /// # Safety
-    /// As [`alloc_class`](Self::alloc_class); `Count` granularity.
-    #[inline(always)]
-    unsafe fn next_count_turn(&self, heap: *mut super::heap::Heap, class: usize) -> Option<*mut u8> {
-        let (w, pl) = (&self.window, &self.window.pool);
-        let page = pl.page.0.get();
-        let n = pl.filled.load(Ordering::Relaxed);
-        // SAFETY: the pool is this thread's.
-        let (taken, drained) =
-            unsafe { ((*page).used.wrapping_sub(pl.used0.load(Ordering::Relaxed)) as usize, (*page).free.is_null()) };
-        // Booked at the fill: `a` went down by `n`; the turn is over when
-        // what was taken is all it had left.
-        if n == 0
-            || pl.class.load(Ordering::Relaxed) != class
-            || pl.carved.load(Ordering::Relaxed)
-            || !drained
-            || w.a.load(Ordering::Relaxed) + n as u64 != taken as u64
-        {
-            return None;
-        }
-        let r = pl.region.load(Ordering::Relaxed);
-        let node = w.node.load(Ordering::Relaxed);
-        let size = class_bytes(class);
-        // SAFETY: the pool, its region's lists and the cursor are this
-        // thread's; the heap is its heap.
-        unsafe {
-            // `reclaim`, with nothing left on the page.
-            pl.filled.store(0, Ordering::Relaxed);
-            close_pool(r);
-            super::heap::uncount_pool(heap, taken, size);
-            self.space.set_credit(node, self.space.credit(node) + n - taken);
-            // `close_window` (every allocation of the turn served) and
-            // `open_turn`.
-            self.cursor.settle_exclusive(w.b.load(Ordering::Relaxed), 0);
-            w.a.store(0, Ordering::Relaxed);
-            w.b.store(0, Ordering::Relaxed);
-            let (pick, left) = self.cursor.turn_exclusive();
-            let r = self.space.current_region(pick.node);
-            let credit = self.space.credit(pick.node);
-            let key = pl.key.load(Ordering::Relaxed);
-            if r.is_null() || credit < left as usize {
-                return None;
-            }
-            let b = pop_reuse(r, key, GRAIN)?.cast::<Block>();
-            w.region.store(r, Ordering::Relaxed);
-            w.node.store(pick.node, Ordering::Relaxed);
-            w.turn.store(pick.turn, Ordering::Relaxed);
-            w.fresh.store(super::region::last_turn(r) != pick.turn, Ordering::Relaxed);
-            w.b.store(left, Ordering::Relaxed);
-            // `fill` with the reused block, booked as taken.
-            w.a.store(left - 1, Ordering::Relaxed);
-            self.space.set_credit(pick.node, credit - 1);
-            (*b).next = core::ptr::null_mut();
-            (*page).free = b;
-            pl.used0.store((*page).used, Ordering::Relaxed);
-            pl.filled.store(1, Ordering::Relaxed);
-            pl.budget.store(left as usize - 1, Ordering::Relaxed);
-            pl.region.store(r, Ordering::Relaxed);
-            open_pool(r, key, page, left as usize - 1);
-            super::heap::hook_pool(heap, class, page);
-            // This allocation pops the reused block.
-            Some(super::heap::Heap::alloc_class(heap, class))
         }
     }
 
