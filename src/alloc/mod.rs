@@ -47,6 +47,7 @@ mod arena;
 mod handle;
 mod heap;
 mod huge;
+mod interleave;
 pub(crate) mod policy;
 mod region;
 mod segment;
