@@ -456,9 +456,13 @@ impl Interleaver {
             let taken = (*page).used.wrapping_sub(pl.used0.load(Ordering::Relaxed)) as usize;
             let size = (*page).info.block_size as usize;
             super::heap::unhook_pool(heap, page, pl.class.load(Ordering::Relaxed), taken, size);
-            // Settle: `n` were booked, `taken` were allocations.
+            // Settle. References: `n` were charged at the fill; a block put
+            // back and taken again is the same reference (its free was not
+            // counted either, see `region::free`), so what the pool holds
+            // now, `rest`, goes back to the credit.
+            let rest = n + put_back - taken;
             let node = w.node.load(Ordering::Relaxed);
-            self.space.set_credit(node, self.space.credit(node) + n - taken);
+            self.space.set_credit(node, self.space.credit(node) + rest);
             let a = w.a.load(Ordering::Relaxed) as i64;
             let d = n as i64 - taken as i64;
             w.a.store(if self.count { a + d } else { a - d * size as i64 } as u64, Ordering::Relaxed);
@@ -474,7 +478,6 @@ impl Interleaver {
                 },
                 Ordering::Relaxed,
             );
-            let rest = n + put_back - taken;
             if rest == 0 {
                 return;
             }

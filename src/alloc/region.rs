@@ -29,7 +29,7 @@ use super::segment::{Block, Page, SEGMENT_SIZE, SLOT_SIZE, Segment};
 use super::size_class::{CLASSES, SMALL_MAX, class_of, class_size};
 use super::state::State;
 use crate::os::mem;
-use crate::sync::{Acquired, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering, RetireCount, SpinLock};
+use crate::sync::{Acquired, AtomicPtr, AtomicU64, AtomicUsize, Ordering, RetireCount, SpinLock};
 use crate::topology::MAX_NODES;
 
 /// Segment kind of a region.
@@ -64,12 +64,12 @@ pub(crate) struct Region {
     /// The cursor turn the last block belonged to (a hint for aligning the
     /// start of each turn).
     last_turn: AtomicU64,
-    /// For a region of an exclusive space: the owning thread's token (0
-    /// otherwise). Its own frees only bump `owner_freed` (plain store, no
-    /// read-modify-write) until it retires the region and settles them.
+    /// For a region of an exclusive space, until the owner retires it: the
+    /// owning thread's token (0 otherwise, and once retired). Its own frees
+    /// only bump `owner_freed` (plain store, no read-modify-write) until
+    /// then, when it settles them.
     owner: AtomicUsize,
     owner_freed: AtomicUsize,
-    owner_retired: AtomicBool,
     /// While the owner's interleaver has a pool of this region's blocks on
     /// its heap's fast path: the pool's key (else [`NO_REUSE`]), its page,
     /// and how many blocks the owner's frees may still put straight back on
@@ -305,7 +305,7 @@ impl Space {
             // SAFETY: per the contract; the owner's fields are ours.
             unsafe {
                 // From now on the owner's frees go through `live` too.
-                (*r).owner_retired.store(true, Ordering::Relaxed);
+                (*r).owner.store(0, Ordering::Relaxed);
                 // Give back the credit not turned into blocks, and settle the
                 // owner's frees so far.
                 let unused = self.credit[node].swap(0, Ordering::Relaxed);
@@ -386,7 +386,6 @@ fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
         (*r).live.reset(0);
         (*r).owner.store(0, Ordering::Relaxed);
         (*r).owner_freed.store(0, Ordering::Relaxed);
-        (*r).owner_retired.store(false, Ordering::Relaxed);
         (*r).pool_key.store(NO_REUSE, Ordering::Relaxed);
         (*r).pool_budget.store(0, Ordering::Relaxed);
         (*r).last_turn.store(u64::MAX, Ordering::Relaxed);
@@ -612,7 +611,8 @@ unsafe fn unmap(r: *mut Region) {
 }
 
 thread_local! {
-    /// Its address identifies the thread (never 0; unique among live threads).
+    /// Its address identifies the thread (never 0, which marks a region no
+    /// thread owns; unique among live threads).
     static TOKEN: u8 = const { 0 };
 }
 
@@ -631,27 +631,30 @@ pub(crate) unsafe fn free(seg: *mut Segment, p: *mut u8, size: usize) {
     // SAFETY: per the contract the region is live.
     unsafe {
         let owner = (*r).owner.load(Ordering::Relaxed);
-        // The owning thread, before it retires the region: a plain count,
-        // and the block goes on the reuse list of its size.
-        if owner != 0 && owner == thread_token() && !(*r).owner_retired.load(Ordering::Relaxed) {
-            let f = &(*r).owner_freed;
-            f.store(f.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        // The owning thread, before it retires the region: the block goes
+        // on its pool or a reuse list, and its reference is counted without
+        // a read-modify-write (settled at retirement).
+        if owner == thread_token() {
             if size <= SMALL_MAX {
                 let key = reuse_key(size.max(1)).0;
                 let b = p.cast::<Block>();
                 let budget = (*r).pool_budget.load(Ordering::Relaxed);
                 if key == (*r).pool_key.load(Ordering::Relaxed) && budget != 0 {
-                    // Straight back to the fast path, within the turn.
+                    // Straight back to the fast path, within the turn: the
+                    // pool keeps the reference (it settles the credit for
+                    // what it holds when taken back).
                     (*r).pool_budget.store(budget - 1, Ordering::Relaxed);
                     let page = (*r).pool_page.load(Ordering::Relaxed);
                     (*b).next = (*page).free;
                     (*page).free = b;
-                } else {
-                    let list = &(*r).reuse[key];
-                    (*b).next = list.load(Ordering::Relaxed);
-                    list.store(b, Ordering::Relaxed);
+                    return;
                 }
+                let list = &(*r).reuse[key];
+                (*b).next = list.load(Ordering::Relaxed);
+                list.store(b, Ordering::Relaxed);
             }
+            let f = &(*r).owner_freed;
+            f.store(f.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             return;
         }
         release(r)
