@@ -169,15 +169,11 @@ impl Cursor {
             }
             Granularity::Bytes(b) => {
                 let s = self.state.load(Ordering::Relaxed);
-                let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
-                let node = usize::from(self.round[t]);
-                let target = (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+                let (node, target) = self.turn_target(s, b);
                 let placed = self.placed[node].load(Ordering::Relaxed).saturating_add(size as u64);
                 self.placed[node].store(placed, Ordering::Relaxed);
                 if placed >= target {
-                    let next =
-                        if t as u64 + 1 == self.len { (r + 1) << TURN_BITS } else { (r << TURN_BITS) | (t as u64 + 1) };
-                    self.state.store(next, Ordering::Relaxed);
+                    self.state.store(self.next_turn(s), Ordering::Relaxed);
                 }
                 Pick { node, turn: s }
             }
@@ -193,23 +189,9 @@ impl Cursor {
     /// # Safety
     /// As [`pick_exclusive`](Self::pick_exclusive).
     pub unsafe fn turn_left_exclusive(&self, last: Pick) -> u64 {
-        match self.granularity {
-            Granularity::Count(n) => {
-                let c = self.ex_in_turn.load(Ordering::Relaxed);
-                if c == 0 { 0 } else { u64::from(n) - c }
-            }
-            Granularity::Bytes(b) => {
-                let s = self.state.load(Ordering::Relaxed);
-                if s != last.turn {
-                    return 0;
-                }
-                let t = (s & TURN_MASK) as usize;
-                let node = usize::from(self.round[t]);
-                let target =
-                    ((s >> TURN_BITS) * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
-                target.saturating_sub(self.placed[node].load(Ordering::Relaxed))
-            }
-        }
+        // SAFETY: per the contract.
+        let (now, left) = unsafe { self.turn_exclusive() };
+        if now.turn == last.turn { left } else { 0 }
     }
 
     /// Exclusive picks: the turn in progress, without booking anything: its
@@ -230,9 +212,7 @@ impl Cursor {
             }
             Granularity::Bytes(b) => {
                 let s = self.state.load(Ordering::Relaxed);
-                let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
-                let node = usize::from(self.round[t]);
-                let target = (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+                let (node, target) = self.turn_target(s, b);
                 // A turn ends at the allocation reaching its target, so the
                 // turn in progress is below it.
                 let left = target.saturating_sub(self.placed[node].load(Ordering::Relaxed)).max(1);
@@ -267,15 +247,11 @@ impl Cursor {
             }
             Granularity::Bytes(b) => {
                 let s = self.state.load(Ordering::Relaxed);
-                let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
-                let node = usize::from(self.round[t]);
-                let target = (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+                let (node, target) = self.turn_target(s, b);
                 let placed = self.placed[node].load(Ordering::Relaxed) + bytes;
                 self.placed[node].store(placed, Ordering::Relaxed);
                 if placed >= target {
-                    let next =
-                        if t as u64 + 1 == self.len { (r + 1) << TURN_BITS } else { (r << TURN_BITS) | (t as u64 + 1) };
-                    self.state.store(next, Ordering::Relaxed);
+                    self.state.store(self.next_turn(s), Ordering::Relaxed);
                 }
             }
         }
@@ -286,9 +262,7 @@ impl Cursor {
             // Acquire pairs with the Release of the CAS that made this turn
             // current: its node's total already holds the ending allocation.
             let s = self.state.load(Ordering::Acquire);
-            let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
-            let node = usize::from(self.round[t]);
-            let target = (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b);
+            let (node, target) = self.turn_target(s, b);
             let old = self.placed[node].fetch_add(size, Ordering::AcqRel);
             if old < target {
                 if old.saturating_add(size) >= target {
@@ -308,10 +282,25 @@ impl Cursor {
 
     /// Moves the word from turn `s` to the next one, unless someone did.
     fn advance(&self, s: u64) {
-        let (r, t) = (s >> TURN_BITS, s & TURN_MASK);
-        let next = if t + 1 == self.len { (r + 1) << TURN_BITS } else { (r << TURN_BITS) | (t + 1) };
         // Release: the next turn's readers see this turn's total.
-        let _ = self.state.compare_exchange(s, next, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = self.state.compare_exchange(s, self.next_turn(s), Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// `Bytes`: the node of turn `s` (`(round << TURN_BITS) | turn`) and
+    /// the byte total that ends it (a node's turns end at multiples of `b`,
+    /// counted over all its turns so far, so overshoot carries over).
+    #[inline(always)]
+    fn turn_target(&self, s: u64, b: u64) -> (usize, u64) {
+        let (r, t) = (s >> TURN_BITS, (s & TURN_MASK) as usize);
+        let node = usize::from(self.round[t]);
+        (node, (r * u64::from(self.turns[node]) + u64::from(self.before[t]) + 1).saturating_mul(b))
+    }
+
+    /// `Bytes`: the turn after `s`.
+    #[inline(always)]
+    fn next_turn(&self, s: u64) -> u64 {
+        let (r, t) = (s >> TURN_BITS, s & TURN_MASK);
+        if t + 1 == self.len { (r + 1) << TURN_BITS } else { (r << TURN_BITS) | (t + 1) }
     }
 
     /// The node whose turn it is now.
@@ -461,6 +450,36 @@ mod tests {
         }
     }
 
+    /// Serves what is left of a turn of `node` (`left`, as the exclusive
+    /// calls give it), at most `stop` allocations of `sizes` from `*i` on,
+    /// without picking, records their node, and books them into `c`.
+    ///
+    /// # Safety
+    /// `c` is the calling thread's alone.
+    unsafe fn serve_and_settle(
+        c: &Cursor,
+        node: usize,
+        mut left: u64,
+        stop: usize,
+        sizes: &[u64],
+        i: &mut usize,
+        got: &mut Vec<usize>,
+    ) {
+        let (mut n, mut bytes) = (0, 0);
+        while left > 0 && *i < sizes.len() && (n as usize) < stop {
+            got.push(node);
+            left = match c.granularity() {
+                Granularity::Count(_) => left - 1,
+                Granularity::Bytes(_) => left.saturating_sub(sizes[*i]),
+            };
+            n += 1;
+            bytes += sizes[*i];
+            *i += 1;
+        }
+        // SAFETY: per the contract.
+        unsafe { c.settle_exclusive(n, bytes) };
+    }
+
     /// Serving the rest of a turn from `turn_left_exclusive` and booking it
     /// with `settle_exclusive` gives the same nodes as picking every time.
     #[test]
@@ -478,19 +497,7 @@ mod tests {
                     let p = b.pick_exclusive(sizes[i] as usize);
                     got.push(p.node);
                     i += 1;
-                    let mut left = b.turn_left_exclusive(p);
-                    let (mut n, mut bytes) = (0, 0);
-                    while left > 0 && i < sizes.len() {
-                        got.push(p.node);
-                        left = match g {
-                            Granularity::Count(_) => left - 1,
-                            Granularity::Bytes(_) => left.saturating_sub(sizes[i]),
-                        };
-                        n += 1;
-                        bytes += sizes[i];
-                        i += 1;
-                    }
-                    b.settle_exclusive(n, bytes);
+                    serve_and_settle(&b, p.node, b.turn_left_exclusive(p), usize::MAX, &sizes, &mut i, &mut got);
                 }
             }
             assert_eq!(got, want, "{g:?}");
@@ -512,22 +519,11 @@ mod tests {
             while i < sizes.len() {
                 // SAFETY: `b` is this thread's alone.
                 unsafe {
-                    let (p, mut left) = b.turn_exclusive();
+                    let (p, left) = b.turn_exclusive();
                     assert!(left > 0);
                     // Stop early now and then, as a pool taken back does.
-                    let stop = 1 + r.next() % 4;
-                    let (mut n, mut bytes) = (0, 0);
-                    while left > 0 && i < sizes.len() && n < stop {
-                        got.push(p.node);
-                        left = match g {
-                            Granularity::Count(_) => left - 1,
-                            Granularity::Bytes(_) => left.saturating_sub(sizes[i]),
-                        };
-                        n += 1;
-                        bytes += sizes[i];
-                        i += 1;
-                    }
-                    b.settle_exclusive(n, bytes);
+                    let stop = 1 + r.next() as usize % 4;
+                    serve_and_settle(&b, p.node, left, stop, &sizes, &mut i, &mut got);
                 }
             }
             assert_eq!(got, want, "{g:?}");
