@@ -182,10 +182,9 @@ impl Heap {
             return unsafe { Heap::alloc_slow_any(heap, class, state) };
         }
         let active = super::policy::active(state);
-        // SAFETY: the heap is this thread's.
-        if matches!(active, Active::Local) && (state.mode != super::Mode::PerNode || !unsafe { (*heap).mixed }) {
-            // One arena, or every page of the heap on the thread's node:
-            // `Local` has nothing to choose, any page serves.
+        if matches!(active, Active::Local) && state.mode != super::Mode::PerNode {
+            // One arena: `Local` has nothing to choose, any page serves
+            // (the unmixed heap took the check above).
             // SAFETY: the caller's heap.
             return unsafe { Heap::alloc_slow_any(heap, class, state) };
         }
@@ -749,25 +748,10 @@ pub(crate) unsafe fn unhook_pool(h: *mut Heap, page: *mut Page, class: usize, ta
         if (*h).direct[class] == page {
             (*h).direct[class] = empty_page();
         }
-        uncount_pool(h, taken, size);
+        let c = &(*h).counters;
+        bump(&c.allocs, (taken as u64).wrapping_neg());
+        bump(&c.bytes_alloc, ((taken * size) as u64).wrapping_neg());
     }
-}
-
-/// Takes `taken` blocks of `size` bytes, allocated from an interleaver's
-/// pool through the fast path, out of the heap's counters (region blocks
-/// are not the heap's).
-///
-/// # Safety
-/// `h` is the calling thread's heap (or null).
-#[inline(always)]
-pub(crate) unsafe fn uncount_pool(h: *mut Heap, taken: usize, size: usize) {
-    if h.is_null() {
-        return;
-    }
-    // SAFETY: per the contract.
-    let c = unsafe { &(*h).counters };
-    bump(&c.allocs, (taken as u64).wrapping_neg());
-    bump(&c.bytes_alloc, ((taken * size) as u64).wrapping_neg());
 }
 
 /// Returns the calling thread's empty pages and purges the arenas.

@@ -13,10 +13,11 @@
 use core::cell::UnsafeCell;
 
 use super::region::{
-    GRAIN, REGION_ALIGN_MAX, REGION_MAX, Region, Space, book, class_bytes, class_key, close_pool, exclusive_layout,
-    give_back_reuse, open_pool, pop_reuse, top_addr, unbook, up,
+    GRAIN, REGION_ALIGN_MAX, REGION_MAX, Region, Space, book, class_key, close_pool, exclusive_layout, give_back_reuse,
+    open_pool, pop_reuse, top_addr, unbook, up,
 };
 use super::segment::{Block, Page, SEGMENT_SIZE};
+use super::size_class::class_size;
 use super::state::State;
 use crate::policy::{Cursor, Granularity, Interleave, Pick};
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -77,8 +78,8 @@ struct Pool {
     budget: AtomicUsize,
     /// The page's `used` at the fill: the fast path counts what it takes.
     used0: AtomicU32,
+    /// The size class served (its reuse key: `class_key`).
     class: AtomicUsize,
-    key: AtomicUsize,
     region: AtomicPtr<Region>,
     /// Whether the filled blocks were carved (`stride` bytes apart, the
     /// window's top `top0` before) or one reused block.
@@ -169,11 +170,10 @@ impl Interleaver {
     /// Exclusive: called by the one thread that uses this interleaver.
     #[inline(always)]
     unsafe fn window_alloc(&self, size: usize, align: usize) -> Option<*mut u8> {
-        let w = &self.window;
-        let a = w.a.load(Ordering::Relaxed);
         if !self.window_open() {
             return None;
         }
+        let w = &self.window;
         let node = w.node.load(Ordering::Relaxed);
         let credit = self.space.credit(node);
         if credit == 0 {
@@ -201,6 +201,7 @@ impl Interleaver {
             }
         };
         self.space.set_credit(node, credit - 1);
+        let a = w.a.load(Ordering::Relaxed);
         w.a.store(if self.count { a - 1 } else { a + size as u64 }, Ordering::Relaxed);
         Some(p)
     }
@@ -253,15 +254,24 @@ impl Interleaver {
         if r.is_null() {
             return false;
         }
+        // SAFETY: the node's current region, ours.
+        let fresh = unsafe { super::region::last_turn(r) } != pick.turn;
+        self.open_window(r, pick, left, fresh);
+        true
+    }
+
+    /// Opens the window on `left` of turn `pick` (allocations, or bytes), in
+    /// `r`, its node's current region; `fresh`: none of the turn's blocks
+    /// was carved yet.
+    #[inline(always)]
+    fn open_window(&self, r: *mut Region, pick: Pick, left: u64, fresh: bool) {
         let w = &self.window;
         w.region.store(r, Ordering::Relaxed);
         w.node.store(pick.node, Ordering::Relaxed);
         w.turn.store(pick.turn, Ordering::Relaxed);
-        // SAFETY: the node's current region, ours.
-        w.fresh.store(unsafe { super::region::last_turn(r) } != pick.turn, Ordering::Relaxed);
+        w.fresh.store(fresh, Ordering::Relaxed);
         w.a.store(if self.count { left } else { 0 }, Ordering::Relaxed);
         w.b.store(left, Ordering::Relaxed);
-        true
     }
 
     /// Books the window into the cursor and the space, and closes it.
@@ -308,13 +318,8 @@ impl Interleaver {
             && let r = self.space.current_region(pick.node)
             && !r.is_null()
         {
-            let w = &self.window;
-            w.region.store(r, Ordering::Relaxed);
-            w.node.store(pick.node, Ordering::Relaxed);
-            w.turn.store(pick.turn, Ordering::Relaxed);
-            w.fresh.store(false, Ordering::Relaxed);
-            w.a.store(if self.count { left } else { 0 }, Ordering::Relaxed);
-            w.b.store(left, Ordering::Relaxed);
+            // The space carved the turn's first block.
+            self.open_window(r, pick, left, false);
         }
         p
     }
@@ -329,7 +334,7 @@ impl Interleaver {
     /// force on the thread.
     #[inline(never)]
     pub(crate) unsafe fn alloc_class(&self, heap: *mut super::heap::Heap, class: usize) -> *mut u8 {
-        let size = class_bytes(class);
+        let size = class_size(class);
         if !self.exclusive {
             return self.alloc_block(size, GRAIN);
         }
@@ -360,7 +365,7 @@ impl Interleaver {
     #[inline(always)]
     unsafe fn fill(&self, heap: *mut super::heap::Heap, class: usize) -> bool {
         let (w, pl) = (&self.window, &self.window.pool);
-        let size = class_bytes(class);
+        let size = class_size(class);
         let a = w.a.load(Ordering::Relaxed);
         let left = if self.count {
             a
@@ -421,7 +426,6 @@ impl Interleaver {
             pl.filled.store(n, Ordering::Relaxed);
             pl.budget.store(k - n, Ordering::Relaxed);
             pl.class.store(class, Ordering::Relaxed);
-            pl.key.store(key, Ordering::Relaxed);
             pl.region.store(r, Ordering::Relaxed);
             open_pool(r, key, page, k - n);
             super::heap::hook_pool(heap, class, page);
@@ -455,7 +459,8 @@ impl Interleaver {
             let put_back = pl.budget.load(Ordering::Relaxed) - close_pool(r);
             let taken = (*page).used.wrapping_sub(pl.used0.load(Ordering::Relaxed)) as usize;
             let size = (*page).info.block_size as usize;
-            super::heap::unhook_pool(heap, page, pl.class.load(Ordering::Relaxed), taken, size);
+            let class = pl.class.load(Ordering::Relaxed);
+            super::heap::unhook_pool(heap, page, class, taken, size);
             // Settle. References: `n` were charged at the fill; a block put
             // back and taken again is the same reference (its free was not
             // counted either, see `region::free`), so what the pool holds
@@ -493,7 +498,7 @@ impl Interleaver {
                 while !(*tail).next.is_null() {
                     tail = (*tail).next;
                 }
-                give_back_reuse(r, pl.key.load(Ordering::Relaxed), free, tail);
+                give_back_reuse(r, class_key(class).0, free, tail);
             }
         }
     }
@@ -524,7 +529,6 @@ impl Interleaver {
                     budget: AtomicUsize::new(0),
                     used0: AtomicU32::new(0),
                     class: AtomicUsize::new(0),
-                    key: AtomicUsize::new(0),
                     region: AtomicPtr::new(core::ptr::null_mut()),
                     carved: AtomicBool::new(false),
                     stride: AtomicUsize::new(0),

@@ -3,25 +3,26 @@
 //! address space (a run of I/O buffers is one extent, not one per buffer).
 //!
 //! A region is a 4 MiB segment (kind [`REGION`]) of one node's arena, carved
-//! front to back by any thread with a CAS on its `top`; it is never reused
-//! piecemeal. Every live block holds a reference (`live`); the [`Space`] that
-//! carves from the region holds none, but *retires* it (a [`RetireCount`]) when
-//! it moves to a fresh one. The region goes back to the OS when it is retired
-//! and its last block is freed, whichever comes last: freeing is a single
+//! front to back (under its space's node lock, or by the one thread of an
+//! exclusive space); only that thread reuses blocks of it (below). Every
+//! live block holds a reference (`live`); the [`Space`] that carves from the
+//! region holds none, but *retires* it (a [`RetireCount`]) when it moves to
+//! a fresh one. The region goes back to the OS when it is retired and its
+//! last block is freed, whichever comes last: freeing is a single
 //! `fetch_sub` from any thread, through the global allocator like any block.
 //!
 //! A block-start bitmap (one bit per 16 bytes) answers `usable_size`.
 //!
 //! The region of a thread's own interleave (an exclusive space: a
 //! `with_policy` guard's, or the thread's copy of a process default
-//! interleave) also reuses what its thread frees: such a block goes onto one of the region's reuse
-//! lists, keyed by its size (a size class below 4 KiB, a number of 4 KiB
-//! units above), and the node's next allocation of that size takes it back.
-//! A thread that allocates and frees I/O buffers in a loop then cycles
-//! through a few warm blocks instead of walking 4 MiB of cold memory (which
-//! cost up to 4× the time of a local allocation once the buffers were
-//! written). Blocks of these spaces are carved at their key's size, so any
-//! block on a list serves any request of its key.
+//! interleave) also reuses what its thread frees: such a block goes onto one
+//! of the region's reuse lists, keyed by its size (a size class below 4 KiB,
+//! a number of 4 KiB units above), and the node's next allocation of that
+//! size takes it back. A thread that allocates and frees I/O buffers in a
+//! loop then cycles through a few warm blocks instead of walking 4 MiB of
+//! cold memory (which cost up to 4× the time of a local allocation once the
+//! buffers were written). Blocks of these spaces are carved at their key's
+//! size, so any block on a list serves any request of its key.
 
 use core::ptr::{self, NonNull};
 
@@ -108,27 +109,21 @@ pub(crate) fn reuse_key(size: usize) -> (usize, usize) {
 /// [`reuse_key`] of the sizes of size class `class`.
 #[inline(always)]
 pub(crate) fn class_key(class: usize) -> (usize, usize) {
-    let (key, size, _) = CLASS_KEYS[class];
+    let (key, size) = CLASS_KEYS[class];
     (usize::from(key), size as usize)
 }
 
-/// [`class_size`] by table (one load, on the interleaved class path).
-#[inline(always)]
-pub(crate) fn class_bytes(class: usize) -> usize {
-    CLASS_KEYS[class].2 as usize
-}
-
-/// Per size class: its reuse key, block size and class size.
-const CLASS_KEYS: [(u16, u32, u32); CLASSES] = {
-    let mut t = [(0u16, 0u32, 0u32); CLASSES];
+/// Per size class: its reuse key and block size.
+const CLASS_KEYS: [(u16, u32); CLASSES] = {
+    let mut t = [(0u16, 0u32); CLASSES];
     let mut c = 0;
     while c < CLASSES {
         let cs = class_size(c);
         t[c] = if cs < PAGE_MIN {
-            (c as u16, cs as u32, cs as u32)
+            (c as u16, cs as u32)
         } else {
             let units = cs.div_ceil(PAGE_MIN);
-            ((CLASSES + units) as u16, (units * PAGE_MIN) as u32, cs as u32)
+            ((CLASSES + units) as u16, (units * PAGE_MIN) as u32)
         };
         c += 1;
     }
@@ -703,7 +698,6 @@ mod tests {
             }
         }
         for a in 0..CLASSES {
-            assert_eq!(class_bytes(a), class_size(a));
             for b in 0..CLASSES {
                 if class_key(a).0 == class_key(b).0 {
                     assert_eq!(class_key(a).1, class_key(b).1);
