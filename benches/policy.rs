@@ -122,6 +122,23 @@ fn interleave_pairs() {
     }
 }
 
+/// Runs this bench again with `var` set (the part to run), on `fake:2` in
+/// per-node mode or not, under `policy` (`NUMAWEAVE_POLICY`) if given; its
+/// standard output.
+fn child(var: &str, fake2: bool, policy: Option<&str>) -> String {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.env(var, "1");
+    if fake2 {
+        c.env("NUMAWEAVE_TOPOLOGY", "fake:2").env("NUMAWEAVE_MODE", "per-node");
+    }
+    if let Some(p) = policy {
+        c.env("NUMAWEAVE_POLICY", p);
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -157,20 +174,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo bench -- --list`
     }
-    let exe = std::env::current_exe().unwrap();
     // On this machine's topology, and on `fake:2` in per-node mode, where
     // `Local` checks the node of the pages it refills from.
-    for (label, topo) in [("this machine", None), ("fake:2, per-node", Some("fake:2"))] {
-        let run = |policy: &str| -> f64 {
-            let mut c = Command::new(&exe);
-            c.env("NUMAWEAVE_BENCH_CHILD", "1").env("NUMAWEAVE_POLICY", policy);
-            if let Some(t) = topo {
-                c.env("NUMAWEAVE_TOPOLOGY", t).env("NUMAWEAVE_MODE", "per-node");
-            }
-            let out = c.output().unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-        };
+    for (label, fake2) in [("this machine", false), ("fake:2, per-node", true)] {
+        let run = |policy: &str| -> f64 { child("NUMAWEAVE_BENCH_CHILD", fake2, Some(policy)).trim().parse().unwrap() };
         let (mut with, mut without) = (Vec::new(), Vec::new());
         // ABBA order: neither side always runs second.
         for i in 0..12 {
@@ -198,20 +205,7 @@ fn main() {
     }
 
     let two = numaweave::Topology::global().memory_nodes().len() < 2;
-    let child = |var: &str, policy: Option<&str>| {
-        let mut c = Command::new(&exe);
-        c.env(var, "1");
-        if two {
-            c.env("NUMAWEAVE_TOPOLOGY", "fake:2").env("NUMAWEAVE_MODE", "per-node");
-        }
-        if let Some(p) = policy {
-            c.env("NUMAWEAVE_POLICY", p);
-        }
-        let out = c.output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    print!("{}", child("NUMAWEAVE_BENCH_PAIRS", None));
+    print!("{}", child("NUMAWEAVE_BENCH_PAIRS", two, None));
 
     // The process default interleave (each thread its own cursor): its
     // processes against `local` ones, in turn, seven rounds.
@@ -220,7 +214,7 @@ fn main() {
     let mut ns: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
     for _ in 0..7 {
         for (k, p) in policies.iter().enumerate() {
-            let out = child("NUMAWEAVE_BENCH_DEFAULT", Some(p));
+            let out = child("NUMAWEAVE_BENCH_DEFAULT", two, Some(p));
             let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
             ns[k].push((v[0], v[1]));
         }
