@@ -4,3 +4,68 @@
 //! ```text
 //! RUSTFLAGS="--cfg loom" cargo test -p numaweave-loom-tests --release --target-dir target/loom
 //! ```
+//!
+//! [`region_model`] holds the bump region as the two region lifetime models
+//! (`region_lifetime`, `exclusive_region`) see it.
+
+/// A bump region reduced to what its lifetime rule is about: the crate's
+/// own `RetireCount`, two blocks' memory, and how often it was freed.
+#[cfg(loom)]
+pub mod region_model {
+    use loom::cell::UnsafeCell;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use numaweave::sync::RetireCount;
+
+    /// See the module.
+    pub struct Region {
+        /// The region's references (its live blocks), as in the allocator.
+        pub live: RetireCount,
+        /// Two blocks' memory: used by their holders, wiped by the free.
+        blocks: [UnsafeCell<usize>; 2],
+        frees: AtomicUsize,
+    }
+
+    impl Region {
+        /// No reference, not retired.
+        pub fn new() -> Self {
+            Self {
+                live: RetireCount::new(),
+                blocks: [UnsafeCell::new(0), UnsafeCell::new(0)],
+                frees: AtomicUsize::new(0),
+            }
+        }
+
+        /// A holder uses block `i` (writes its memory).
+        pub fn use_block(&self, i: usize) {
+            self.blocks[i].with_mut(|p| unsafe { *p += 1 });
+        }
+
+        /// Drops one reference; frees the region if that was the last one
+        /// after retirement.
+        pub fn release(&self) {
+            if self.live.release() {
+                self.free();
+            }
+        }
+
+        /// The "munmap": every block's memory, written. A use not ordered
+        /// before this is a data race loom reports.
+        pub fn free(&self) {
+            for b in &self.blocks {
+                b.with_mut(|p| unsafe { *p = usize::MAX });
+            }
+            self.frees.fetch_add(1, Ordering::Relaxed);
+        }
+
+        /// How many times the region was freed.
+        pub fn frees(&self) -> usize {
+            self.frees.load(Ordering::Relaxed)
+        }
+    }
+
+    impl Default for Region {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+}

@@ -13,31 +13,11 @@
 //! another thread still uses a block.
 #![cfg(loom)]
 
-use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
-use numaweave::sync::RetireCount;
+use numaweave_loom_tests::region_model::Region;
 
 const CREDIT: usize = 8;
-
-struct Region {
-    live: RetireCount,
-    /// Two blocks' memory: used by their holders, wiped by the free.
-    blocks: [UnsafeCell<usize>; 2],
-    frees: AtomicUsize,
-}
-
-impl Region {
-    fn free(&self) {
-        // The "munmap": every block's memory, written. A use not ordered
-        // before this is a data race loom reports.
-        for b in &self.blocks {
-            b.with_mut(|p| unsafe { *p = usize::MAX });
-        }
-        self.frees.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// The owner's side: what it hands out and what it frees, plain counters.
 struct Owner {
@@ -47,11 +27,7 @@ struct Owner {
 
 fn model(miscount: isize) {
     loom::model(move || {
-        let r = Arc::new(Region {
-            live: RetireCount::new(),
-            blocks: [UnsafeCell::new(0), UnsafeCell::new(0)],
-            frees: AtomicUsize::new(0),
-        });
+        let r = Arc::new(Region::new());
         // Mapped and charged by the owner before anyone else sees it.
         r.live.reset(CREDIT);
         let mut o = Owner { credit: CREDIT, freed: 0 };
@@ -60,17 +36,15 @@ fn model(miscount: isize) {
         let remote = {
             let r = r.clone();
             thread::spawn(move || {
-                r.blocks[0].with_mut(|p| unsafe { *p += 1 });
-                if r.live.release() {
-                    r.free();
-                }
+                r.use_block(0);
+                r.release();
             })
         };
         // Block 1: the owner's, used, freed onto its reuse list, taken
         // again (another reference from the credit), used and freed again.
         for _ in 0..2 {
             o.credit -= 1;
-            r.blocks[1].with_mut(|p| unsafe { *p += 1 });
+            r.use_block(1);
             o.freed += 1;
         }
         // Retirement: the unused credit and the owner's frees in one go
@@ -86,7 +60,7 @@ fn model(miscount: isize) {
             r.free();
         }
         remote.join().unwrap();
-        assert_eq!(r.frees.load(Ordering::Relaxed), 1, "freed other than once");
+        assert_eq!(r.frees(), 1, "freed other than once");
     });
 }
 

@@ -9,29 +9,10 @@
 //! reference without it may act on a region already freed.
 #![cfg(loom)]
 
-use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
-use numaweave::sync::{Acquired, RetireCount, SpinLock};
-
-struct Region {
-    live: RetireCount,
-    /// Two blocks' memory: used by their holders, wiped by the free.
-    blocks: [UnsafeCell<usize>; 2],
-    frees: AtomicUsize,
-}
-
-impl Region {
-    fn free(&self) {
-        // The "munmap": every block's memory, written. A holder whose use
-        // is not ordered before this is a data race loom reports.
-        for b in &self.blocks {
-            b.with_mut(|p| unsafe { *p = usize::MAX });
-        }
-        self.frees.fetch_add(1, Ordering::Relaxed);
-    }
-}
+use numaweave::sync::{Acquired, SpinLock};
+use numaweave_loom_tests::region_model::Region;
 
 struct Space {
     /// Whether the region is still current.
@@ -40,14 +21,7 @@ struct Space {
 }
 
 fn world() -> Arc<Space> {
-    let s = Arc::new(Space {
-        current: SpinLock::new(true),
-        region: Region {
-            live: RetireCount::new(),
-            blocks: [UnsafeCell::new(0), UnsafeCell::new(0)],
-            frees: AtomicUsize::new(0),
-        },
-    });
+    let s = Arc::new(Space { current: SpinLock::new(true), region: Region::new() });
     // Block 0 was carved before; its holder frees it on another thread.
     assert_eq!(s.region.live.try_acquire(), Acquired::Yes);
     s
@@ -55,18 +29,14 @@ fn world() -> Arc<Space> {
 
 fn holder(s: Arc<Space>) -> impl FnOnce() {
     move || {
-        s.region.blocks[0].with_mut(|p| unsafe { *p += 1 });
-        if s.region.live.release() {
-            s.region.free();
-        }
+        s.region.use_block(0);
+        s.region.release();
     }
 }
 
 fn use_block1(s: &Space) {
-    s.region.blocks[1].with_mut(|p| unsafe { *p += 1 });
-    if s.region.live.release() {
-        s.region.free();
-    }
+    s.region.use_block(1);
+    s.region.release();
 }
 
 #[test]
@@ -99,7 +69,7 @@ fn freed_once_after_every_use() {
         }
         h.join().unwrap();
         carver.join().unwrap();
-        assert_eq!(s.region.frees.load(Ordering::Relaxed), 1, "freed other than once");
+        assert_eq!(s.region.frees(), 1, "freed other than once");
     });
 }
 
@@ -125,6 +95,6 @@ fn without_the_lock_a_carver_can_touch_a_freed_region() {
         }
         h.join().unwrap();
         carver.join().unwrap();
-        assert_eq!(s.region.frees.load(Ordering::Relaxed), 1, "freed other than once");
+        assert_eq!(s.region.frees(), 1, "freed other than once");
     });
 }
