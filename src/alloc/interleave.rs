@@ -80,7 +80,6 @@ struct Pool {
     used0: AtomicU32,
     /// The size class served (its reuse key: `class_key`).
     class: AtomicUsize,
-    region: AtomicPtr<Region>,
     /// Whether the filled blocks were carved (`stride` bytes apart, the
     /// window's top `top0` before) or one reused block.
     carved: AtomicBool,
@@ -426,7 +425,6 @@ impl Interleaver {
             pl.filled.store(n, Ordering::Relaxed);
             pl.budget.store(k - n, Ordering::Relaxed);
             pl.class.store(class, Ordering::Relaxed);
-            pl.region.store(r, Ordering::Relaxed);
             open_pool(r, key, page, k - n);
             super::heap::hook_pool(heap, class, page);
         }
@@ -452,7 +450,8 @@ impl Interleaver {
         }
         pl.filled.store(0, Ordering::Relaxed);
         let page = pl.page.0.get();
-        let r = pl.region.load(Ordering::Relaxed);
+        // The window's region: it changes only once the pool is taken back.
+        let r = w.region.load(Ordering::Relaxed);
         // SAFETY: per the contract, the pool and the region's lists are this
         // thread's.
         unsafe {
@@ -529,7 +528,6 @@ impl Interleaver {
                     budget: AtomicUsize::new(0),
                     used0: AtomicU32::new(0),
                     class: AtomicUsize::new(0),
-                    region: AtomicPtr::new(core::ptr::null_mut()),
                     carved: AtomicBool::new(false),
                     stride: AtomicUsize::new(0),
                     top0: AtomicUsize::new(0),
