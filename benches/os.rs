@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use numaweave::os::mem::{MemPolicy, Region};
+use numaweave::os::mem::{Mapping, MemPolicy};
 use numaweave::topology::{NodeSet, Topology};
 
 fn current_node(c: &mut Criterion) {
@@ -23,7 +23,7 @@ fn bound_memory(c: &mut Criterion) {
     let topo = Topology::global();
     let node = NodeSet::single(topo.physical_node(topo.current_node()));
     let mut g = c.benchmark_group("map+touch 256KiB");
-    let touch = |r: &Region| {
+    let touch = |r: &Mapping| {
         for off in (0..r.len()).step_by(4096) {
             // SAFETY: inside the region, which is mapped and writable.
             unsafe { r.as_ptr().add(off).write_volatile(1) };
@@ -31,13 +31,13 @@ fn bound_memory(c: &mut Criterion) {
     };
     g.bench_function("mmap", |b| {
         b.iter(|| {
-            let r = Region::map(LEN).unwrap();
+            let r = Mapping::map(LEN).unwrap();
             touch(&r);
         })
     });
     g.bench_function("mmap+mbind(bind)", |b| {
         b.iter(|| {
-            let r = Region::map(LEN).unwrap();
+            let r = Mapping::map(LEN).unwrap();
             r.bind(MemPolicy::Bind(node)).unwrap();
             touch(&r);
         })

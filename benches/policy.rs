@@ -10,11 +10,12 @@
 //! - an interleaved allocation (`Count(8)`, `Bytes(2 MiB)` over every memory
 //!   node, or over the two nodes of `fake:2` on a one-node machine, so that
 //!   turns do change node) against a local one: alloc + free of a 4 KiB
-//!   buffer in a loop, page-aligned or not, the buffer left alone or its
-//!   first word written (an I/O buffer is used: a placement that walks fresh
-//!   memory shows there), under a scoped interleave in a pinned child
-//!   process, then under the process default interleave (one child process
-//!   per policy, in rounds).
+//!   buffer in a loop, page-aligned (an I/O buffer: placed block by block,
+//!   turn by turn) with the buffer left alone or its first word written (an
+//!   I/O buffer is used: a placement that walks fresh memory shows there),
+//!   or unaligned (placed page by page: the local fast path), under a
+//!   scoped interleave in a pinned child process, then under the process
+//!   default interleave (one child process per policy, in rounds).
 //!
 //! ```text
 //! cargo bench --bench policy
@@ -94,7 +95,7 @@ fn interleave_pairs() {
     let nodes = numaweave::Topology::global().memory_nodes();
     let synthetic =
         if numaweave::Topology::global().is_synthetic() { " (fake:2 on this one-node machine)" } else { "" };
-    for (align, write) in [(4096, false), (8, false), (8, true)] {
+    for (align, write) in [(4096, false), (4096, true), (8, false)] {
         let mut local = Vec::new();
         let mut count8 = Vec::new();
         let mut bytes2m = Vec::new();
@@ -151,10 +152,11 @@ fn main() {
     }
     if std::env::var_os("NUMAWEAVE_BENCH_DEFAULT").is_some() {
         // Under the process default policy (`NUMAWEAVE_POLICY`), pinned:
-        // unaligned 4 KiB pairs, then the same with the first word written.
+        // page-aligned 4 KiB pairs, the same with the first word written,
+        // and unaligned ones.
         let _ = numaweave::os::cpu::pin_current_thread(numaweave::Topology::global().cpus().first().unwrap_or(0));
-        pairs(100_000, 8, false);
-        println!("{} {}", pairs(1_000_000, 8, false), pairs(1_000_000, 8, true));
+        pairs(100_000, 4096, false);
+        println!("{} {} {}", pairs(1_000_000, 4096, false), pairs(1_000_000, 4096, true), pairs(1_000_000, 8, false));
         return;
     }
     if std::env::var_os("NUMAWEAVE_BENCH_CHILD").is_some() {
@@ -211,21 +213,20 @@ fn main() {
     // processes against `local` ones, in turn, seven rounds.
     let nodes = if two { "0-1".to_string() } else { numaweave::Topology::global().memory_nodes().to_string() };
     let policies = ["local".to_string(), format!("interleave:{nodes}:count=8"), format!("interleave:{nodes}:bytes=2M")];
-    let mut ns: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
+    let mut ns: Vec<Vec<[f64; 3]>> = vec![Vec::new(); 3];
     for _ in 0..7 {
         for (k, p) in policies.iter().enumerate() {
             let out = child("NUMAWEAVE_BENCH_DEFAULT", two, Some(p));
             let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
-            ns[k].push((v[0], v[1]));
+            ns[k].push([v[0], v[1], v[2]]);
         }
     }
     println!(
-        "\nprocess default policy, 4 KiB alloc+free pairs aligned to 8 (plain / first word written), ns (medians of 7 processes; ratio: median of the rounds' ratios):"
+        "\nprocess default policy, 4 KiB alloc+free pairs: page-aligned (plain / first word written) and unaligned, ns (medians of 7 processes; ratio: median of the rounds' ratios):"
     );
     for (k, p) in policies.iter().enumerate() {
-        let m = |f: fn(&(f64, f64)) -> f64, v: &[(f64, f64)]| median(v.iter().map(f).collect());
-        let r = |f: fn(&(f64, f64)) -> f64| median(ns[k].iter().zip(&ns[0]).map(|(a, b)| f(a) / f(b)).collect());
-        let (plain, written) = (m(|x| x.0, &ns[k]), m(|x| x.1, &ns[k]));
-        println!("  {p:28} {plain:6.2} {written:6.2}  = {:.2}x / {:.2}x local", r(|x| x.0), r(|x| x.1));
+        let m = |i: usize| median(ns[k].iter().map(|x| x[i]).collect());
+        let r = |i: usize| median(ns[k].iter().zip(&ns[0]).map(|(a, b)| a[i] / b[i]).collect());
+        println!("  {p:28} {:6.2} {:6.2} {:6.2}  = {:.2}x / {:.2}x / {:.2}x local", m(0), m(1), m(2), r(0), r(1), r(2));
     }
 }

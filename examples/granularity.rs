@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use allocator_api2::vec::Vec as AVec;
 use numaweave::policy::{Granularity, Interleave};
 use numaweave::topology::{MAX_NODES, Topology};
-use numaweave::{Interleaved, NumaAlloc, os};
+use numaweave::{InterleaveHandle, NumaAlloc, os};
 
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
@@ -89,7 +89,7 @@ fn main() {
     );
     for (name, g) in policies {
         let h = A.interleave(Interleave::new(nodes, g).unwrap()).unwrap();
-        let bufs: Vec<AVec<u8, Interleaved>> = stream
+        let bufs: Vec<AVec<u8, InterleaveHandle>> = stream
             .iter()
             .map(|&s| {
                 let mut b = AVec::with_capacity_in(s, h.clone());

@@ -19,7 +19,7 @@
 //! - [`policy`]: memory policies: `Local`, `Bind`, `Preferred`, and
 //!   `Interleave` with a granularity (`Count(n)` allocations or `Bytes(b)` per
 //!   turn, weighted), as the process default, per thread ([`with_policy`]) or
-//!   per call (allocator handles [`OnNode`], [`Interleaved`]).
+//!   per call (allocator handles [`NodeHandle`], [`InterleaveHandle`]).
 //! - [`slab`]: node slabs, `kmem_cache`-like typed caches of fixed-size
 //!   objects (I/O commands, sense and DMA buffers) with per-thread magazines,
 //!   placed on a device's node.
@@ -30,24 +30,26 @@
 //! - [`os`]: the only module that makes system calls: address space
 //!   (`mmap`), placement (`mbind`), release (`madvise`), and where pages really
 //!   are (`move_pages`, `/proc/self/pagemap`).
-//! - [`sync`]: the loom shim and the primitives the allocator's concurrency
-//!   rests on (one-time initialisation, spin lock, push/take-all stacks, the
-//!   retire count of bump regions), each modelled with loom in `loom-tests/`.
+//!
+//! The concurrency primitives (`sync`: one-time initialisation, spin lock,
+//! push/take-all stacks, the regions' retire count, behind a loom shim) are
+//! public only for the loom models in `loom-tests/`, and hidden from the
+//! documentation.
 //!
 //! ```
-//! use numaweave::os::mem::{MemPolicy, Region};
+//! use numaweave::os::mem::{Mapping, MemPolicy};
 //! use numaweave::topology::{NodeSet, Topology};
 //!
 //! let topo = Topology::global();
 //! let node = topo.current_node();
 //! // Memory for this node: the OS layer takes the kernel's node id.
-//! let region = Region::map(64 * 1024).unwrap();
-//! region
+//! let mapping = Mapping::map(64 * 1024).unwrap();
+//! mapping
 //!     .bind(MemPolicy::Bind(NodeSet::single(topo.physical_node(node))))
 //!     .unwrap();
-//! // SAFETY: the region is mapped, writable and ours.
-//! unsafe { region.as_ptr().write_bytes(1, region.len()) };
-//! assert!(region.page_nodes_all(|n| n == Some(topo.physical_node(node))).unwrap());
+//! // SAFETY: the mapping is ours, writable for its whole length.
+//! unsafe { mapping.as_ptr().write_bytes(1, mapping.len()) };
+//! assert!(mapping.page_nodes_all(|n| n == Some(topo.physical_node(node))).unwrap());
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -57,14 +59,16 @@ pub mod alloc;
 pub mod error;
 pub mod os;
 pub mod policy;
+mod sets;
 pub mod slab;
 #[cfg(not(loom))]
-pub mod stats;
+pub use alloc::stats;
+#[doc(hidden)]
 pub mod sync;
 pub mod topology;
 pub mod units;
 
 #[cfg(not(loom))]
-pub use alloc::{Config, Interleaved, Mode, NumaAlloc, OnNode, PolicyGuard, with_policy};
+pub use alloc::{Config, InterleaveHandle, Mode, NodeHandle, NumaAlloc, PolicyGuard, with_policy};
 pub use error::{Error, Result};
 pub use topology::Topology;

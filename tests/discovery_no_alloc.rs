@@ -56,7 +56,7 @@ fn discovery_and_queries_never_allocate() {
     assert_eq!(n, 0, "global topology and queries allocated {n} times");
 
     let (_, n) = allocations_during(|| {
-        let r = numaweave::os::mem::Region::map(1 << 16).unwrap();
+        let r = numaweave::os::mem::Mapping::map(1 << 16).unwrap();
         r.bind(numaweave::os::mem::MemPolicy::Local).unwrap();
         numaweave::os::mem::page_node(r.as_ptr()).unwrap()
     });

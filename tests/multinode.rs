@@ -19,7 +19,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashSet;
 use std::sync::mpsc;
 
-use numaweave::os::{self, mem::BindFlags, mem::MemPolicy, mem::Region};
+use numaweave::os::{self, mem::BindFlags, mem::Mapping, mem::MemPolicy};
 use numaweave::policy::{Cursor, Granularity, Interleave, Policy};
 use numaweave::slab::{RawCache, SlabBox, SlabCache};
 use numaweave::topology::{self, CpuSet, NodeSet, Topology};
@@ -147,22 +147,22 @@ fn main() {
 }
 
 /// Maps `PAGES` pages with 4 KiB granularity (no THP), under `policy`, touched.
-fn touched(policy: MemPolicy) -> Region {
-    let r = Region::map(PAGES * os::page_size()).unwrap();
+fn touched(policy: MemPolicy) -> Mapping {
+    let r = Mapping::map(PAGES * os::page_size()).unwrap();
     r.set_hugepages(false).unwrap();
     r.bind(policy).unwrap();
     touch(&r);
     r
 }
 
-fn touch(r: &Region) {
+fn touch(r: &Mapping) {
     for i in 0..r.len() / os::page_size() {
         // SAFETY: inside the region, which is mapped and writable.
         unsafe { r.as_ptr().add(i * os::page_size()).write_volatile(i as u8 | 1) };
     }
 }
 
-fn nodes_of(r: &Region) -> Vec<Option<usize>> {
+fn nodes_of(r: &Mapping) -> Vec<Option<usize>> {
     let mut v = Vec::new();
     r.page_node_list(&mut v).unwrap();
     v
@@ -293,7 +293,7 @@ fn preferred_and_move_place_pages(t: &Topology, _: Option<&Guest>) -> Outcome {
 }
 
 fn strict_bind_outside_allowed_is_a_typed_error(t: &Topology, _: Option<&Guest>) -> Outcome {
-    let r = Region::map(os::page_size()).unwrap();
+    let r = Mapping::map(os::page_size()).unwrap();
     // A node beyond the topology: the kernel refuses it, and the error names the call.
     let bogus = t.nodes().last().unwrap() + 1;
     let e = r.bind(MemPolicy::Bind(NodeSet::single(bogus))).unwrap_err();
@@ -339,7 +339,7 @@ fn cpuset_child(group: &str, confined: &str) {
     write_file(&format!("{group}/cgroup.procs"), "0");
     let t = Topology::detect().unwrap();
     assert_eq!(t.allowed_nodes(), NodeSet::single(confined), "Mems_allowed after joining the cpuset");
-    let ok = |what: &str, r: &Region| {
+    let ok = |what: &str, r: &Mapping| {
         let got = nodes_of(r);
         assert!(got.iter().all(|&g| g == Some(confined)), "{what}: pages on {got:?}, cpuset allows {confined}");
         println!("  cpuset child: {what}: {} pages, all on node {confined}", got.len());
@@ -349,7 +349,7 @@ fn cpuset_child(group: &str, confined: &str) {
     ok("preferred-many over every node", &touched(MemPolicy::PreferredMany(t.nodes())));
     // A policy naming only nodes outside the cpuset is refused outright.
     for p in [MemPolicy::Bind(NodeSet::single(0)), MemPolicy::Preferred(0)] {
-        let e = Region::map(os::page_size()).unwrap().bind(p).unwrap_err();
+        let e = Mapping::map(os::page_size()).unwrap().bind(p).unwrap_err();
         assert_eq!(e.errno(), Some(libc::EINVAL), "{p:?} outside the cpuset: {e}");
         println!("  cpuset child: {p:?} refused: {e}");
     }
@@ -627,7 +627,7 @@ fn slab_remote_frees_go_home_to_their_node(t: &Topology, _: Option<&Guest>) -> O
     Outcome::Pass
 }
 
-/// Interleaved buffers from a handle (its own cursor, so the sequence is
+/// InterleaveHandle buffers from a handle (its own cursor, so the sequence is
 /// known): every page of every buffer is on the node a second cursor, fed the
 /// same sizes, predicts. Weighted (the first node gets two turns) and by
 /// count and by bytes.
@@ -664,14 +664,15 @@ fn policy_interleave_pages_follow_the_cursor(t: &Topology, _: Option<&Guest>) ->
             );
 
             // The same through the global allocator under a scoped policy
-            // (its thread-only cursor and turn window): nothing else may
+            // (its thread-only cursor and turn window), as I/O buffers
+            // (page-aligned: placed block by block): nothing else may
             // allocate while the guard is up, so the vector is made first.
             let model = Cursor::new(&policy);
             let mut raw: Vec<(*mut u8, Layout)> = Vec::with_capacity(64);
             {
                 let _g = numaweave::with_policy(Policy::Interleave(policy)).unwrap();
                 for i in 0..64usize {
-                    let l = Layout::from_size_align(4096 << (i % 5), 8).unwrap();
+                    let l = Layout::from_size_align(4096 << (i % 5), 4096).unwrap();
                     // SAFETY: a valid layout; freed below.
                     raw.push((unsafe { A.alloc(l) }, l));
                 }
@@ -692,7 +693,7 @@ fn policy_interleave_pages_follow_the_cursor(t: &Topology, _: Option<&Guest>) ->
             // at a time, each written and its page asked for under the guard
             // (`page_node` does not allocate), off the model's node: none.
             let model = Cursor::new(&policy);
-            let l = Layout::from_size_align(4096, 8).unwrap();
+            let l = Layout::from_size_align(4096, 4096).unwrap();
             let mut wrong: Vec<(usize, Option<usize>)> = Vec::with_capacity(3000);
             let mut ring = [std::ptr::null_mut::<u8>(); 5];
             {

@@ -122,14 +122,15 @@ fn scoped_interleave_follows_the_cursor_and_keeps_turns_contiguous() {
         unsafe { A.dealloc(p, layout) };
     }
 
-    // Bytes: mixed sizes, every node within b plus one allocation.
+    // Bytes: mixed sizes of I/O buffers (page-aligned), every node within
+    // b plus one allocation.
     let b = 256 << 10;
     let g = with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Bytes(b)).unwrap())).unwrap();
     let mut per = [0u64; 2];
     let mut blocks = Vec::with_capacity(2000);
     for i in 0..2000u64 {
         let size = 4096 << (i % 6);
-        let l = Layout::from_size_align(size, 8).unwrap();
+        let l = Layout::from_size_align(size, 4096).unwrap();
         // SAFETY: a valid layout; freed below.
         let p = unsafe { A.alloc(l) };
         assert!(!p.is_null());
@@ -145,7 +146,7 @@ fn scoped_interleave_follows_the_cursor_and_keeps_turns_contiguous() {
         p.write_bytes(0x5a, l.size());
         let q = A.realloc(p, l, l.size() * 3);
         assert!(std::slice::from_raw_parts(q, l.size()).iter().all(|&x| x == 0x5a));
-        A.dealloc(q, Layout::from_size_align(l.size() * 3, 8).unwrap());
+        A.dealloc(q, Layout::from_size_align(l.size() * 3, 4096).unwrap());
     }
     assert!(A.stats().total().regions > regions_before);
     for (p, l) in blocks {
@@ -158,12 +159,13 @@ fn scoped_interleave_follows_the_cursor_and_keeps_turns_contiguous() {
 }
 
 /// A scoped interleave reuses what its thread frees, without bending the
-/// turns: allocations freed at once, or a few at a time, keep the exact
-/// `Count` sequence and the `Bytes` balance; live blocks never overlap;
-/// the thread cycles a handful of warm blocks instead of walking fresh
-/// memory; a turn of mixed page-multiple sizes stays back to back; the
-/// heap's counters do not take the region blocks in; every region goes back
-/// at the end.
+/// turns of I/O buffers (page-aligned): allocations freed at once, or a few
+/// at a time, keep the exact `Count` sequence and the `Bytes` balance; live
+/// blocks never overlap; the thread cycles a handful of warm blocks instead
+/// of walking fresh memory; a turn of mixed page-multiple sizes stays back
+/// to back; the heap's counters do not take the region blocks in; every
+/// region goes back at the end. Unaligned blocks are placed page by page:
+/// what the thread frees is reused where it is.
 #[test]
 fn scoped_interleave_reuses_freed_blocks_within_exact_turns() {
     if !in_child() {
@@ -180,10 +182,10 @@ fn scoped_interleave_reuses_freed_blocks_within_exact_turns() {
     let mut addrs: Vec<usize> = Vec::with_capacity(30_000);
     let mut ring: std::collections::VecDeque<(*mut u8, Layout, u8)> = std::collections::VecDeque::with_capacity(16);
 
-    // Freed at once (the fast path's put-back), then through a ring of 5
-    // live blocks (put-backs and the reuse list), sizes by the class path
-    // (alignment 8) and the aligned path (4096).
-    for (depth, align) in [(0usize, 8usize), (5, 8), (0, 4096), (5, 4096)] {
+    // Freed at once (the pool's put-back), then through a ring of 5 live
+    // blocks (put-backs and the reuse list); page-aligned (the pool), and
+    // aligned beyond a page (the region directly). Unaligned: page by page.
+    for (depth, align) in [(0usize, 8usize), (5, 8), (0, 4096), (5, 4096), (0, 8192), (5, 8192)] {
         got.clear();
         addrs.clear();
         let g = with_policy(count(3)).unwrap();
@@ -214,23 +216,25 @@ fn scoped_interleave_reuses_freed_blocks_within_exact_turns() {
             unsafe { A.dealloc(q, ql) };
         }
         drop(g);
-        let want: Vec<usize> = (0..9_000).map(|i| (i / 3) % 2).collect();
-        assert!(got == want, "depth {depth} align {align}: Count(3) sequence broken");
+        if align >= 4096 {
+            let want: Vec<usize> = (0..9_000).map(|i| (i / 3) % 2).collect();
+            assert!(got == want, "depth {depth} align {align}: Count(3) sequence broken");
+        }
         addrs.sort_unstable();
         addrs.dedup();
         assert!(addrs.len() <= 2 * (depth + 4), "depth {depth} align {align}: {} distinct blocks", addrs.len());
     }
 
-    // Bytes: mixed sizes, half freed at once: the nodes are the ones a
-    // model cursor gives, so the balance holds.
+    // Bytes: mixed sizes of a page and more, half freed at once: the nodes
+    // are the ones a model cursor gives, so the balance holds.
     let b = 64 << 10;
     let bytes = Interleave::new(nodes, Granularity::Bytes(b)).unwrap();
     let model = numaweave::policy::Cursor::new(&bytes);
     let mut kept: Vec<(*mut u8, Layout)> = Vec::with_capacity(10_000);
     got.clear();
     let g = with_policy(Policy::Interleave(bytes)).unwrap();
-    for i in 0..20_000usize {
-        let l = Layout::from_size_align(512 << (i % 5), 8).unwrap();
+    for i in 0..10_000usize {
+        let l = Layout::from_size_align(4096 << (i % 3), 4096).unwrap();
         // SAFETY: a valid layout; freed below.
         let p = unsafe { A.alloc(l) };
         got.push(node_of(p));
@@ -244,10 +248,10 @@ fn scoped_interleave_reuses_freed_blocks_within_exact_turns() {
     drop(g);
     let mut per = [0u64; 2];
     for (i, &n) in got.iter().enumerate() {
-        let size = 512 << (i % 5);
+        let size = 4096 << (i % 3);
         assert_eq!(n, model.next(size), "Bytes: allocation {i} off the model's node");
         per[n] += size as u64;
-        assert!(per[0].abs_diff(per[1]) <= b + 8192, "step {i}: bytes per node {per:?}");
+        assert!(per[0].abs_diff(per[1]) <= b + 16384, "step {i}: bytes per node {per:?}");
     }
     for (q, ql) in kept {
         // SAFETY: live blocks of `ql`.
@@ -260,7 +264,7 @@ fn scoped_interleave_reuses_freed_blocks_within_exact_turns() {
     let mut bufs: Vec<(*mut u8, Layout)> = Vec::with_capacity(64);
     let g = with_policy(count(4)).unwrap();
     for i in 0..64 {
-        let l = Layout::from_size_align(sizes[i % sizes.len()], 8).unwrap();
+        let l = Layout::from_size_align(sizes[i % sizes.len()], 4096).unwrap();
         // SAFETY: a valid layout; freed below.
         bufs.push((unsafe { A.alloc(l) }, l));
     }
@@ -340,7 +344,9 @@ fn process_default_from_the_environment() {
     }
     on_node0();
     let spec = std::env::var("NUMAWEAVE_POLICY").unwrap();
-    let layout = Layout::from_size_align(1024, 8).unwrap();
+    // An I/O buffer: under an interleave, page-aligned blocks of a page
+    // follow the cursor one by one.
+    let layout = Layout::from_size_align(4096, 4096).unwrap();
     // SAFETY: valid layout; freed below.
     let ps: Vec<*mut u8> = (0..12).map(|_| unsafe { A.alloc(layout) }).collect();
     let nodes: Vec<usize> = ps.iter().map(|&p| node_of(p)).collect();
@@ -380,6 +386,11 @@ fn process_default_from_the_environment() {
             }
             drop(kept); // the threads' last blocks
             assert_eq!(A.stats().total().regions, regions, "exited threads' regions outlived their blocks");
+            // Smaller blocks are interleaved page by page: fresh pages
+            // alternate between the nodes, whatever each block's turn.
+            let small: Vec<Box<[u8; 256]>> = (0..20_000).map(|_| Box::new([1; 256])).collect();
+            let on1 = small.iter().filter(|b| node_of(&***b) == 1).count();
+            assert!((8_000..=12_000).contains(&on1), "256-byte blocks on node 1: {on1} of 20000");
         }
         _ => assert!(nodes.iter().all(|&n| n == 0), "{nodes:?}"),
     }
@@ -444,8 +455,10 @@ fn default_interleave_blocks_freed_across_threads() {
                     x ^= x << 17;
                     let size = 16 << (x % 13); // 16 B – 64 KiB
                     let v = (i * 7 + t) as u8;
+                    // I/O buffers (page-aligned) and other blocks.
+                    let align = if size >= 4096 && i % 2 == 0 { 4096 } else { 8 };
                     // SAFETY: a valid layout; freed here or by the next thread.
-                    let p = unsafe { A.alloc(Layout::from_size_align(size, 8).unwrap()) };
+                    let p = unsafe { A.alloc(Layout::from_size_align(size, align).unwrap()) };
                     assert!(!p.is_null());
                     // SAFETY: `size` fresh bytes.
                     unsafe { p.write_bytes(v, size) };
@@ -498,7 +511,8 @@ fn a_shared_interleave_handle_under_contention() {
     let regions_before = A.stats().total().regions;
     {
         let h = A.interleave(Interleave::new("0-1".parse().unwrap(), Granularity::Bytes(64 << 10)).unwrap()).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<allocator_api2::boxed::Box<[u64; 16], numaweave::Interleaved>>>();
+        let (tx, rx) =
+            std::sync::mpsc::channel::<Vec<allocator_api2::boxed::Box<[u64; 16], numaweave::InterleaveHandle>>>();
         let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
         let per_node: Vec<[u64; 2]> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..THREADS)

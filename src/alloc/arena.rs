@@ -8,7 +8,7 @@
 use core::ptr::{self, NonNull};
 
 use super::heap::Heap;
-use super::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, SMALL, Segment, SmallSegment};
+use super::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment};
 use super::size_class::{class_size, page_slots};
 use super::state::{Mode, State};
 use crate::os::mem::{self, BindFlags, MemPolicy};
@@ -225,13 +225,12 @@ impl Arena {
         // mapping is zeroed, so only non-zero fields need writing. This first
         // touch commits the header page under the arena's policy.
         unsafe {
-            ptr::addr_of_mut!((*seg).seg).write(Segment {
-                kind: SMALL,
-                arena: self.node as u8,
-                map_base: base.as_ptr(),
-                map_len: SEGMENT_SIZE,
-                next: ptr::null_mut(),
-            });
+            ptr::addr_of_mut!((*seg).seg).write(Segment::new(
+                SegmentKind::Small,
+                self.node,
+                base.as_ptr(),
+                SEGMENT_SIZE,
+            ));
             (*seg).free_slots = !1u64; // slot 0 is the header
             (*seg).dirty_slots = 0;
             for i in 0..SLOTS {
@@ -281,6 +280,10 @@ impl Arena {
         let mut g = self.inner.lock();
         // SAFETY: segment fields are guarded by the arena lock.
         unsafe {
+            debug_assert_eq!((*seg).seg.kind, SegmentKind::Small);
+            debug_assert_eq!(usize::from((*seg).seg.arena), self.node, "a page freed to another node's arena");
+            debug_assert_eq!((*seg).free_slots & mask, 0, "a page freed twice");
+            debug_assert_eq!((*page).used, 0);
             (*page).info.heap.store(ptr::null_mut(), Ordering::Relaxed);
             (*seg).free_slots |= mask;
             (*seg).dirty_slots |= mask;
@@ -393,6 +396,7 @@ impl Arena {
 }
 
 fn slot_mask(first: usize, slots: usize) -> u64 {
+    debug_assert!(first + slots <= SLOTS);
     if slots >= 64 { !0 } else { ((1u64 << slots) - 1) << first }
 }
 
@@ -407,6 +411,7 @@ fn take_slots(g: &mut ArenaInner, slots: usize, c: &ArenaCounters) -> Option<(*m
             while first < SLOTS {
                 let m = slot_mask(first, slots);
                 if free & m == m {
+                    debug_assert!(first > 0, "slot 0 holds the header");
                     (*seg).free_slots &= !m;
                     let dirty = ((*seg).dirty_slots & m).count_ones() as u64 * SLOT_SIZE as u64;
                     (*seg).dirty_slots &= !m;

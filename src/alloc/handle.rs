@@ -1,12 +1,13 @@
 //! Per-call placement: allocator handles for `allocator_api2` collections.
 //!
-//! [`OnNode`] places every block on one node; [`Interleaved`] spreads blocks
-//! over a node set with its own cursor. Both carve from bump regions (see
-//! `region.rs`), so consecutive blocks on a node are adjacent, and a region's
-//! memory goes back to the OS once every block carved from it is freed.
-//! Their blocks are ordinary `NumaAlloc` blocks: when `NumaAlloc` is the
-//! global allocator, a block from a handle may be freed through it (or
-//! through another handle), and a handle may free a global block.
+//! [`NodeHandle`] places every block on one node; [`InterleaveHandle`]
+//! spreads blocks over a node set with its own cursor, exactly (one pick per
+//! block, whatever its size). Blocks under a page come from the calling
+//! thread's heap pages of the node; an interleave handle's blocks of a page
+//! and more from its own regions, a turn's blocks back to back. Their blocks
+//! are ordinary `NumaAlloc` blocks: when `NumaAlloc` is the global
+//! allocator, a block from a handle may be freed through it (or through
+//! another handle), and a handle may free a global block.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -14,19 +15,18 @@ use std::sync::Arc;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
-use super::policy::Interleaver;
-use super::region::{REGION_ALIGN_MAX, REGION_MAX, Space};
+use super::interleave::{self, SharedInterleaver};
+use super::size_class::{PAGE_CLASS, class_for};
 use super::state::State;
-use super::{MAX_ALIGN, NumaAlloc, huge};
+use super::{MAX_ALIGN, NumaAlloc, huge, placement};
 use crate::error::Result;
 use crate::policy::{Interleave, Policy};
 
 /// Where a handle's blocks go (behind the handle's `Arc`, so the size of the
 /// larger variant costs one allocation per handle, not per clone).
-#[allow(clippy::large_enum_variant)]
 enum Place {
-    Node(usize, Space),
-    Interleave(Interleaver),
+    Node(usize),
+    Interleave(Box<SharedInterleaver>),
 }
 
 struct Placer {
@@ -45,17 +45,17 @@ impl Placer {
         if align > MAX_ALIGN || size > isize::MAX as usize / 2 {
             return Err(AllocError);
         }
-        let (node, space, turn) = match &self.place {
-            Place::Node(n, space) => (*n, space, 0),
-            Place::Interleave(il) => {
-                let pick = il.cursor.pick(size);
-                (pick.node, &il.space, pick.turn)
-            }
-        };
-        let p = if size <= REGION_MAX && align <= REGION_ALIGN_MAX {
-            space.alloc(node, size, align, turn)
-        } else {
-            huge::alloc_on(self.state, node, size, align, false)
+        let state = self.state;
+        let class = class_for(size, align);
+        let p = match &self.place {
+            Place::Node(n) => match class {
+                Some(c) => placement::alloc_on_node(state, c, *n),
+                None => huge::alloc_on(state, *n, size, align, false),
+            },
+            Place::Interleave(il) => interleave::handle_alloc(il, state, size, align, |node| {
+                let c = class.filter(|&c| c < PAGE_CLASS)?;
+                Some(placement::alloc_on_node(state, c, node))
+            }),
         };
         NonNull::new(p).map(|p| NonNull::slice_from_raw_parts(p, size)).ok_or(AllocError)
     }
@@ -68,7 +68,7 @@ impl Placer {
 unsafe fn dealloc(ptr: NonNull<u8>, layout: Layout) {
     if layout.size() != 0 {
         // SAFETY: per the contract.
-        unsafe { super::free(ptr.as_ptr(), layout.size()) };
+        unsafe { super::free(ptr.as_ptr()) };
     }
 }
 
@@ -86,12 +86,12 @@ unsafe fn dealloc(ptr: NonNull<u8>, layout: Layout) {
 /// assert_eq!(unsafe { A.node_of(v.as_ptr().cast()) }, if A.mode() == numaweave::Mode::PerNode { node } else { 0 });
 /// ```
 #[derive(Clone)]
-pub struct OnNode {
+pub struct NodeHandle {
     placer: Arc<Placer>,
     node: usize,
 }
 
-impl OnNode {
+impl NodeHandle {
     /// The node blocks go to.
     pub fn node(&self) -> usize {
         self.node
@@ -114,16 +114,16 @@ impl OnNode {
 /// assert_eq!(bufs[1].as_ptr() as usize - bufs[0].as_ptr() as usize, 4096);
 /// ```
 #[derive(Clone)]
-pub struct Interleaved {
+pub struct InterleaveHandle {
     placer: Arc<Placer>,
 }
 
-impl Interleaved {
+impl InterleaveHandle {
     /// The node whose turn it is.
     pub fn current_node(&self) -> usize {
         match &self.placer.place {
             Place::Interleave(il) => il.cursor.current(),
-            Place::Node(n, _) => *n,
+            Place::Node(n) => *n,
         }
     }
 }
@@ -131,25 +131,26 @@ impl Interleaved {
 impl NumaAlloc {
     /// A handle placing every block on `node` (checked against the topology:
     /// online, with memory, allowed to this process).
-    pub fn on_node(&self, node: usize) -> Result<OnNode> {
+    pub fn on_node(&self, node: usize) -> Result<NodeHandle> {
         let state = self.state();
         Policy::Preferred(node).validate(&state.topology)?;
-        let space = Space::new(crate::os::page_size());
-        Ok(OnNode { placer: Arc::new(Placer { state, place: Place::Node(node, space) }), node })
+        Ok(NodeHandle { placer: Arc::new(Placer { state, place: Place::Node(node) }), node })
     }
 
     /// A handle interleaving blocks as `policy` says, with its own cursor.
-    pub fn interleave(&self, policy: Interleave) -> Result<Interleaved> {
+    pub fn interleave(&self, policy: Interleave) -> Result<InterleaveHandle> {
         let state = self.state();
         Policy::Interleave(policy).validate(&state.topology)?;
-        Ok(Interleaved { placer: Arc::new(Placer { state, place: Place::Interleave(Interleaver::new(&policy)) }) })
+        let il = Box::new(SharedInterleaver::new(&policy));
+        Ok(InterleaveHandle { placer: Arc::new(Placer { state, place: Place::Interleave(il) }) })
     }
 }
 
-// SAFETY: blocks are disjoint carvings of regions or huge mappings, aligned
-// as asked, valid until deallocated (a region outlives its blocks: each holds
-// a reference), and clones share the placer, so any clone may free any block.
-unsafe impl Allocator for OnNode {
+// SAFETY: blocks are disjoint heap blocks, region carvings or huge mappings,
+// aligned as asked, valid until deallocated (a region outlives its blocks:
+// each holds a reference), and clones share the placer, so any clone may
+// free any block.
+unsafe impl Allocator for NodeHandle {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         self.placer.alloc(layout)
     }
@@ -160,8 +161,8 @@ unsafe impl Allocator for OnNode {
     }
 }
 
-// SAFETY: as for `OnNode`.
-unsafe impl Allocator for Interleaved {
+// SAFETY: as for `NodeHandle`.
+unsafe impl Allocator for InterleaveHandle {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         self.placer.alloc(layout)
     }
@@ -172,14 +173,14 @@ unsafe impl Allocator for Interleaved {
     }
 }
 
-impl core::fmt::Debug for OnNode {
+impl core::fmt::Debug for NodeHandle {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("OnNode").field("node", &self.node).finish()
+        f.debug_struct("NodeHandle").field("node", &self.node).finish()
     }
 }
 
-impl core::fmt::Debug for Interleaved {
+impl core::fmt::Debug for InterleaveHandle {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Interleaved").field("current_node", &self.current_node()).finish()
+        f.debug_struct("InterleaveHandle").field("current_node", &self.current_node()).finish()
     }
 }

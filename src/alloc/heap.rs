@@ -1,10 +1,18 @@
 //! Thread-local heaps: the fast paths.
 //!
 //! Each thread allocates through its own [`Heap`]: one "direct" page per size
-//! class whose free list it pops with no atomic operation and no lock. A heap
-//! refills from the arena of the node the thread runs on *now* (re-checked at
-//! every refill, so a migrated thread follows its node). Blocks freed by other
+//! class whose free list it pops with no atomic operation and no lock. When
+//! that page runs dry the caller refills it ([`Heap::refill`]) under a
+//! [`Placement`]: which of the heap's pages may serve, and which arena a
+//! fresh page comes from. The heap knows nothing of memory policies; the
+//! placement says what they mean (`placement.rs`). Blocks freed by other
 //! threads come back through the pages' lock-free `thread_free` lists.
+//!
+//! A heap can also *lend* a class's direct slot to a page it does not own
+//! ([`Heap::lend`]): the fast path then serves that page's blocks until the
+//! loan ends ([`Heap::end_loan`]), which takes them back out of the heap's
+//! counters. The thread interleaver hands the rest of a turn to the fast
+//! path this way.
 //!
 //! When a thread exits, its heap gives back its empty pages and waits, whole,
 //! on its node's arena for a new thread to adopt it: spawning and joining
@@ -13,11 +21,12 @@
 use core::cell::Cell;
 use core::ptr;
 
-use super::policy::Active;
-use super::segment::{Block, Page};
-use super::size_class::CLASSES;
+use super::arena::Arena;
+use super::segment::{Block, Page, SegmentKind, segment_of};
+use super::size_class::{CLASSES, page_slots};
 use super::state::State;
-use crate::sync::{AtomicStack, AtomicU64, Ordering};
+use crate::sync::{AtomicStack, AtomicU64, CachePadded, Ordering};
+use crate::topology::NodeSet;
 
 thread_local! {
     /// The calling thread's heap; null before its first allocation and after it
@@ -41,7 +50,7 @@ fn empty_page() -> *mut Page {
 
 /// Per-heap counters: written only by the thread that owns the heap (relaxed
 /// load + store, no read-modify-write), read by anyone and summed into
-/// [`Stats`](crate::stats::Stats).
+/// [`Stats`](super::stats::Stats).
 #[derive(Default)]
 pub(crate) struct HeapCounters {
     pub(crate) allocs: AtomicU64,
@@ -63,11 +72,15 @@ struct PageList {
     head: *mut Page,
 }
 
-/// Keeps a value on cache lines of its own (two, against the adjacent-line
-/// prefetcher), so that remote threads writing it do not steal the owner's
-/// hot lines.
-#[repr(C, align(128))]
-pub(crate) struct CachePadded<T>(pub(crate) T);
+/// A direct slot lent to a page the heap does not own (see the module docs).
+#[derive(Clone, Copy)]
+struct Loan {
+    /// The lent page (null: no loan).
+    page: *mut Page,
+    class: usize,
+    /// The page's `used` when lent: the fast path counts what it takes.
+    used0: u32,
+}
 
 #[repr(C)]
 pub(crate) struct Heap {
@@ -84,27 +97,7 @@ pub(crate) struct Heap {
     kept_empty: [*mut Page; CLASSES],
     /// The node the heap was made or adopted on (stats are booked there).
     pub(crate) node: usize,
-    /// The thread's interleaver while an interleave policy is in force (null
-    /// otherwise): the slow path's first check, so that an interleaved
-    /// allocation skips the policy lookup.
-    il: *const super::policy::Interleaver,
-    /// The thread's own interleaver for a process default interleave (as
-    /// Linux keeps interleave state per task), made on first use in
-    /// metadata memory and kept with the heap (`default_il_live`: made and
-    /// not yet dropped at thread exit).
-    default_il: *mut super::policy::Interleaver,
-    default_il_live: bool,
-    /// Whether `Local` is the policy in force on the thread (kept with `il`
-    /// when a guard sets or restores one): the slow path's second check, so
-    /// that `Local` costs no policy lookup while the heap is not mixed.
-    local: bool,
-    /// The node of the arena its last fresh page came from under `Local`:
-    /// pages of that node serve `Local` without asking where the thread runs.
-    last_node: usize,
-    /// Whether any page of the heap may be on another node than `last_node`
-    /// (a fallback, another policy's pages, a migration): until then `Local`
-    /// takes any page without reading its node.
-    mixed: bool,
+    loan: Loan,
     /// Links: all heaps (registry), orphans of an arena.
     pub(crate) next_all: *mut Heap,
     pub(crate) next_orphan: *mut Heap,
@@ -117,6 +110,18 @@ pub(crate) struct Heap {
     pub(crate) remote_pages: CachePadded<AtomicStack<Page>>,
 }
 
+/// What a refill may use: the caller's rule for where memory comes from.
+/// Implemented by the memory policies (`placement.rs`); the heap only asks.
+pub(crate) trait Placement {
+    /// Whether a page of the heap on `node` may serve.
+    fn accepts(&mut self, node: usize) -> bool;
+    /// The node whose arena gives a fresh page, and the nodes its fallback
+    /// may use when that node is out of memory (`None`: any, by distance).
+    fn fresh(&mut self) -> (usize, Option<NodeSet>);
+    /// A fresh page came, from `node` (another than asked, after a fallback).
+    fn took(&mut self, node: usize);
+}
+
 /// The calling thread's heap, if it has one.
 #[inline(always)]
 pub(crate) fn current() -> *mut Heap {
@@ -124,224 +129,152 @@ pub(crate) fn current() -> *mut Heap {
 }
 
 impl Heap {
-    /// Allocates a block of class `class` (fast path inlined into `alloc`).
+    /// A block of class `class` from the direct page, or null when it has
+    /// none (the caller then refills): the fast path.
     ///
     /// # Safety
-    /// `heap` must be the calling thread's heap.
+    /// `heap` must be the calling thread's heap; `class < CLASSES`.
     #[inline(always)]
-    pub(crate) unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
-        // SAFETY: the heap is this thread's; `class < CLASSES` by construction.
+    pub(crate) unsafe fn pop(heap: *mut Heap, class: usize) -> *mut u8 {
+        debug_assert!(class < CLASSES);
+        // SAFETY: the heap is this thread's; `class < CLASSES` by contract.
         unsafe {
             let page = *(*heap).direct.get_unchecked(class);
             let block = (*page).free;
-            if !block.is_null() {
-                (*page).free = (*block).next;
-                (*page).used += 1;
-                bump(&(*heap).counters.allocs, 1);
-                bump(&(*heap).counters.bytes_alloc, u64::from((*page).info.block_size));
-                return block.cast();
+            if block.is_null() {
+                return ptr::null_mut();
             }
-            Heap::alloc_slow(heap, class)
+            debug_assert!(
+                Heap::is_lent(heap, class) || (in_page(page, block.cast()) && usize::from((*page).info.class) == class),
+                "a direct page of another class, or a free list that left its page"
+            );
+            (*page).free = (*block).next;
+            (*page).used += 1;
+            bump(&(*heap).counters.allocs, 1);
+            bump(&(*heap).counters.bytes_alloc, u64::from((*page).info.block_size));
+            block.cast()
         }
     }
 
-    #[cold]
-    #[inline(never)]
-    unsafe fn alloc_slow(heap: *mut Heap, class: usize) -> *mut u8 {
-        // SAFETY: the heap is this thread's.
-        let il = unsafe { (*heap).il };
-        if !il.is_null() {
-            // Under an interleave the cursor places every allocation: the
-            // class's direct page is the interleaver's pool for the rest of
-            // a turn, else empty (region blocks are not the heap's: its
-            // counters stay out of them). Kept apart from the page refill so
-            // this path has a small frame.
-            // SAFETY: the interleaver outlives the policy that installed it.
-            return unsafe { (*il).alloc_class(heap, class) };
-        }
-        // SAFETY: the caller's contract.
-        unsafe { Heap::refill(heap, class) }
-    }
-
-    /// The slow path proper: a page that can serve, under the policy in force.
+    /// The slow path: a page of the heap that `placement` accepts and that
+    /// can serve (remote frees taken, blocks carved), else a fresh page from
+    /// the arena it names, becomes the class's direct page and serves. Null
+    /// when no memory can be had.
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
-    #[inline(never)]
-    unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
-        let Some(state) = State::try_get() else { return ptr::null_mut() };
-        if !state.policies {
-            // SAFETY: the caller's heap.
-            return unsafe { Heap::alloc_slow_any(heap, class, state) };
-        }
-        // SAFETY: the heap is this thread's.
-        if unsafe { (*heap).local && !(*heap).mixed } {
-            // `Local` with every page of the heap on the node it last took
-            // a page for: nothing to choose, any page serves.
-            // SAFETY: the caller's heap.
-            return unsafe { Heap::alloc_slow_any(heap, class, state) };
-        }
-        let active = super::policy::active(state);
-        if matches!(active, Active::Local) && state.mode != super::Mode::PerNode {
-            // One arena: `Local` has nothing to choose, any page serves
-            // (the unmixed heap took the check above).
-            // SAFETY: the caller's heap.
-            return unsafe { Heap::alloc_slow_any(heap, class, state) };
-        }
-        if let Active::Interleave(il) = active {
-            // A heap made before its thread's interleave was known.
-            // SAFETY: the heap is this thread's.
-            unsafe { (*heap).il = il };
-            // SAFETY: as above.
-            return unsafe { Heap::alloc_slow(heap, class) };
-        }
-        // Only pages the policy accepts may serve (for `Local` on a mixed
-        // heap: pages of its last node, or of the node the thread runs on
-        // now, looked up only if a page of another node shows up).
-        let mut here = None;
-        let accepts = |p: *mut Page| {
-            // SAFETY: pages on this heap's lists are live pages.
-            let node = usize::from(unsafe { (*p).info.node });
-            match active {
-                // SAFETY: the heap is the caller's.
-                Active::Local if node == unsafe { (*heap).last_node } => true,
-                _ => active.accepts(state, node, *here.get_or_insert_with(|| state.current_arena().node)),
-            }
-        };
-        // SAFETY: the heap is this thread's (caller's contract).
-        unsafe {
-            let p = Heap::serve_listed(heap, class, accepts);
-            if !p.is_null() {
-                return p;
-            }
-            // A fresh page from the arena the policy picks (for `Local`, the
-            // node this thread runs on now).
-            let arena = state.node_arena(active.node(state));
-            if matches!(active, Active::Local) {
-                Heap::note_node(heap, arena.node);
-            }
-            let p = Heap::fresh_page(heap, class, state, arena, active.fallback_set());
-            Heap::note_direct(heap, class);
-            p
-        }
-    }
-
-    /// Serves the allocation from the class's direct page, else from any
-    /// page on its list that `accepts` lets serve (after collecting remote
-    /// frees); null when none can, for the caller to take a fresh page.
-    ///
-    /// # Safety
-    /// `heap` is the calling thread's heap.
-    #[inline(always)]
-    unsafe fn serve_listed(heap: *mut Heap, class: usize, mut accepts: impl FnMut(*mut Page) -> bool) -> *mut u8 {
+    pub(crate) unsafe fn refill(
+        heap: *mut Heap,
+        class: usize,
+        state: &State,
+        placement: &mut impl Placement,
+    ) -> *mut u8 {
         // SAFETY: per the contract.
         unsafe {
-            Heap::collect_remote(heap);
+            if Heap::is_lent(heap, class) {
+                // A lent page that ran dry: the heap's own pages serve now.
+                Heap::end_loan(heap);
+            }
+            Heap::gather_remote(heap);
             let direct = (*heap).direct[class];
-            if direct != empty_page() && accepts(direct) && Heap::refill_from(heap, direct) {
-                return Heap::alloc_class(heap, class);
+            if direct != empty_page() && placement.accepts(node_of(direct)) && Heap::refill_from(heap, direct) {
+                return Heap::pop(heap, class);
             }
             let mut page = (*heap).lists[class].head;
             while !page.is_null() {
                 let next = (*page).next;
-                if page != direct && accepts(page) && Heap::refill_from(heap, page) {
+                if page != direct && placement.accepts(node_of(page)) && Heap::refill_from(heap, page) {
                     (*heap).direct[class] = page;
-                    return Heap::alloc_class(heap, class);
+                    return Heap::pop(heap, class);
                 }
                 page = next;
             }
-            ptr::null_mut()
+            let (node, within) = placement.fresh();
+            let Some(page) = Heap::fresh_page(heap, class, state, state.node_arena(node), within) else {
+                (*heap).direct[class] = empty_page();
+                return ptr::null_mut();
+            };
+            (*heap).direct[class] = page;
+            placement.took(node_of(page));
+            Heap::pop(heap, class)
         }
     }
 
-    /// Any page serves, then the arena of the node the thread runs on now:
-    /// the slow path with policies switched off ([`Config::policies`]), and
-    /// `Local`'s while every page of the heap is on the node it last took a
-    /// page for (noting, in per-node mode, when that stops being true: the
-    /// thread moved, or a fallback page came in).
+    /// A block of class `class` from a page of the heap on `node` (the
+    /// arena node), or from a fresh page of that node's arena (falling back
+    /// by distance when it is out of memory), without touching the direct
+    /// slot: for callers that place one block (allocator handles). Null when
+    /// no memory can be had.
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
-    ///
-    /// [`Config::policies`]: super::Config::policies
-    unsafe fn alloc_slow_any(heap: *mut Heap, class: usize, state: &'static State) -> *mut u8 {
-        // SAFETY: per the contract.
-        unsafe {
-            let p = Heap::serve_listed(heap, class, |_| true);
-            if !p.is_null() {
-                return p;
-            }
-            let arena = state.current_arena();
-            let track = state.policies && state.mode == super::Mode::PerNode;
-            if track {
-                Heap::note_node(heap, arena.node);
-            }
-            let p = Heap::fresh_page(heap, class, state, arena, None);
-            if track {
-                Heap::note_direct(heap, class);
-            }
-            p
-        }
-    }
-
-    /// The thread takes a page on `node`: pages of another node it took
-    /// before are foreign from now on.
-    ///
-    /// # Safety
-    /// `heap` is the calling thread's heap.
-    unsafe fn note_node(heap: *mut Heap, node: usize) {
-        // SAFETY: per the contract.
-        unsafe {
-            if (*heap).last_node != node {
-                (*heap).mixed = true;
-                (*heap).last_node = node;
-            }
-        }
-    }
-
-    /// A class's new direct page on another node than the heap's (a
-    /// fallback, or a policy's placement) makes the heap mixed.
-    ///
-    /// # Safety
-    /// `heap` is the calling thread's heap.
-    unsafe fn note_direct(heap: *mut Heap, class: usize) {
+    pub(crate) unsafe fn alloc_on_node(heap: *mut Heap, class: usize, state: &State, node: usize) -> *mut u8 {
         // SAFETY: per the contract.
         unsafe {
             let direct = (*heap).direct[class];
-            if direct != empty_page() && usize::from((*direct).info.node) != (*heap).last_node {
-                (*heap).mixed = true;
+            if direct != empty_page()
+                && !Heap::is_lent(heap, class)
+                && node_of(direct) == node
+                && !(*direct).free.is_null()
+            {
+                return Heap::pop(heap, class);
+            }
+            Heap::gather_remote(heap);
+            let mut page = (*heap).lists[class].head;
+            while !page.is_null() {
+                let next = (*page).next;
+                if node_of(page) == node && Heap::refill_from(heap, page) {
+                    return Heap::pop_from(heap, page);
+                }
+                page = next;
+            }
+            match Heap::fresh_page(heap, class, state, state.node_arena(node), None) {
+                Some(page) => Heap::pop_from(heap, page),
+                None => ptr::null_mut(),
             }
         }
     }
 
-    /// A fresh page from `arena` (falling back within `within`) becomes the
-    /// class's direct page and serves the allocation.
+    /// Pops a block of `page`, one of the heap's pages with a free block.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap and owns `page`, whose free list
+    /// is not empty.
+    unsafe fn pop_from(heap: *mut Heap, page: *mut Page) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe {
+            debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
+            let block = (*page).free;
+            debug_assert!(!block.is_null());
+            (*page).free = (*block).next;
+            (*page).used += 1;
+            bump(&(*heap).counters.allocs, 1);
+            bump(&(*heap).counters.bytes_alloc, u64::from((*page).info.block_size));
+            block.cast()
+        }
+    }
+
+    /// A fresh page from `arena` (falling back within `within`), carved and
+    /// on the class's list.
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
     unsafe fn fresh_page(
         heap: *mut Heap,
         class: usize,
-        state: &'static State,
-        arena: &super::arena::Arena,
-        within: Option<crate::topology::NodeSet>,
-    ) -> *mut u8 {
-        // SAFETY: per the contract.
+        state: &State,
+        arena: &Arena,
+        within: Option<NodeSet>,
+    ) -> Option<*mut Page> {
+        let page = arena.alloc_page(state, class, heap, within)?.as_ptr();
+        // SAFETY: a fresh page of ours.
         unsafe {
-            match arena.alloc_page(state, class, heap, within) {
-                Some(p) => {
-                    let p = p.as_ptr();
-                    (*heap).push_front(p);
-                    carve(p);
-                    (*heap).direct[class] = p;
-                    Heap::alloc_class(heap, class)
-                }
-                None => {
-                    (*heap).direct[class] = empty_page();
-                    ptr::null_mut()
-                }
-            }
+            debug_assert!((*page).used == 0 && (*page).carved == 0 && (*page).free.is_null());
+            debug_assert_eq!(usize::from((*page).info.class), class);
+            (*heap).push_front(page);
+            carve(page);
         }
+        Some(page)
     }
 
     /// Makes `page` able to serve (remote frees taken, more blocks carved);
@@ -352,8 +285,11 @@ impl Heap {
     unsafe fn refill_from(heap: *mut Heap, page: *mut Page) -> bool {
         // SAFETY: per the contract.
         unsafe {
+            debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap, "refilling from another heap's page");
             if (*page).free.is_null() && (*page).pending {
-                Heap::take_remote(heap, page);
+                // The page is about to serve: not one to give back, even
+                // if these frees empty it.
+                Heap::take_remote(heap, page, false);
             }
             if (*page).free.is_null() {
                 carve(page);
@@ -361,6 +297,7 @@ impl Heap {
             if !(*page).free.is_null() {
                 return true;
             }
+            debug_assert_eq!((*page).used, (*page).info.capacity, "a page without free blocks is full");
             (*heap).unlink(page);
             (*page).in_full = true;
             false
@@ -376,6 +313,8 @@ impl Heap {
     pub(crate) unsafe fn free_local(heap: *mut Heap, page: *mut Page, block: *mut Block) {
         // SAFETY: per the contract; owner-only fields.
         unsafe {
+            debug_assert!((*page).used > 0, "free of a block of a page with none in use");
+            debug_assert!(in_page(page, block.cast()) && (*page).info.heap.load(Ordering::Relaxed) == heap);
             (*block).next = (*page).free;
             (*page).free = block;
             (*page).used -= 1;
@@ -391,35 +330,45 @@ impl Heap {
     #[cold]
     unsafe fn page_event(heap: *mut Heap, page: *mut Page) {
         // SAFETY: the caller owns the heap and the page.
+        unsafe { Heap::page_event_with(heap, page, true) }
+    }
+
+    /// [`page_event`](Self::page_event); an empty page is kept or given
+    /// back only with `may_release`.
+    unsafe fn page_event_with(heap: *mut Heap, page: *mut Page, may_release: bool) {
+        // SAFETY: the caller owns the heap and the page.
         unsafe {
             if (*page).in_full {
                 (*page).in_full = false;
                 (*heap).push_front(page);
             }
             let class = usize::from((*page).info.class);
-            if (*page).used == 0 && (*heap).direct[class] != page {
+            if may_release && (*page).used == 0 && (*heap).direct[class] != page {
                 let kept = (*heap).kept_empty[class];
                 if kept.is_null() || kept == page || (*kept).used != 0 {
                     (*heap).kept_empty[class] = page;
                 } else {
-                    (*heap).retire(page);
+                    (*heap).release_page(page);
                 }
             }
         }
     }
 
     /// Gives an empty page back to its arena.
-    unsafe fn retire(&mut self, page: *mut Page) {
+    unsafe fn release_page(&mut self, page: *mut Page) {
         let Some(state) = State::try_get() else { return };
         // SAFETY: the page is empty and ours; after unlinking, nothing here
         // refers to it.
         unsafe {
+            debug_assert_eq!((*page).used, 0, "releasing a page with live blocks");
+            debug_assert!(!(*page).pending && (*page).remote.thread_free.is_empty());
             self.unlink(page);
             let class = usize::from((*page).info.class);
             if self.kept_empty[class] == page {
                 self.kept_empty[class] = ptr::null_mut();
             }
-            let seg = super::segment::segment_of((*page).info.start);
+            let seg = segment_of((*page).info.start);
+            debug_assert_eq!((*seg).kind, SegmentKind::Small);
             let arena = &state.arenas[usize::from((*seg).arena)];
             arena.free_page(state, page);
         }
@@ -433,17 +382,18 @@ impl Heap {
     ///
     /// # Safety
     /// `heap` must be the calling thread's heap (or an orphan being adopted).
-    pub(crate) unsafe fn collect_remote(heap: *mut Heap) {
+    pub(crate) unsafe fn gather_remote(heap: *mut Heap) {
         // SAFETY: pages on `remote_pages` are this heap's; see `Page`'s Linked impl
         // for why each is on the stack at most once.
         unsafe {
             let mut page = (*heap).remote_pages.0.take_all();
             while !page.is_null() {
+                debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
                 // Read the link before emptying `thread_free`: from then on a
                 // remote thread may push the page again and rewrite it.
                 let next = (*page).remote.remote_next;
                 if (*page).free.is_null() {
-                    Heap::take_remote(heap, page);
+                    Heap::take_remote(heap, page, true);
                 } else if !(*page).pending {
                     (*heap).pend_link(page);
                 }
@@ -454,8 +404,9 @@ impl Heap {
 
     /// Moves the blocks in `page.thread_free` onto its free list, without
     /// walking them when the free list is empty (they were last written by
-    /// other cores: a cache miss each).
-    unsafe fn take_remote(heap: *mut Heap, page: *mut Page) {
+    /// other cores: a cache miss each). With `may_release`, a page they empty
+    /// may go back to its arena.
+    unsafe fn take_remote(heap: *mut Heap, page: *mut Page, may_release: bool) {
         // SAFETY: the caller owns the heap and the page.
         unsafe {
             if (*page).pending {
@@ -476,13 +427,14 @@ impl Heap {
                 (*page).free = head;
             }
             let n = n as u32;
+            debug_assert!(n <= (*page).used, "more remote frees than blocks in use");
             (*page).used -= n;
             let c = &(*heap).counters;
             bump(&c.remote_frees, u64::from(n));
             bump(&c.frees, u64::from(n));
             bump(&c.bytes_freed, u64::from(n) * u64::from((*page).info.block_size));
-            if (*page).in_full || (*page).used == 0 {
-                Heap::page_event(heap, page);
+            if (*page).in_full || ((*page).used == 0 && may_release) {
+                Heap::page_event_with(heap, page, may_release);
             }
         }
     }
@@ -505,6 +457,7 @@ impl Heap {
         unsafe {
             let (prev, next) = ((*page).pend_prev, (*page).pend_next);
             if prev.is_null() {
+                debug_assert_eq!(self.pending, page);
                 self.pending = next;
             } else {
                 (*prev).pend_next = next;
@@ -521,8 +474,10 @@ impl Heap {
     fn push_front(&mut self, page: *mut Page) {
         // SAFETY: owner-only list fields of pages this heap owns.
         unsafe {
+            debug_assert!((*page).prev.is_null() && (*page).next.is_null(), "page already on a list");
             let class = usize::from((*page).info.class);
             let head = self.lists[class].head;
+            debug_assert_ne!(head, page);
             (*page).prev = ptr::null_mut();
             (*page).next = head;
             if !head.is_null() {
@@ -553,35 +508,138 @@ impl Heap {
         }
     }
 
+    /// Lends the class's direct slot to `page`, a page this heap does not own
+    /// (whose blocks are freed elsewhere than through it): the fast path
+    /// serves its blocks, counted as the heap's until [`end_loan`](Self::end_loan).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap, with no loan open; `page` holds
+    /// blocks of `class`'s size (at least) and stays live until the loan ends.
+    pub(crate) unsafe fn lend(heap: *mut Heap, class: usize, page: *mut Page) {
+        // SAFETY: per the contract.
+        unsafe {
+            debug_assert!((*heap).loan.page.is_null(), "a second loan while one is open");
+            debug_assert!((*page).info.heap.load(Ordering::Relaxed).is_null(), "lending a slot to a heap page");
+            (*heap).direct[class] = page;
+            (*heap).loan = Loan { page, class, used0: (*page).used };
+        }
+    }
+
+    /// Whether the class's direct slot is lent.
+    #[inline(always)]
+    unsafe fn is_lent(heap: *mut Heap, class: usize) -> bool {
+        // SAFETY: the caller's heap.
+        unsafe {
+            let l = (*heap).loan;
+            !l.page.is_null() && l.class == class && (*heap).direct[class] == l.page
+        }
+    }
+
+    /// A block of the page lent for `class`, if its direct slot is lent and
+    /// the page has one (null otherwise).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap; `class < CLASSES`.
+    #[inline(always)]
+    pub(crate) unsafe fn pop_loan(heap: *mut Heap, class: usize) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe { if Heap::is_lent(heap, class) { Heap::pop(heap, class) } else { ptr::null_mut() } }
+    }
+
+    /// Ends the open loan, if any: the direct slot is the class's empty page
+    /// again (unless something else took it meanwhile), and the blocks the
+    /// fast path took from the lent page leave the heap's counters (they are
+    /// not the heap's).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap (or its exiting owner's).
+    pub(crate) unsafe fn end_loan(heap: *mut Heap) {
+        // SAFETY: per the contract; the lent page is live while lent.
+        unsafe {
+            let Loan { page, class, used0 } = (*heap).loan;
+            if page.is_null() {
+                return;
+            }
+            (*heap).loan.page = ptr::null_mut();
+            if (*heap).direct[class] == page {
+                (*heap).direct[class] = empty_page();
+            }
+            let taken = u64::from((*page).used.wrapping_sub(used0));
+            let c = &(*heap).counters;
+            bump(&c.allocs, taken.wrapping_neg());
+            bump(&c.bytes_alloc, (taken * u64::from((*page).info.block_size)).wrapping_neg());
+        }
+    }
+
+    /// Points every class at the empty page, so that the next allocation of
+    /// each goes through a refill (under whatever placement is in force then).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    pub(crate) unsafe fn clear_direct(heap: *mut Heap) {
+        // SAFETY: per the contract; the pages stay on the heap's lists.
+        unsafe {
+            Heap::end_loan(heap);
+            (*heap).direct = [empty_page(); CLASSES];
+        }
+    }
+
     /// Lets go of every empty page (thread exit, `collect`).
-    unsafe fn release_empty_pages(heap: *mut Heap) {
+    pub(crate) unsafe fn release_empty_pages(heap: *mut Heap) {
         // SAFETY: the heap is the caller's.
         unsafe {
-            Heap::collect_remote(heap);
+            Heap::clear_direct(heap);
+            Heap::gather_remote(heap);
             while !(*heap).pending.is_null() {
-                Heap::take_remote(heap, (*heap).pending);
+                Heap::take_remote(heap, (*heap).pending, true);
             }
             for class in 0..CLASSES {
-                (*heap).direct[class] = empty_page();
                 (*heap).kept_empty[class] = ptr::null_mut();
                 let mut p = (*heap).lists[class].head;
                 while !p.is_null() {
                     let next = (*p).next;
                     if (*p).used == 0 {
-                        (*heap).retire(p);
+                        (*heap).release_page(p);
                     }
                     p = next;
                 }
             }
         }
     }
+
+    /// Whether a live thread owns the heap.
+    pub(crate) fn is_owned(&self) -> bool {
+        self.owned.load(Ordering::Relaxed) != 0
+    }
+
+    /// The heap's node and (allocs, frees, bytes allocated, bytes freed, remote frees).
+    pub(crate) fn node_and_counters(&self) -> (usize, (u64, u64, u64, u64, u64)) {
+        let c = &self.counters;
+        let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
+        (self.node, (ld(&c.allocs), ld(&c.frees), ld(&c.bytes_alloc), ld(&c.bytes_freed), ld(&c.remote_frees)))
+    }
 }
 
-/// The calling thread's heap, made (or adopted) on first use. `None` only when
-/// the OS refuses the memory for a heap descriptor.
+/// Whether `p` lies in the blocks of `page` (a heap page).
+fn in_page(page: *mut Page, p: *const u8) -> bool {
+    // SAFETY: the caller passes a live page.
+    let (start, slots) = unsafe { ((*page).info.start as usize, usize::from((*page).info.slots)) };
+    (start..start + slots * super::segment::SLOT_SIZE).contains(&(p as usize))
+}
+
+/// The node (arena) of one of the heap's pages.
+#[inline(always)]
+unsafe fn node_of(page: *mut Page) -> usize {
+    // SAFETY: the caller passes a live page.
+    usize::from(unsafe { (*page).info.node })
+}
+
+/// The calling thread's heap, made (or adopted) on first use, and whether it
+/// was adopted (its pages may be on several nodes). `None` only when the OS
+/// refuses the memory for a heap descriptor.
 #[cold]
 #[inline(never)]
-pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
+pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
     let node = state.topology.current_node();
     let arena = state.home_arena(node);
     // Adopt a heap left by an exited thread of this node, else make one.
@@ -594,6 +652,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
         }
         h
     };
+    let adopted = !heap.is_null();
     let heap = if heap.is_null() {
         let p = state.alloc_meta(core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
         let h = p.as_ptr().cast::<Heap>();
@@ -608,12 +667,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
                     pending: ptr::null_mut(),
                     remote_pages: CachePadded(AtomicStack::new()),
                     node: arena.node,
-                    last_node: arena.node,
-                    mixed: false,
-                    il: ptr::null(),
-                    default_il: ptr::null_mut(),
-                    default_il_live: false,
-                    local: false,
+                    loan: Loan { page: ptr::null_mut(), class: 0, used0: 0 },
                     counters: HeapCounters::default(),
                     next_all: ptr::null_mut(),
                     next_orphan: ptr::null_mut(),
@@ -629,22 +683,17 @@ pub(crate) fn init_current(state: &'static State) -> Option<*mut Heap> {
         // SAFETY: adopted: ours now. Its pages and their free lists come along;
         // remote frees that arrived meanwhile are collected at the next refill.
         unsafe {
+            debug_assert!(!(*heap).is_owned() && (*heap).loan.page.is_null());
+            debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
             (*heap).next_orphan = ptr::null_mut();
             (*heap).owned.store(1, Ordering::Relaxed);
-            // The previous thread's interleave (and its interleaver) is gone.
-            (*heap).il = ptr::null();
         }
         heap
     };
     HEAP.with(|c| c.set(heap));
-    // SAFETY: ours now (and current: the policy lookup may make the
-    // thread's interleaver, kept in it).
-    unsafe { (*heap).local = matches!(super::policy::active(state), Active::Local) };
-    // Ask for `thread_exit` at thread exit. glibc keeps the first 32 keys'
-    // values inside the thread descriptor, so this does not allocate.
-    // SAFETY: a key made at start-up.
-    unsafe { libc::pthread_setspecific(state.key, heap.cast()) };
-    Some(heap)
+    // Ask for `thread_exit` at thread exit.
+    state.exit_key.set(heap.cast());
+    Some((heap, adopted))
 }
 
 /// Thread-exit destructor (pthread key): release empty pages, leave the heap
@@ -656,115 +705,16 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     if heap.is_null() {
         return;
     }
+    HEAP.with(|c| c.set(ptr::null_mut()));
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
     unsafe {
-        if (*heap).default_il_live {
-            // Its pool back, its regions retired: they go back to the OS
-            // once other threads free their last blocks.
-            (*heap).default_il_live = false;
-            (*heap).il = ptr::null();
-            ptr::drop_in_place((*heap).default_il);
-        }
-    }
-    HEAP.with(|c| c.set(ptr::null_mut()));
-    // SAFETY: as above.
-    unsafe {
         Heap::release_empty_pages(heap);
+        debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()) && (*heap).loan.page.is_null());
         (*heap).owned.store(0, Ordering::Relaxed);
         let arena = state.home_arena((*heap).node);
         let mut g = arena.inner.lock();
         (*heap).next_orphan = g.orphans;
         g.orphans = heap;
-    }
-}
-
-/// Points every size class of the calling thread's heap at the empty page,
-/// so that the next allocation of each goes through the slow path (and the
-/// policy now in force, `active`), and records its interleaver (if any) and
-/// whether it is `Local`.
-pub(crate) fn reset_direct_pages(active: Active) {
-    let h = current();
-    if !h.is_null() {
-        // SAFETY: the calling thread's heap; the pages stay on its lists.
-        unsafe {
-            (*h).direct = [empty_page(); CLASSES];
-            (*h).il = super::policy::interleaver_of(active);
-            (*h).local = matches!(active, Active::Local);
-        }
-    }
-}
-
-/// The calling thread's own interleaver for the process default interleave
-/// `policy`, made on first use (with the thread's heap, if need be); `None`
-/// when no memory can be had for it.
-pub(crate) fn thread_interleaver(
-    state: &'static State,
-    policy: &crate::policy::Interleave,
-) -> Option<*const super::policy::Interleaver> {
-    let mut h = current();
-    if h.is_null() {
-        h = init_current(state)?;
-    }
-    // SAFETY: the calling thread's heap.
-    unsafe {
-        if !(*h).default_il_live {
-            if (*h).default_il.is_null() {
-                let size = core::mem::size_of::<super::policy::Interleaver>();
-                let align = core::mem::align_of::<super::policy::Interleaver>();
-                (*h).default_il = state.alloc_meta(size, align)?.as_ptr().cast();
-            }
-            // Metadata memory of the right layout, unused: the previous
-            // thread's interleaver (if any) was dropped at its exit.
-            ptr::write((*h).default_il, super::policy::Interleaver::exclusive(policy));
-            (*h).default_il_live = true;
-        }
-        Some((*h).default_il)
-    }
-}
-
-/// Makes `page`, an exclusive interleaver's pool, the direct page of
-/// `class` for the calling thread's `heap`.
-///
-/// # Safety
-/// `heap` is the calling thread's heap; `page` holds blocks of `class`'s
-/// size and stays live until [`unhook_pool`].
-pub(crate) unsafe fn hook_pool(heap: *mut Heap, class: usize, page: *mut Page) {
-    // SAFETY: per the contract.
-    unsafe { (*heap).direct[class] = page };
-}
-
-/// Undoes [`hook_pool`] (if the pool is still hooked) and takes the `taken`
-/// blocks of `size` bytes that the fast path counted out of the heap's
-/// counters.
-///
-/// # Safety
-/// Called on the thread that hooked the pool; `h` is its heap (or null).
-pub(crate) unsafe fn unhook_pool(h: *mut Heap, page: *mut Page, class: usize, taken: usize, size: usize) {
-    if h.is_null() {
-        return;
-    }
-    // SAFETY: the calling thread's heap.
-    unsafe {
-        if (*h).direct[class] == page {
-            (*h).direct[class] = empty_page();
-        }
-        let c = &(*h).counters;
-        bump(&c.allocs, (taken as u64).wrapping_neg());
-        bump(&c.bytes_alloc, ((taken * size) as u64).wrapping_neg());
-    }
-}
-
-/// Returns the calling thread's empty pages and purges the arenas.
-pub(crate) fn collect_current(state: &State) {
-    let h = current();
-    if !h.is_null() {
-        // SAFETY: the calling thread's heap.
-        unsafe { Heap::release_empty_pages(h) };
-    }
-    for n in state.nodes().iter() {
-        if let Some(a) = state.arena(n) {
-            a.purge_now();
-        }
     }
 }
 
@@ -780,26 +730,16 @@ unsafe fn carve(page: *mut Page) {
         let bs = (*page).info.block_size as usize;
         let n = left.min((16 * 1024 / bs).max(1) as u32);
         let first = (*page).info.start.add((*page).carved as usize * bs);
+        debug_assert!(
+            first as usize + n as usize * bs
+                <= (*page).info.start as usize + usize::from((*page).info.slots) * super::segment::SLOT_SIZE
+        );
         for i in 0..n as usize {
             let b = first.add(i * bs).cast::<Block>();
             (*b).next = if i + 1 < n as usize { first.add((i + 1) * bs).cast() } else { (*page).free };
         }
         (*page).free = first.cast();
         (*page).carved += n;
-    }
-}
-
-impl Heap {
-    /// Whether a live thread owns the heap.
-    pub(crate) fn is_owned(&self) -> bool {
-        self.owned.load(Ordering::Relaxed) != 0
-    }
-
-    /// The heap's node and (allocs, frees, bytes allocated, bytes freed, remote frees).
-    pub(crate) fn node_and_counters(&self) -> (usize, (u64, u64, u64, u64, u64)) {
-        let c = &self.counters;
-        let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
-        (self.node, (ld(&c.allocs), ld(&c.frees), ld(&c.bytes_alloc), ld(&c.bytes_freed), ld(&c.remote_frees)))
     }
 }
 
@@ -813,5 +753,137 @@ pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(&Heap)) {
             f(&*h);
             h = (*h).next_all;
         }
+    }
+}
+
+/// Bytes of memory a fresh page of `class` takes from its arena.
+pub(crate) const fn page_bytes(class: usize) -> usize {
+    page_slots(class) * super::segment::SLOT_SIZE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::size_class::{class_of, class_size};
+
+    /// Any page serves; fresh pages from the thread's node.
+    struct Anywhere(usize);
+    impl Placement for Anywhere {
+        fn accepts(&mut self, _: usize) -> bool {
+            true
+        }
+        fn fresh(&mut self) -> (usize, Option<NodeSet>) {
+            (self.0, None)
+        }
+        fn took(&mut self, _: usize) {}
+    }
+
+    /// A heap of its own on a fresh thread (the test harness's threads may
+    /// have one already, made by other tests of this binary).
+    fn on_fresh_heap(f: impl FnOnce(&'static State, *mut Heap) + Send + 'static) {
+        std::thread::spawn(move || {
+            let state = State::get(&crate::alloc::Config::new());
+            let (heap, _) = init_current(state).unwrap();
+            f(state, heap);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn blocks_come_back_lifo_and_a_drained_page_refills() {
+        on_fresh_heap(|state, heap| {
+            let class = class_of(64);
+            // SAFETY: this thread's heap.
+            unsafe {
+                assert!(Heap::pop(heap, class).is_null(), "a new heap's direct slots are empty");
+                let node = state.current_arena().node;
+                let a = Heap::refill(heap, class, state, &mut Anywhere(node));
+                let b = Heap::pop(heap, class);
+                assert!(!a.is_null() && !b.is_null() && a != b);
+                assert_eq!(b as usize - a as usize, class_size(class), "carved in address order");
+                let page = (*heap).direct[class];
+                Heap::free_local(heap, page, b.cast());
+                assert_eq!(Heap::pop(heap, class), b, "the last block freed is the next handed out");
+                // Drain the page: every block distinct, then a refill.
+                let cap = (*page).info.capacity as usize;
+                let mut seen = std::collections::HashSet::new();
+                seen.insert(a as usize);
+                seen.insert(b as usize);
+                for _ in 2..cap {
+                    let mut p = Heap::pop(heap, class);
+                    if p.is_null() {
+                        p = Heap::refill(heap, class, state, &mut Anywhere(node));
+                    }
+                    assert!(seen.insert(p as usize));
+                }
+                assert_eq!((*page).used as usize, cap);
+                let p = Heap::refill(heap, class, state, &mut Anywhere(node));
+                assert!(!p.is_null() && (*heap).direct[class] != page, "a full page gives way to a fresh one");
+                assert!((*page).in_full);
+            }
+        });
+    }
+
+    #[test]
+    fn a_loan_serves_the_fast_path_and_leaves_the_counters_as_they_were() {
+        on_fresh_heap(|_, heap| {
+            let class = class_of(4096);
+            let mut blocks = vec![[0u64; 512]; 3];
+            // SAFETY: a page descriptor of ours with three blocks on its free
+            // list, lent to this thread's heap and taken back.
+            unsafe {
+                let mut page = Page::empty();
+                page.info.block_size = 4096;
+                let b: Vec<*mut Block> = blocks.iter_mut().map(|b| b.as_mut_ptr().cast()).collect();
+                b[0].write(Block { next: b[1] });
+                b[1].write(Block { next: b[2] });
+                b[2].write(Block { next: ptr::null_mut() });
+                page.free = b[0];
+                let before = (*heap).node_and_counters().1;
+                Heap::lend(heap, class, &mut page);
+                assert_eq!(Heap::pop(heap, class), b[0].cast());
+                assert_eq!(Heap::pop(heap, class), b[1].cast());
+                Heap::end_loan(heap);
+                assert!(Heap::pop(heap, class).is_null(), "the slot is empty again");
+                assert_eq!((*heap).node_and_counters().1, before, "lent blocks are not the heap's");
+                assert_eq!(page.used, 2);
+            }
+        });
+    }
+
+    #[test]
+    fn an_emptied_page_is_kept_once_then_released() {
+        on_fresh_heap(|state, heap| {
+            let class = class_of(16 * 1024);
+            let node = state.current_arena().node;
+            let arena = state.node_arena(node);
+            // SAFETY: this thread's heap and its blocks.
+            unsafe {
+                // Two full pages of four blocks.
+                let mut ps = Vec::new();
+                for _ in 0..8 {
+                    let mut p = Heap::pop(heap, class);
+                    if p.is_null() {
+                        p = Heap::refill(heap, class, state, &mut Anywhere(node));
+                    }
+                    ps.push(p);
+                }
+                let first = super::super::segment::page_of(segment_of(ps[0]).cast(), ps[0]);
+                let in_use = arena.counters.pages_in_use.load(Ordering::Relaxed);
+                // The first page empties while not direct: kept.
+                for &p in &ps[..4] {
+                    Heap::free_local(heap, first, p.cast());
+                }
+                assert_eq!((*heap).kept_empty[class], first);
+                assert_eq!(arena.counters.pages_in_use.load(Ordering::Relaxed), in_use);
+                Heap::release_empty_pages(heap);
+                assert!(arena.counters.pages_in_use.load(Ordering::Relaxed) < in_use, "released to the arena");
+                let second = super::super::segment::page_of(segment_of(ps[4]).cast(), ps[4]);
+                for &p in &ps[4..] {
+                    Heap::free_local(heap, second, p.cast());
+                }
+            }
+        });
     }
 }

@@ -7,7 +7,7 @@
 
 use core::ptr::{self, NonNull};
 
-use super::segment::{HUGE, SEGMENT_SIZE, Segment, segment_of};
+use super::segment::{SEGMENT_SIZE, Segment, SegmentKind, segment_of};
 use super::state::State;
 use crate::os::{self, mem};
 use crate::sync::Ordering;
@@ -69,16 +69,7 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     let h = base.as_ptr().cast::<Segment>();
     // SAFETY: the header page is the start of our mapping.
     unsafe {
-        ptr::write(
-            h,
-            Segment {
-                kind: HUGE,
-                arena: arena.node as u8,
-                map_base: base.as_ptr(),
-                map_len: total,
-                next: ptr::null_mut(),
-            },
-        );
+        ptr::write(h, Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total));
     }
     let c = &arena.counters;
     // The header page, just touched, tells where the block's memory comes from.

@@ -26,10 +26,15 @@
 //! - **Heaps** (`heap.rs`): one per thread. Allocation pops the free list of
 //!   the class's direct page: 14 instructions on x86-64 for a 64-byte block (a
 //!   TLS load, heap → page → block → next, a store, `used` and two counters
-//!   incremented in place), no atomic operation, no lock, no node lookup. Freeing a block of one's own page pushes
-//!   it back the same way; a block of another heap's page goes onto that page's
-//!   lock-free `thread_free` list, and the owner collects it at its next refill:
-//!   memory returns to the heap, and so the node, it came from.
+//!   incremented in place), no atomic operation, no lock, no node lookup.
+//!   Freeing a block of one's own page pushes it back the same way; a block
+//!   of another heap's page goes onto that page's lock-free `thread_free`
+//!   list, and the owner collects it at its next refill: memory returns to
+//!   the heap, and so the node, it came from.
+//! - **Placement** (`placement.rs`): what a thread's memory policy means for
+//!   a heap's refill (which pages serve, which arena gives a fresh one).
+//! - **Interleave** (`interleave/`, `region.rs`): blocks of a page and more
+//!   under an interleave, turn by turn, from page-granular node regions.
 //! - **Huge blocks** (`huge.rs`): above 256 KiB, or aligned beyond 64 KiB, a
 //!   mapping of their own, bound to the allocating thread's node; `realloc`
 //!   moves their pages with `mremap` instead of copying.
@@ -48,25 +53,26 @@ mod handle;
 mod heap;
 mod huge;
 mod interleave;
-pub(crate) mod policy;
+mod placement;
 mod region;
 mod segment;
 pub(crate) mod size_class;
 pub(crate) mod state;
+pub mod stats;
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
-pub use handle::{Interleaved, OnNode};
+pub use handle::{InterleaveHandle, NodeHandle};
 pub(crate) use heap::for_each_heap;
 pub use huge::MAX_ALIGN;
-pub use policy::{PolicyGuard, with_policy};
+pub use placement::{PolicyGuard, with_policy};
 pub use size_class::SMALL_MAX;
 pub use state::{Config, Mode};
 
 use crate::error::{Error, Result};
 use heap::Heap;
-use segment::{Block, HUGE, SMALL, SmallSegment, page_of, segment_of};
+use segment::{Block, SegmentKind, SmallSegment, page_of, segment_of};
 use size_class::{class_for, class_of, class_size};
 use state::State;
 
@@ -109,22 +115,16 @@ impl NumaAlloc {
         NonNull::new(p).ok_or(Error::NodeOutOfMemory { node: self.state().topology.current_node() })
     }
 
-    /// The usable size of the block at `p` (at least what was asked for).
+    /// The usable size of the block at `p`: at least what was asked for, and
+    /// exactly what the allocator set aside. Freeing the block with any size
+    /// from the one asked for up to this one (or with none, as C's `free`
+    /// does) is the same.
     ///
     /// # Safety
     /// `p` must be a live block of this allocator.
     pub unsafe fn usable_size(&self, p: *const u8) -> usize {
-        let seg = segment_of(p);
-        // SAFETY: per the contract the segment header is live.
-        unsafe {
-            if (*seg).kind == SMALL {
-                (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize
-            } else if (*seg).kind == region::REGION {
-                region::usable_size(seg, p)
-            } else {
-                huge::usable_size(seg, p)
-            }
-        }
+        // SAFETY: per the contract.
+        unsafe { usable_size(p) }
     }
 
     /// The node whose arena owns the block at `p` (its segment's node).
@@ -139,60 +139,61 @@ impl NumaAlloc {
     /// Returns the calling thread's empty pages to their arenas and every
     /// arena's free memory to the OS now, whatever the threshold.
     pub fn collect(&self) {
-        heap::collect_current(self.state());
+        let state = self.state();
+        let h = heap::current();
+        if !h.is_null() {
+            // SAFETY: the calling thread's heap.
+            unsafe { Heap::release_empty_pages(h) };
+        }
+        for n in state.nodes().iter() {
+            if let Some(a) = state.arena(n) {
+                a.purge_now();
+            }
+        }
     }
 
     /// A snapshot of the allocator's statistics.
-    pub fn stats(&self) -> crate::stats::Stats {
-        crate::stats::Stats::collect(self.state())
+    pub fn stats(&self) -> stats::Stats {
+        stats::Stats::snapshot(self.state())
     }
 
     #[cold]
     #[inline(never)]
     unsafe fn alloc_slow(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
         let state = self.state();
-        if state.policies
-            && let policy::Active::Interleave(il) = policy::active(state)
-        {
-            // Straight to the cursor and the node's region: no size class.
-            // SAFETY: the interleaver outlives the policy that installed it.
-            let p = unsafe { policy::interleave_alloc(il, size.max(1), align) };
-            if zero && !p.is_null() {
-                // SAFETY: a fresh block of `size` bytes.
-                unsafe { ptr::write_bytes(p, 0, size) };
-            }
-            return p;
-        }
-        match class_for(size, align) {
-            Some(class) => {
-                let mut heap = heap::current();
-                if heap.is_null() {
-                    match heap::init_current(state) {
-                        Some(h) => heap = h,
-                        None => return ptr::null_mut(),
+        let class = class_for(size, align);
+        // Under a thread interleave, I/O buffers (page-aligned blocks of a
+        // page and more, and blocks beyond the size classes) come from its
+        // regions turn by turn: through the pool it lends the heap when a
+        // page alignment is enough, else directly. See `placement.rs`.
+        let p = match (class, placement::interleaver(state)) {
+            (Some(c), Some(il)) if align >= region::UNIT => {
+                let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
+                if align > region::UNIT {
+                    il.alloc_block(size, align)
+                } else {
+                    // SAFETY: the calling thread's heap; `c` is a page class
+                    // (a multiple of the page alignment).
+                    unsafe {
+                        let p = Heap::pop_loan(heap, c);
+                        if p.is_null() { il.alloc_class(heap, c) } else { p }
                     }
                 }
+            }
+            (Some(c), _) => {
+                let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
                 // SAFETY: the calling thread's heap; the block holds `size` bytes.
-                unsafe {
-                    let p = Heap::alloc_class(heap, class);
-                    if zero && !p.is_null() {
-                        ptr::write_bytes(p, 0, size);
-                    }
-                    p
-                }
+                unsafe { alloc_class(heap, c) }
             }
-            None => {
-                if !state.policies {
-                    return huge::alloc_on(state, state.current_arena().node, size, align, zero);
-                }
-                let node = match policy::active(state) {
-                    // SAFETY: the interleaver outlives the policy that installed it.
-                    policy::Active::Interleave(il) => unsafe { (*il).pick(size).node },
-                    a => a.node(state),
-                };
-                huge::alloc_on(state, node, size, align, zero)
-            }
+            (None, Some(il)) if interleave::region_serves(size, align) => il.alloc_block(size, align),
+            // Fresh huge mappings are zero already: zeroed inside if reused.
+            (None, _) => return huge::alloc_on(state, placement::large_node(state, size), size, align, zero),
+        };
+        if zero && !p.is_null() {
+            // SAFETY: a block of at least `size` bytes.
+            unsafe { ptr::write_bytes(p, 0, size) };
         }
+        p
     }
 }
 
@@ -202,26 +203,60 @@ impl Default for NumaAlloc {
     }
 }
 
-/// Frees `p`, a live block of this allocator, of `size` bytes as asked for.
+/// The calling thread's heap, made (or adopted) on first use; `None` only
+/// when the OS refuses the memory for a heap descriptor.
+#[inline]
+fn thread_heap(state: &'static State) -> Option<*mut Heap> {
+    let h = heap::current();
+    if !h.is_null() {
+        return Some(h);
+    }
+    let (h, adopted) = heap::init_current(state)?;
+    placement::heap_started(h, adopted);
+    Some(h)
+}
+
+/// A block of class `class` from the calling thread's heap: the fast path,
+/// else a refill under the thread's policy.
+///
+/// # Safety
+/// `heap` is the calling thread's heap; `class < CLASSES`.
 #[inline(always)]
-unsafe fn free(p: *mut u8, size: usize) {
+unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
+    // SAFETY: per the contract.
+    unsafe {
+        let p = Heap::pop(heap, class);
+        if !p.is_null() {
+            return p;
+        }
+        placement::refill(heap, class)
+    }
+}
+
+/// Frees `p`, a live block of this allocator, whatever its size: the owner
+/// is found from the pointer alone.
+#[inline(always)]
+unsafe fn free(p: *mut u8) {
     let seg = segment_of(p);
     // SAFETY: `p` is a live block (caller's contract), so its segment header
     // is live, and for a small segment the slot belongs to a page.
     unsafe {
-        if (*seg).kind == SMALL {
-            let page = page_of(seg.cast::<SmallSegment>(), p);
-            let heap = heap::current();
-            if (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
-                Heap::free_local(heap, page, p.cast::<Block>());
-            } else {
-                free_remote(page, p.cast::<Block>());
+        match (*seg).kind {
+            SegmentKind::Small => {
+                let page = page_of(seg.cast::<SmallSegment>(), p);
+                let heap = heap::current();
+                if (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
+                    Heap::free_local(heap, page, p.cast::<Block>());
+                } else {
+                    free_remote(page, p.cast::<Block>());
+                }
             }
-        } else if (*seg).kind == region::REGION {
-            region::free(seg, p, size);
-        } else if let Some(state) = State::try_get() {
-            debug_assert_eq!((*seg).kind, HUGE);
-            huge::free(state, seg);
+            SegmentKind::Region => interleave::free(seg, p, placement::thread_interleaver()),
+            SegmentKind::Huge => {
+                if let Some(state) = State::try_get() {
+                    huge::free(state, seg);
+                }
+            }
         }
     }
 }
@@ -241,10 +276,24 @@ unsafe fn free_remote(page: *mut segment::Page, block: *mut Block) {
     }
 }
 
+/// The usable size of the live block at `p`.
+unsafe fn usable_size(p: *const u8) -> usize {
+    let seg = segment_of(p);
+    // SAFETY: per the caller's contract the segment header is live.
+    unsafe {
+        match (*seg).kind {
+            SegmentKind::Small => (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize,
+            SegmentKind::Region => region::usable_size(seg, p),
+            SegmentKind::Huge => huge::usable_size(seg, p),
+        }
+    }
+}
+
 // SAFETY: blocks are disjoint (each is on at most one free list or handed out
 // once), aligned as asked (size classes whose size is a multiple of the
-// alignment, from 64 KiB-aligned pages; huge blocks placed at aligned
-// offsets), and null is returned on every failure.
+// alignment, from 64 KiB-aligned pages; region blocks on page boundaries and
+// aligned starts; huge blocks placed at aligned offsets), and null is
+// returned on every failure.
 unsafe impl GlobalAlloc for NumaAlloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -253,7 +302,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
             let heap = heap::current();
             if !heap.is_null() {
                 // SAFETY: the calling thread's heap; class_of is in range.
-                return unsafe { Heap::alloc_class(heap, class_of(size)) };
+                return unsafe { alloc_class(heap, class_of(size)) };
             }
         }
         // SAFETY: same contract.
@@ -261,13 +310,12 @@ unsafe impl GlobalAlloc for NumaAlloc {
     }
 
     #[inline]
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
         // SAFETY: forwarded contract: `p` is a live block of this allocator.
-        unsafe { free(p, layout.size()) }
+        unsafe { free(p) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // Small blocks are cleared; fresh huge mappings are zero already.
         // SAFETY: forwarded contract.
         unsafe { self.alloc_slow(layout.size(), layout.align(), true) }
     }
@@ -277,21 +325,25 @@ unsafe impl GlobalAlloc for NumaAlloc {
         let seg = segment_of(p);
         // SAFETY: `p` is a live block (caller's contract).
         unsafe {
-            if (*seg).kind == SMALL {
-                let page = page_of(seg.cast::<SmallSegment>(), p);
-                let bs = (*page).info.block_size as usize;
-                // Keep the block if the new size fits and would not waste over
-                // half of it (shrinking to a much smaller class frees memory).
-                if new_size <= bs && (new_size >= bs / 2 || bs <= 64) && class_for(new_size, align).is_some() {
-                    return p;
-                }
-            } else if (*seg).kind == HUGE && new_size > SMALL_MAX {
-                if let Some(state) = State::try_get() {
-                    let q = huge::realloc(state, p, align, new_size);
-                    if !q.is_null() {
-                        return q;
+            match (*seg).kind {
+                SegmentKind::Small | SegmentKind::Region => {
+                    let usable = usable_size(p);
+                    // Keep the block if the new size fits and would not waste
+                    // over half of it (shrinking to a much smaller class
+                    // frees memory).
+                    if new_size <= usable && (new_size >= usable / 2 || usable <= 64) && new_size <= SMALL_MAX {
+                        return p;
                     }
                 }
+                SegmentKind::Huge if new_size > SMALL_MAX => {
+                    if let Some(state) = State::try_get() {
+                        let q = huge::realloc(state, p, align, new_size);
+                        if !q.is_null() {
+                            return q;
+                        }
+                    }
+                }
+                SegmentKind::Huge => {}
             }
             // SAFETY: `new_size` with the old alignment is a valid layout per
             // the GlobalAlloc contract.
@@ -299,7 +351,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
             let q = self.alloc(new_layout);
             if !q.is_null() {
                 ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
-                free(p, layout.size());
+                free(p);
             }
             q
         }

@@ -1,364 +1,115 @@
-//! Bump regions: where interleaved and node-directed allocations are carved,
-//! so that consecutive allocations of one node's turn are adjacent in the
+//! Regions: where interleaved buffers of a page and more are carved, page by
+//! page, so that consecutive buffers of one node's turn are adjacent in the
 //! address space (a run of I/O buffers is one extent, not one per buffer).
 //!
-//! A region is a 4 MiB segment (kind [`REGION`]) of one node's arena, carved
-//! front to back (under its space's node lock, or by the one thread of an
-//! exclusive space); only that thread reuses blocks of it (below). Every
-//! live block holds a reference (`live`); the [`Space`] that carves from the
-//! region holds none, but *retires* it (a [`RetireCount`]) when it moves to
-//! a fresh one. The region goes back to the OS when it is retired and its
-//! last block is freed, whichever comes last: freeing is a single
-//! `fetch_sub` from any thread, through the global allocator like any block.
+//! A region is a 4 MiB segment (kind [`SegmentKind::Region`]) of one node's
+//! arena, cut into 4 KiB *units*; its header fills the first unit(s). Every
+//! block is a whole number of units: a bitmap says which units are in use,
+//! and the block's first unit records its length, so a free needs no size
+//! and `usable_size` is exact.
 //!
-//! A block-start bitmap (one bit per 16 bytes) answers `usable_size`.
+//! One *carver* at a time (the thread of an exclusive space, or the holder
+//! of a shared space's node lock) takes units: at the top of the free run
+//! it is in (so that a turn's blocks are back to back), else from the lowest
+//! free run that fits (so that freed space is reused for any size). Any
+//! thread frees: it clears the block's bits, and the units become *dirty*
+//! (free but still committed); the carver returns dirty units to the OS
+//! (`MADV_DONTNEED`) once more than [`DIRTY_MAX`] of them pile up, so a
+//! long-lived block pins its own pages, not the region's megabytes.
 //!
-//! The region of a thread's own interleave (an exclusive space: a
-//! `with_policy` guard's, or the thread's copy of a process default
-//! interleave) also reuses what its thread frees: such a block goes onto one
-//! of the region's reuse lists, keyed by its size (a size class below 4 KiB,
-//! a number of 4 KiB units above), and the node's next allocation of that
-//! size takes it back. A thread that allocates and frees I/O buffers in a
-//! loop then cycles through a few warm blocks instead of walking 4 MiB of
-//! cold memory (which cost up to 4× the time of a local allocation once the
-//! buffers were written). Blocks of these spaces are carved at their key's
-//! size, so any block on a list serves any request of its key.
+//! An exclusive space's thread (the region's *owner*) also keeps what it
+//! frees on LIFO reuse lists by length, for the node's next allocation of
+//! that length (a loop that allocates and frees an I/O buffer then cycles a
+//! warm block instead of walking the region), up to [`REUSE_MAX`] units;
+//! its frees change no shared word until the region is retired.
+//!
+//! Lifetime: every live block holds a reference (`live`, a [`RetireCount`]);
+//! the space that carves a region holds none, but retires it when it lets
+//! go of it (it is full, or the space is dropped). The region goes back to
+//! its arena when it is retired and its last block is freed, whichever comes
+//! last. Blocks freed into a retired region are returned to the OS at once.
 
+use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
-use super::segment::{Block, Page, SEGMENT_SIZE, SLOT_SIZE, Segment};
-use super::size_class::{CLASSES, SMALL_MAX, class_of, class_size};
+use super::segment::{Block, SEGMENT_SIZE, Segment, SegmentKind};
 use super::state::State;
 use crate::os::mem;
-use crate::sync::{Acquired, AtomicPtr, AtomicU64, AtomicUsize, Ordering, RetireCount, SpinLock};
-use crate::topology::MAX_NODES;
+use crate::sync::{AtomicU16, AtomicU64, AtomicUsize, Ordering, RetireCount};
 
-/// Segment kind of a region.
-pub(crate) const REGION: u8 = 0x3c;
-/// Blocks start this far into the region (the header and bitmap come first).
-const DATA: usize = SLOT_SIZE;
-pub(crate) const GRAIN: usize = 16;
-const BITMAP_WORDS: usize = SEGMENT_SIZE / GRAIN / 64;
-/// References an exclusive space charges a region with (more than it can
-/// hold blocks).
-const CREDIT: usize = 1 << 24;
-/// Blocks this large or larger start on a page (4 KiB, the smallest page
-/// size; the real page size is asked only for them).
-const PAGE_MIN: usize = 4096;
+/// A region's unit of carving (the smallest page size).
+pub(crate) const UNIT: usize = 4096;
+const UNITS: usize = SEGMENT_SIZE / UNIT;
+const WORDS: usize = UNITS / 64;
 /// Largest block a region serves; larger ones get a huge mapping of their own.
 pub(crate) const REGION_MAX: usize = 1 << 20;
 /// Largest alignment a region serves.
-pub(crate) const REGION_ALIGN_MAX: usize = SLOT_SIZE;
-/// Reuse lists of a region: one per size class under [`PAGE_MIN`], one per
-/// number of `PAGE_MIN` units up to [`SMALL_MAX`].
-const REUSE_LISTS: usize = CLASSES + SMALL_MAX / PAGE_MIN + 1;
-/// Key of a block that is never reused (larger than [`SMALL_MAX`]).
-pub(crate) const NO_REUSE: usize = usize::MAX;
+pub(crate) const REGION_ALIGN_MAX: usize = 64 * 1024;
+/// Reuse lists: one per length in units up to this (256 KiB, the largest
+/// size class); longer blocks go straight back to the bitmap.
+const REUSE_LISTS: usize = 64;
+/// Units an owner keeps on its reuse lists at most (1 MiB).
+pub(crate) const REUSE_MAX: usize = 256;
+/// Dirty units a region keeps committed before the carver purges them (2 MiB).
+pub(crate) const DIRTY_MAX: usize = 512;
 
 #[repr(C)]
 pub(crate) struct Region {
     pub(crate) seg: Segment,
-    /// Offset of the first byte not carved yet.
-    top: AtomicUsize,
-    /// Live blocks (references), retired once its space has moved on.
+    /// Live blocks (references), and whether its space has let go of it.
     live: RetireCount,
-    /// The cursor turn the last block belonged to (a hint for aligning the
-    /// start of each turn).
-    last_turn: AtomicU64,
-    /// For a region of an exclusive space, until the owner retires it: the
-    /// owning thread's token (0 otherwise, and once retired). Its own frees
-    /// only bump `owner_freed` (plain store, no read-modify-write) until
-    /// then, when it settles them.
+    /// For a region of an exclusive space, until it is retired: the address
+    /// of the thread interleaver whose space carves it (0 otherwise). Only
+    /// the thread using that interleaver can see its own address there.
     owner: AtomicUsize,
-    owner_freed: AtomicUsize,
-    /// While the owner's interleaver has a pool of this region's blocks on
-    /// its heap's fast path: the pool's key (else [`NO_REUSE`]), its page,
-    /// and how many blocks the owner's frees may still put straight back on
-    /// it (the rest of the turn's allowance). Owner only.
-    pool_key: AtomicUsize,
-    pool_page: AtomicPtr<Page>,
-    pool_budget: AtomicUsize,
-    /// An exclusive space's blocks freed by its thread, by reuse key
-    /// ([`reuse_key`]); linked through their first word. Owner only.
-    reuse: [AtomicPtr<Block>; REUSE_LISTS],
-    starts: [AtomicU64; BITMAP_WORDS],
+    /// Dirty units: free, but not returned to the OS yet.
+    dirty_units: AtomicUsize,
+    used: [AtomicU64; WORDS],
+    dirty: [AtomicU64; WORDS],
+    /// At a block's first unit, its length in units (0 elsewhere).
+    len: [AtomicU16; UNITS],
+    /// The carver's: the next unit to carve and the end of the free run it
+    /// is in (units from `top` to `limit` are free), and the cursor turn the
+    /// last block carved belonged to.
+    top: Cell<usize>,
+    limit: Cell<usize>,
+    last_turn: Cell<u64>,
+    /// The owner's: references charged up front and not yet handed out, and
+    /// blocks it freed (references dropped without an atomic operation);
+    /// both settled when the region is retired.
+    credit: Cell<usize>,
+    owner_freed: Cell<usize>,
+    /// The owner's: the next region of its space on the same node.
+    pub(crate) next_owned: Cell<*mut Region>,
+    /// The owner's reuse lists (blocks still marked in use, holding no
+    /// reference), and their units.
+    reuse_units: Cell<usize>,
+    reuse: [Cell<*mut Block>; REUSE_LISTS],
 }
 
-const _: () = assert!(core::mem::size_of::<Region>() <= DATA);
+/// Units the header takes.
+const FIRST: usize = core::mem::size_of::<Region>().div_ceil(UNIT);
+const _: () = assert!(FIRST == 1 && UNITS % 64 == 0);
 
-/// `x` rounded up to `a`, a power of two (a mask, not a division: this is on
-/// every interleaved allocation).
+/// `x` rounded up to `a`, a power of two.
 #[inline(always)]
 pub(crate) fn up(x: usize, a: usize) -> usize {
     debug_assert!(a.is_power_of_two());
     (x + a - 1) & !(a - 1)
 }
 
-/// An exclusive space's reuse key and block size for a request of `size`
-/// bytes (`1 ..= SMALL_MAX`), by its size class (the heap's fast path knows
-/// only that): the class while it is under 4 KiB, else the class's size in
-/// whole 4 KiB units. Up to 32 KiB that is the request's own size in 4 KiB
-/// units (classes there are at most 4 KiB apart), so a stream of
-/// page-multiple I/O buffers stays back to back; above, a request gets its
-/// class's size (at most 25% more, as from the heap).
+/// Units a block of `size` bytes takes.
 #[inline(always)]
-pub(crate) fn reuse_key(size: usize) -> (usize, usize) {
-    class_key(class_of(size))
-}
-
-/// [`reuse_key`] of the sizes of size class `class`.
-#[inline(always)]
-pub(crate) fn class_key(class: usize) -> (usize, usize) {
-    let (key, size) = CLASS_KEYS[class];
-    (usize::from(key), size as usize)
-}
-
-/// Per size class: its reuse key and block size.
-const CLASS_KEYS: [(u16, u32); CLASSES] = {
-    let mut t = [(0u16, 0u32); CLASSES];
-    let mut c = 0;
-    while c < CLASSES {
-        let cs = class_size(c);
-        t[c] = if cs < PAGE_MIN {
-            (c as u16, cs as u32)
-        } else {
-            let units = cs.div_ceil(PAGE_MIN);
-            ((CLASSES + units) as u16, (units * PAGE_MIN) as u32)
-        };
-        c += 1;
-    }
-    t
-};
-
-/// Where a space carves for each node: the current region, replaced under a
-/// lock when full.
-pub(crate) struct Space {
-    current: [AtomicPtr<Region>; MAX_NODES],
-    /// Carved by one thread only (a scoped policy's): plain loads and stores
-    /// instead of read-modify-writes, and each current region is charged
-    /// `CREDIT` references up front (the unused rest given back when it is
-    /// retired) instead of one `fetch_add` per block.
-    pub(crate) exclusive: bool,
-    credit: [AtomicUsize; MAX_NODES],
-    /// A shared space's per-node carving locks.
-    pub(crate) locks: [SpinLock<()>; MAX_NODES],
-    /// A turn's first block is aligned to this (a page, or 2 MiB for byte
-    /// turns of 2 MiB or more, so whole huge pages belong to one node).
-    turn_align: usize,
-    page: usize,
-}
-
-impl Space {
-    pub(crate) fn new(turn_align: usize) -> Self {
-        Self {
-            current: core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
-            exclusive: false,
-            credit: core::array::from_fn(|_| AtomicUsize::new(0)),
-            locks: core::array::from_fn(|_| SpinLock::new(())),
-            turn_align: turn_align.clamp(crate::os::page_size(), SEGMENT_SIZE / 2),
-            page: crate::os::page_size(),
-        }
-    }
-
-    /// A block of `size` bytes aligned to `align` on `node`'s region, as part
-    /// of cursor turn `turn`. Null when the node's arena cannot map a region.
-    ///
-    /// A shared space carves under its node's lock: a thread may only take a
-    /// reference on a region while it is current, and a region stops being
-    /// current (and is retired, and perhaps freed) under the same lock, so
-    /// no thread ever touches a region that was freed under it. An exclusive
-    /// space has no other carver and needs no lock.
-    #[inline]
-    pub(crate) fn alloc(&self, node: usize, size: usize, align: usize, turn: u64) -> *mut u8 {
-        debug_assert!(size <= REGION_MAX && align <= REGION_ALIGN_MAX);
-        if self.exclusive {
-            let (key, size, align) = exclusive_layout(size, align, self.page);
-            loop {
-                let r = self.current[node].load(Ordering::Relaxed);
-                if !r.is_null() {
-                    // SAFETY: the current region of an exclusive space is
-                    // retired only by this thread.
-                    unsafe {
-                        if let Some(p) = self.reuse(r, node, key, align) {
-                            return p;
-                        }
-                        if let Some(p) = self.carve(r, node, size, align, turn) {
-                            return p;
-                        }
-                    }
-                }
-                if !self.replace(node, r) {
-                    return ptr::null_mut();
-                }
-            }
-        }
-        let (size, align) = block_layout(size, align);
-        let _g = self.locks[node].lock();
-        loop {
-            let r = self.current[node].load(Ordering::Acquire);
-            if !r.is_null() {
-                // SAFETY: the current region is live: retired only once it is
-                // no longer current, which needs the lock we hold.
-                if let Some(p) = unsafe { self.carve(r, node, size, align, turn) } {
-                    return p;
-                }
-            }
-            if !self.replace(node, r) {
-                return ptr::null_mut();
-            }
-        }
-    }
-
-    /// An exclusive space: a block its thread freed into `r`'s list `key`,
-    /// if there is one aligned to `align` (and a reference to give it).
-    ///
-    /// # Safety
-    /// `r` is the space's current region for `node`, and the caller is the
-    /// space's thread.
-    #[inline(always)]
-    unsafe fn reuse(&self, r: *mut Region, node: usize, key: usize, align: usize) -> Option<*mut u8> {
-        let credit = self.credit[node].load(Ordering::Relaxed);
-        if credit == 0 {
-            return None;
-        }
-        // SAFETY: per the contract.
-        let p = unsafe { pop_reuse(r, key, align) }?;
-        self.credit[node].store(credit - 1, Ordering::Relaxed);
-        Some(p)
-    }
-
-    /// The alignment of a turn's first block.
-    pub(crate) fn turn_align(&self) -> usize {
-        self.turn_align
-    }
-
-    /// An exclusive space's current region for `node` (null: none yet), for
-    /// its thread's window to carve in place.
-    pub(crate) fn current_region(&self, node: usize) -> *mut Region {
-        debug_assert!(self.exclusive);
-        self.current[node].load(Ordering::Relaxed)
-    }
-
-    /// An exclusive space's references left to hand out on `node`'s
-    /// current region.
-    #[inline(always)]
-    pub(crate) fn credit(&self, node: usize) -> usize {
-        self.credit[node].load(Ordering::Relaxed)
-    }
-
-    /// Sets what [`credit`](Self::credit) returns (the space's thread only).
-    #[inline(always)]
-    pub(crate) fn set_credit(&self, node: usize, credit: usize) {
-        self.credit[node].store(credit, Ordering::Relaxed);
-    }
-
-    /// Carves a block at the top of `r`, the current region for `node`. Its
-    /// reference comes from the exclusive space's credit, or (shared) is
-    /// taken on the region's count.
-    ///
-    /// # Safety
-    /// `r` is the current region for `node`, and the caller holds the node's
-    /// lock (shared) or is the space's thread (exclusive): no one else
-    /// carves it, and frees never touch its top or bitmap.
-    #[inline(always)]
-    unsafe fn carve(&self, r: *mut Region, node: usize, size: usize, align: usize, turn: u64) -> Option<*mut u8> {
-        // SAFETY: see `alloc`.
-        let reg = unsafe { &*r };
-        let new_turn = reg.last_turn.load(Ordering::Relaxed) != turn;
-        let a = if new_turn { align.max(self.turn_align) } else { align };
-        let start = r as usize + up(reg.top.load(Ordering::Relaxed), a);
-        let end = start + size;
-        if end > r as usize + SEGMENT_SIZE {
-            return None;
-        }
-        if self.exclusive {
-            let credit = self.credit[node].load(Ordering::Relaxed);
-            if credit == 0 {
-                return None;
-            }
-            self.credit[node].store(credit - 1, Ordering::Relaxed);
-        } else {
-            // Current, so not retired: the reference is ours.
-            let got = reg.live.try_acquire();
-            debug_assert_eq!(got, Acquired::Yes);
-        }
-        // SAFETY: per the contract, `start..end` is free space at its top.
-        unsafe { book(r, start, end) };
-        if new_turn {
-            reg.last_turn.store(turn, Ordering::Relaxed);
-        }
-        Some(start as *mut u8)
-    }
-
-    /// Retires `r`, this space's region for `node` until now.
-    ///
-    /// # Safety
-    /// As [`retire`]; `r` was current for `node`; for an exclusive space,
-    /// called on the owning thread.
-    unsafe fn retire_current(&self, node: usize, r: *mut Region) {
-        if self.exclusive {
-            // SAFETY: per the contract; the owner's fields are ours.
-            unsafe {
-                // From now on the owner's frees go through `live` too.
-                (*r).owner.store(0, Ordering::Relaxed);
-                // Give back the credit not turned into blocks, and settle the
-                // owner's frees so far.
-                let unused = self.credit[node].swap(0, Ordering::Relaxed);
-                let freed = (*r).owner_freed.load(Ordering::Relaxed);
-                // Not retired yet: this cannot be the freeing release.
-                let last = (*r).live.release_n(unused + freed);
-                debug_assert!(!last);
-            }
-        }
-        // SAFETY: per the contract.
-        unsafe { retire(r) };
-    }
-
-    /// Makes a fresh region current for `node` in place of `full`, which is
-    /// retired; false when none can be mapped.
-    ///
-    /// Called with the node's lock held (shared) or by the owning thread
-    /// (exclusive), so `full` is still the current region.
-    #[cold]
-    fn replace(&self, node: usize, full: *mut Region) -> bool {
-        let Some(state) = State::try_get() else { return false };
-        let Some(fresh) = map(state, node) else { return false };
-        if !full.is_null() {
-            // SAFETY: nobody can take a reference on it any more (see
-            // `alloc`): retired once, here, before its credit (exclusive)
-            // makes way for the fresh region's.
-            unsafe { self.retire_current(node, full) };
-        }
-        if self.exclusive {
-            // SAFETY: fresh, not yet visible to anyone.
-            unsafe {
-                (*fresh.as_ptr()).live.reset(CREDIT);
-                (*fresh.as_ptr()).owner.store(thread_token(), Ordering::Relaxed);
-            }
-            self.credit[node].store(CREDIT, Ordering::Relaxed);
-        }
-        self.current[node].store(fresh.as_ptr(), Ordering::Release);
-        true
-    }
-}
-
-impl Drop for Space {
-    fn drop(&mut self) {
-        for node in 0..MAX_NODES {
-            let r = self.current[node].swap(ptr::null_mut(), Ordering::AcqRel);
-            if !r.is_null() {
-                // SAFETY: our current region, retired once.
-                unsafe { self.retire_current(node, r) };
-            }
-        }
-    }
+pub(crate) fn units_for(size: usize) -> usize {
+    size.max(1).div_ceil(UNIT)
 }
 
 /// Maps a region bound to `node`'s memory (nearest other node when that one
 /// is out of memory, as for any segment), reusing a cached segment-aligned
-/// mapping of the node when there is one (an interleave that frees as it
-/// goes would otherwise map and unmap 4 MiB every thousand 4 KiB blocks).
-fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
+/// mapping of the node when there is one. `references` blocks are charged up
+/// front (an exclusive space's credit), `owner` is its interleaver's address
+/// (0 for a shared space).
+pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -> Option<NonNull<Region>> {
     let arena = state.node_arena(node);
     let cached = arena.take_huge(SEGMENT_SIZE);
     let fresh = cached.is_none();
@@ -366,28 +117,23 @@ fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
         Some(c) => c,
         None => (arena.map_bound(state, SEGMENT_SIZE)?, SEGMENT_SIZE),
     };
+    debug_assert_eq!(base.as_ptr() as usize % SEGMENT_SIZE, 0);
     let r = base.as_ptr().cast::<Region>();
-    // SAFETY: the header fits before `DATA`; a fresh mapping is zeroed, a
-    // reused one gets its counters and bitmap cleared.
+    // SAFETY: the header fits its units; a fresh mapping is zeroed, a reused
+    // one (a dead region or a huge block's mapping) is cleared.
     unsafe {
-        ptr::addr_of_mut!((*r).seg).write(Segment {
-            kind: REGION,
-            arena: arena.node as u8,
-            map_base: base.as_ptr(),
-            map_len: len,
-            next: ptr::null_mut(),
-        });
-        (*r).top.store(DATA, Ordering::Relaxed);
-        (*r).live.reset(0);
-        (*r).owner.store(0, Ordering::Relaxed);
-        (*r).owner_freed.store(0, Ordering::Relaxed);
-        (*r).pool_key.store(NO_REUSE, Ordering::Relaxed);
-        (*r).pool_budget.store(0, Ordering::Relaxed);
-        (*r).last_turn.store(u64::MAX, Ordering::Relaxed);
         if !fresh {
-            ptr::addr_of_mut!((*r).reuse).write_bytes(0, 1);
-            ptr::addr_of_mut!((*r).starts).write_bytes(0, 1);
+            r.cast::<u8>().write_bytes(0, FIRST * UNIT);
         }
+        ptr::addr_of_mut!((*r).seg).write(Segment::new(SegmentKind::Region, arena.node, base.as_ptr(), len));
+        (*r).live.reset(references);
+        (*r).credit.set(if owner != 0 { references } else { 0 });
+        (*r).owner.store(owner, Ordering::Relaxed);
+        (*r).top.set(FIRST);
+        (*r).limit.set(UNITS);
+        (*r).last_turn.set(u64::MAX);
+        // The header's units are never free.
+        (*r).used[0].store((1 << FIRST) - 1, Ordering::Relaxed);
     }
     if fresh {
         if arena.spilled(state, base) {
@@ -399,187 +145,409 @@ fn map(state: &State, node: usize) -> Option<NonNull<Region>> {
     NonNull::new(r)
 }
 
-/// Marks `r` retired; frees it if no block is live.
-///
-/// # Safety
-/// `r` is a live region that its space has just stopped using; called once.
-unsafe fn retire(r: *mut Region) {
-    // SAFETY: per the contract.
-    if unsafe { (*r).live.retire() } {
-        // SAFETY: retired with no live block: nobody can reach it again.
-        unsafe { unmap(r) };
+impl Region {
+    /// Carves a block of `units` units whose start is a multiple of `align`
+    /// units (a power of two): at the top when it fits there (`turn`: the
+    /// cursor turn it belongs to; a turn's first block starts on
+    /// `turn_align` units, so that whole huge pages belong to one node),
+    /// else at the lowest free run that fits. `None` when no run fits. The
+    /// caller accounts for the block's reference.
+    ///
+    /// # Safety
+    /// The caller is the region's carver (see the module docs).
+    pub(crate) unsafe fn carve(&self, units: usize, align: usize, turn: u64, turn_align: usize) -> Option<*mut u8> {
+        debug_assert!(units > 0 && units <= REGION_MAX / UNIT);
+        let a = if self.last_turn.get() != turn { align.max(turn_align) } else { align };
+        let start = up(self.top.get(), a);
+        let start = if start + units <= self.limit.get() {
+            start
+        } else {
+            self.purge_if_dirty();
+            let (s, end) = self.find_run(units, a)?;
+            self.limit.set(end);
+            s
+        };
+        self.take(start, units);
+        self.top.set(start + units);
+        self.last_turn.set(turn);
+        Some(self.addr(start))
+    }
+
+    /// Carves up to `n` blocks of `units` units back to back at the top
+    /// (the first on a `first_align` boundary, in units), for a pool; how
+    /// many were carved, and the first. The caller accounts for references.
+    ///
+    /// # Safety
+    /// As [`carve`](Self::carve).
+    pub(crate) unsafe fn carve_run(&self, units: usize, n: usize, first_align: usize) -> (usize, *mut u8) {
+        let start = up(self.top.get(), first_align);
+        let fit = self.limit.get().saturating_sub(start) / units;
+        let n = n.min(fit);
+        for i in 0..n {
+            self.take(start + i * units, units);
+        }
+        if n > 0 {
+            self.top.set(start + n * units);
+        }
+        (n, self.addr(start))
+    }
+
+    /// Undoes the last `n` blocks of `units` units carved at the top (never
+    /// handed out), the first at `first`, and sets the top back to `top` (an
+    /// address): a run carved ahead for a pool and not used.
+    ///
+    /// # Safety
+    /// As [`carve`](Self::carve); the blocks were carved by the caller and
+    /// are free.
+    pub(crate) unsafe fn uncarve(&self, first: *mut u8, n: usize, units: usize, top: usize) {
+        let i = self.index(first);
+        debug_assert_eq!(i + n * units, self.top.get(), "only the top run can be uncarved");
+        for k in 0..n {
+            self.untake(i + k * units, units, false);
+        }
+        self.top.set(self.index(top as *mut u8));
+    }
+
+    /// The address of the region's top (the next unit to carve).
+    ///
+    /// # Safety
+    /// As [`carve`](Self::carve).
+    pub(crate) unsafe fn top(&self) -> usize {
+        self as *const Self as usize + self.top.get() * UNIT
+    }
+
+    /// The cursor turn of the last block carved, and a setter for the
+    /// window, which carves a turn's first block itself.
+    pub(crate) fn last_turn(&self) -> u64 {
+        self.last_turn.get()
+    }
+
+    /// See [`last_turn`](Self::last_turn).
+    ///
+    /// # Safety
+    /// As [`carve`](Self::carve).
+    pub(crate) unsafe fn set_last_turn(&self, turn: u64) {
+        self.last_turn.set(turn);
+    }
+
+    /// The length in bytes of the block at `p` (0 if no block starts there).
+    #[inline]
+    pub(crate) fn block_size(&self, p: *const u8) -> usize {
+        if p as usize % UNIT != 0 {
+            return 0;
+        }
+        usize::from(self.len[self.index(p)].load(Ordering::Relaxed)) * UNIT
+    }
+
+    /// Marks `units` units from `start` in use, `start` the block's first.
+    fn take(&self, start: usize, units: usize) {
+        debug_assert_eq!(self.seg.kind, SegmentKind::Region);
+        debug_assert!(start >= FIRST && start + units <= UNITS);
+        debug_assert_eq!(self.len[start].load(Ordering::Relaxed), 0);
+        let mut cleaned = 0;
+        for_words(start, units, |w, m| {
+            let old = self.used[w].fetch_or(m, Ordering::Relaxed);
+            debug_assert_eq!(old & m, 0, "carving units in use");
+            cleaned += (self.dirty[w].fetch_and(!m, Ordering::Relaxed) & m).count_ones() as usize;
+        });
+        if cleaned > 0 {
+            self.dirty_units.fetch_sub(cleaned, Ordering::Relaxed);
+        }
+        self.len[start].store(units as u16, Ordering::Relaxed);
+    }
+
+    /// Marks the block of `units` units at `start` free (dirty, unless
+    /// `purge`: then its pages go back to the OS first).
+    fn untake(&self, start: usize, units: usize, purge: bool) {
+        debug_assert_eq!(usize::from(self.len[start].load(Ordering::Relaxed)), units);
+        self.len[start].store(0, Ordering::Relaxed);
+        if purge {
+            // SAFETY: the block's units, ours to give up.
+            let _ = unsafe { mem::decommit(NonNull::new_unchecked(self.addr(start)), units * UNIT) };
+        }
+        let mut dirtied = 0;
+        for_words(start, units, |w, m| {
+            if !purge {
+                dirtied += (!self.dirty[w].fetch_or(m, Ordering::Relaxed) & m).count_ones() as usize;
+            }
+            // Release: a carver that sees the bits clear (Acquire) sees the
+            // length cleared and the freer's last use of the units.
+            let old = self.used[w].fetch_and(!m, Ordering::Release);
+            debug_assert_eq!(old & m, m, "freeing units not in use");
+        });
+        if dirtied > 0 {
+            self.dirty_units.fetch_add(dirtied, Ordering::Relaxed);
+        }
+    }
+
+    /// The lowest run of at least `units` free units starting on a multiple
+    /// of `align` units: its start, and the end of the free run.
+    fn find_run(&self, units: usize, align: usize) -> Option<(usize, usize)> {
+        let mut i = up(FIRST, align);
+        while i + units <= UNITS {
+            match self.first_used(i, i + units) {
+                None => return Some((i, self.first_used(i + units, UNITS).unwrap_or(UNITS))),
+                Some(u) => i = up(u + 1, align),
+            }
+        }
+        None
+    }
+
+    /// The first unit in use in `from..to`.
+    fn first_used(&self, from: usize, to: usize) -> Option<usize> {
+        let mut i = from;
+        while i < to {
+            // Acquire: pairs with the freeing thread's Release (`untake`).
+            let w = self.used[i / 64].load(Ordering::Acquire) >> (i % 64);
+            if w != 0 {
+                let u = i + w.trailing_zeros() as usize;
+                return (u < to).then_some(u);
+            }
+            i = (i / 64 + 1) * 64;
+        }
+        None
+    }
+
+    /// Returns dirty free units to the OS once more than [`DIRTY_MAX`] are
+    /// waiting.
+    fn purge_if_dirty(&self) {
+        if self.dirty_units.load(Ordering::Relaxed) > DIRTY_MAX {
+            self.purge();
+        }
+    }
+
+    /// Returns every dirty free unit to the OS. Only the carver takes units,
+    /// so a unit free here stays free until this returns.
+    fn purge(&self) {
+        let mut purged = 0;
+        for w in 0..WORDS {
+            let mut d = self.dirty[w].load(Ordering::Relaxed) & !self.used[w].load(Ordering::Acquire);
+            let cand = d;
+            while d != 0 {
+                let s = d.trailing_zeros() as usize;
+                let run = (d >> s).trailing_ones() as usize;
+                // SAFETY: free units of ours, nobody's block.
+                let _ = unsafe { mem::decommit(NonNull::new_unchecked(self.addr(w * 64 + s)), run * UNIT) };
+                d &= !(((1u128 << run) - 1) as u64).wrapping_shl(s as u32);
+            }
+            if cand != 0 {
+                purged += (self.dirty[w].fetch_and(!cand, Ordering::Relaxed) & cand).count_ones() as usize;
+            }
+        }
+        if purged > 0 {
+            self.dirty_units.fetch_sub(purged, Ordering::Relaxed);
+            if let Some(state) = State::try_get() {
+                let a = state.node_arena(usize::from(self.seg.arena));
+                a.counters.purged.fetch_add((purged * UNIT) as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// An owner's reuse list for blocks of `units` units: its first block, if
+    /// it is aligned to `align` bytes (the caller charges its reference).
+    ///
+    /// # Safety
+    /// The caller is the region's owner, before retiring it.
+    #[inline(always)]
+    pub(crate) unsafe fn pop_reuse(&self, units: usize, align: usize) -> Option<*mut u8> {
+        let list = self.reuse.get(units - 1)?;
+        let b = list.get();
+        if b.is_null() || b as usize % align != 0 {
+            return None;
+        }
+        // SAFETY: a free block on the list: its first word is the link.
+        list.set(unsafe { (*b).next });
+        self.reuse_units.set(self.reuse_units.get() - units);
+        Some(b.cast())
+    }
+
+    /// Files the chain `head ..= tail` of free blocks of `units` units (no
+    /// references held) on the owner's reuse list, or in the bitmap once the
+    /// lists hold [`REUSE_MAX`] units.
+    ///
+    /// # Safety
+    /// As [`pop_reuse`](Self::pop_reuse); the blocks are this region's, in use
+    /// in the bitmap, and the caller gives them up.
+    pub(crate) unsafe fn file_free(&self, head: *mut Block, tail: *mut Block, units: usize) {
+        let mut b = head;
+        loop {
+            // SAFETY: per the contract; read the link before filing.
+            let next = unsafe { (*b).next };
+            match self.reuse.get(units - 1) {
+                Some(list) if self.reuse_units.get() + units <= REUSE_MAX => {
+                    // SAFETY: a free block of ours: its first word is the link.
+                    unsafe { (*b).next = list.get() };
+                    list.set(b);
+                    self.reuse_units.set(self.reuse_units.get() + units);
+                }
+                _ => self.untake(self.index(b.cast()), units, false),
+            }
+            if b == tail {
+                break;
+            }
+            b = next;
+        }
+    }
+
+    /// Empties the reuse lists into the bitmap (before a search that might
+    /// otherwise fail, and at retirement).
+    fn flush_reuse(&self) {
+        for (i, list) in self.reuse.iter().enumerate() {
+            let mut b = list.replace(ptr::null_mut());
+            while !b.is_null() {
+                // SAFETY: blocks on the lists are free blocks of ours.
+                let next = unsafe { (*b).next };
+                self.untake(self.index(b.cast()), i + 1, false);
+                b = next;
+            }
+        }
+        self.reuse_units.set(0);
+    }
+
+    /// The owner frees a block of `units` units: reuse list or bitmap, its
+    /// reference dropped without an atomic operation (settled at retirement).
+    ///
+    /// # Safety
+    /// As [`file_free`](Self::file_free), for one live block the owner gives up.
+    pub(crate) unsafe fn owner_free(&self, p: *mut u8, units: usize) {
+        let b = p.cast::<Block>();
+        // SAFETY: per the contract.
+        unsafe { self.file_free(b, b, units) };
+        self.owner_freed.set(self.owner_freed.get() + 1);
+    }
+
+    /// References left to hand out (an exclusive space's).
+    #[inline(always)]
+    pub(crate) fn credit(&self) -> usize {
+        self.credit.get()
+    }
+
+    /// Sets what [`credit`](Self::credit) returns (the owner only).
+    #[inline(always)]
+    pub(crate) fn set_credit(&self, credit: usize) {
+        self.credit.set(credit);
+    }
+
+    /// Whether no block of the region is live (the owner's view: other
+    /// threads' frees may make it true later, never false).
+    pub(crate) fn is_unused(&self) -> bool {
+        // Acquire: the frees counted are over before the caller reuses or
+        // retires the region.
+        self.live.count() == self.credit.get() + self.owner_freed.get()
+    }
+
+    /// Whether `owner` (the calling thread's interleaver in force) owns the
+    /// region and has not retired it.
+    #[inline(always)]
+    pub(crate) fn owned_by(&self, owner: usize) -> bool {
+        owner != 0 && self.owner.load(Ordering::Relaxed) == owner
+    }
+
+    /// Whether a block of `units` units aligned to `align` units would fit
+    /// (the reuse lists emptied into the bitmap first).
+    ///
+    /// # Safety
+    /// As [`pop_reuse`](Self::pop_reuse).
+    pub(crate) unsafe fn has_room(&self, units: usize, align: usize) -> bool {
+        self.flush_reuse();
+        self.purge_if_dirty();
+        self.find_run(units, align).is_some()
+    }
+
+    /// A carver that could find no room: empties the reuse lists into the
+    /// bitmap so that the next search sees them; false if they were empty.
+    ///
+    /// # Safety
+    /// As [`pop_reuse`](Self::pop_reuse).
+    pub(crate) unsafe fn reclaim_reuse(&self) -> bool {
+        if self.reuse_units.get() == 0 {
+            return false;
+        }
+        self.flush_reuse();
+        true
+    }
+
+    /// Takes one reference, for a block a shared space carves.
+    pub(crate) fn acquire(&self) {
+        let got = self.live.try_acquire();
+        debug_assert_eq!(got, crate::sync::Acquired::Yes, "a reference on a retired region");
+    }
+
+    fn index(&self, p: *const u8) -> usize {
+        debug_assert_eq!(self.seg.kind, SegmentKind::Region);
+        debug_assert!(p as usize >= self as *const Self as usize, "a pointer below its region");
+        let i = (p as usize - self as *const Self as usize) / UNIT;
+        debug_assert!((FIRST..=UNITS).contains(&i), "a pointer outside its region");
+        i
+    }
+
+    fn addr(&self, i: usize) -> *mut u8 {
+        (self as *const Self as usize + i * UNIT) as *mut u8
     }
 }
 
-/// Drops one block's reference; frees the region after its last block once retired.
-///
-/// # Safety
-/// The caller holds a reference (a live block of `r`, or one taken in `carve`).
-unsafe fn release(r: *mut Region) {
-    // SAFETY: our reference keeps it alive until this returns.
-    if unsafe { (*r).live.release() } {
-        // SAFETY: retired, and ours was the last reference.
-        unsafe { unmap(r) };
-    }
-}
-
-/// The size and alignment a region block of `size` bytes aligned to `align`
-/// really gets: a multiple of 16 bytes, and a page alignment for blocks of
-/// a page or more (a turn of I/O buffers then covers whole pages).
-#[inline(always)]
-pub(crate) fn block_layout(size: usize, align: usize) -> (usize, usize) {
-    if up(size.max(1), GRAIN) >= PAGE_MIN {
-        block_layout_in(size, align, crate::os::page_size())
-    } else {
-        block_layout_in(size, align, usize::MAX)
-    }
-}
-
-/// An exclusive space's reuse key, block size and alignment for a block of
-/// `size` bytes aligned to `align` (`page`: the page size): blocks up to
-/// [`SMALL_MAX`] are carved at their key's size ([`reuse_key`]), larger ones
-/// as [`block_layout`] says and never reused.
-#[inline(always)]
-pub(crate) fn exclusive_layout(size: usize, align: usize, page: usize) -> (usize, usize, usize) {
-    if size <= SMALL_MAX {
-        let (key, size) = reuse_key(size.max(1));
-        (key, size, if size >= page { align.max(page) } else { align.max(GRAIN) })
-    } else {
-        let (size, align) = block_layout_in(size, align, page);
-        (NO_REUSE, size, align)
-    }
-}
-
-/// [`block_layout`] with the page size known (`usize::MAX`: no page rule).
-#[inline(always)]
-pub(crate) fn block_layout_in(size: usize, align: usize, page: usize) -> (usize, usize) {
-    let size = up(size.max(1), GRAIN);
-    let align = if size >= page { align.max(page) } else { align.max(GRAIN) };
-    (size, align)
-}
-
-/// Takes the first block of `r`'s reuse list `key` if it is aligned to
-/// `align` (the caller charges its reference).
-///
-/// # Safety
-/// `r` is the current region of an exclusive space, and the caller is the
-/// space's thread.
-#[inline(always)]
-pub(crate) unsafe fn pop_reuse(r: *mut Region, key: usize, align: usize) -> Option<*mut u8> {
-    if key == NO_REUSE {
-        return None;
-    }
-    // SAFETY: per the contract; the lists are the owner's.
-    let list = unsafe { &(*r).reuse[key] };
-    let b = list.load(Ordering::Relaxed);
-    if b.is_null() || b as usize & (align - 1) != 0 {
-        return None;
-    }
-    // SAFETY: a free block of the list: its first word is the link.
-    list.store(unsafe { (*b).next }, Ordering::Relaxed);
-    Some(b.cast())
-}
-
-/// Puts the chain `head..=tail` back at the front of `r`'s reuse list `key`.
-///
-/// # Safety
-/// As [`pop_reuse`]; the chain holds free blocks of the list's size.
+/// Calls `f(word, mask)` for the words covering units `start..start+n`.
 #[inline]
-pub(crate) unsafe fn give_back_reuse(r: *mut Region, key: usize, head: *mut Block, tail: *mut Block) {
+fn for_words(start: usize, n: usize, mut f: impl FnMut(usize, u64)) {
+    let (mut i, end) = (start, start + n);
+    while i < end {
+        let w = i / 64;
+        let hi = end.min((w + 1) * 64);
+        let bits = hi - i;
+        let m = if bits == 64 { !0 } else { ((1u64 << bits) - 1) << (i % 64) };
+        f(w, m);
+        i = hi;
+    }
+}
+
+/// Lets go of `r`, the region a space carved from until now: the owner's
+/// reuse lists emptied, free memory returned, the references charged up
+/// front and not used and the owner's frees settled, then retired (and
+/// freed, if no block is live).
+///
+/// # Safety
+/// The caller is `r`'s carver (and owner, if it has one), calls this once,
+/// and touches `r` no more.
+pub(crate) unsafe fn retire(r: NonNull<Region>) {
+    let r = r.as_ptr();
     // SAFETY: per the contract.
     unsafe {
-        let list = &(*r).reuse[key];
-        (*tail).next = list.load(Ordering::Relaxed);
-        list.store(head, Ordering::Relaxed);
+        let reg = &*r;
+        reg.flush_reuse();
+        reg.purge();
+        // From now on every free goes through `live`, and returns its units
+        // to the OS at once.
+        reg.owner.store(0, Ordering::Relaxed);
+        let settle = reg.credit.replace(0) + reg.owner_freed.replace(0);
+        if settle > 0 {
+            // Not retired yet: this cannot be the freeing release.
+            let last = reg.live.release_n(settle);
+            debug_assert!(!last);
+        }
+        if reg.live.retire() {
+            unmap(r);
+        }
     }
 }
 
-/// The address of `r`'s top (the first byte not carved).
+/// Frees a block of region `seg` that its owner does not keep: its units
+/// back to the bitmap (to the OS at once in a retired region), its
+/// reference dropped; the region goes with its last block once retired.
 ///
 /// # Safety
-/// `r` is a live region.
-#[inline(always)]
-pub(crate) unsafe fn top_addr(r: *mut Region) -> usize {
-    // SAFETY: per the contract.
-    r as usize + unsafe { (*r).top.load(Ordering::Relaxed) }
-}
-
-/// The cursor turn `r`'s last block belonged to.
-///
-/// # Safety
-/// `r` is a live region.
-pub(crate) unsafe fn last_turn(r: *mut Region) -> u64 {
-    // SAFETY: per the contract.
-    unsafe { (*r).last_turn.load(Ordering::Relaxed) }
-}
-
-/// Records that a block of turn `turn` was carved in `r`.
-///
-/// # Safety
-/// As [`pop_reuse`].
-pub(crate) unsafe fn set_last_turn(r: *mut Region, turn: u64) {
-    // SAFETY: per the contract.
-    unsafe { (*r).last_turn.store(turn, Ordering::Relaxed) };
-}
-
-/// Lets the owner's frees of blocks of `key` go straight onto `page` (an
-/// interleaver's pool), `budget` of them at most, until [`close_pool`].
-///
-/// # Safety
-/// As [`pop_reuse`]; `page` stays live until `close_pool`.
-pub(crate) unsafe fn open_pool(r: *mut Region, key: usize, page: *mut Page, budget: usize) {
-    // SAFETY: per the contract; owner-only fields.
-    let reg = unsafe { &*r };
-    reg.pool_page.store(page, Ordering::Relaxed);
-    reg.pool_budget.store(budget, Ordering::Relaxed);
-    reg.pool_key.store(key, Ordering::Relaxed);
-}
-
-/// Ends [`open_pool`]; returns the budget left.
-///
-/// # Safety
-/// As [`pop_reuse`].
-pub(crate) unsafe fn close_pool(r: *mut Region) -> usize {
-    // SAFETY: per the contract; owner-only fields.
-    let reg = unsafe { &*r };
-    reg.pool_key.store(NO_REUSE, Ordering::Relaxed);
-    let left = reg.pool_budget.load(Ordering::Relaxed);
-    reg.pool_budget.store(0, Ordering::Relaxed);
-    left
-}
-
-/// Undoes the booking of the last `n` blocks carved at `r`'s top, the
-/// first at `first` and each `stride` bytes after the one before: their
-/// start bits cleared and the top set back to `top` (an address).
-///
-/// # Safety
-/// As [`book`]; the blocks were never handed out.
-pub(crate) unsafe fn unbook(r: *mut Region, first: usize, n: usize, stride: usize, top: usize) {
-    // SAFETY: per the contract.
-    let reg = unsafe { &*r };
-    for i in 0..n {
-        let bit = (first + i * stride - r as usize) / GRAIN;
-        let w = &reg.starts[bit / 64];
-        w.store(w.load(Ordering::Relaxed) & !(1 << (bit % 64)), Ordering::Relaxed);
+/// `p` is a live block of region `seg`, given up by the caller.
+pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
+    let r = seg.cast::<Region>();
+    // SAFETY: per the contract the region is live until our release.
+    unsafe {
+        let reg = &*r;
+        let units = reg.block_size(p) / UNIT;
+        debug_assert!(units > 0, "free of a pointer that is no region block");
+        reg.untake(reg.index(p), units, reg.live.is_retired());
+        if reg.live.release() {
+            unmap(r);
+        }
     }
-    reg.top.store(top - r as usize, Ordering::Relaxed);
-}
-
-/// Books a block carved at `start..end` (addresses) of region `r`: the
-/// region's top and the block's start bit.
-///
-/// # Safety
-/// `r` is a current region that only the caller carves (an exclusive
-/// space's thread, or a shared space's lock holder), and `start..end` was
-/// free space at its top. Frees never touch the top or the bitmap.
-#[inline(always)]
-pub(crate) unsafe fn book(r: *mut Region, start: usize, end: usize) {
-    // SAFETY: per the contract.
-    let reg = unsafe { &*r };
-    reg.top.store(end - r as usize, Ordering::Relaxed);
-    let bit = (start - r as usize) / GRAIN;
-    let w = &reg.starts[bit / 64];
-    w.store(w.load(Ordering::Relaxed) | 1 << (bit % 64), Ordering::Relaxed);
 }
 
 /// Gives a dead region's mapping back: to its arena's cache of
@@ -605,104 +573,76 @@ unsafe fn unmap(r: *mut Region) {
     let _ = unsafe { mem::unmap(base, len) };
 }
 
-thread_local! {
-    /// Its address identifies the thread (never 0, which marks a region no
-    /// thread owns; unique among live threads).
-    static TOKEN: u8 = const { 0 };
-}
-
-#[inline(always)]
-fn thread_token() -> usize {
-    TOKEN.with(|t| t as *const u8 as usize)
-}
-
-/// Frees a block of `size` bytes (as asked for) of region `seg`.
-///
-/// # Safety
-/// `seg` is the region of `p`, a live block that the caller gives up.
-#[inline]
-pub(crate) unsafe fn free(seg: *mut Segment, p: *mut u8, size: usize) {
-    let r = seg.cast::<Region>();
-    // SAFETY: per the contract the region is live.
-    unsafe {
-        let owner = (*r).owner.load(Ordering::Relaxed);
-        // The owning thread, before it retires the region: the block goes
-        // on its pool or a reuse list, and its reference is counted without
-        // a read-modify-write (settled at retirement).
-        if owner == thread_token() {
-            if size <= SMALL_MAX {
-                let key = reuse_key(size.max(1)).0;
-                let b = p.cast::<Block>();
-                let budget = (*r).pool_budget.load(Ordering::Relaxed);
-                if key == (*r).pool_key.load(Ordering::Relaxed) && budget != 0 {
-                    // Straight back to the fast path, within the turn: the
-                    // pool keeps the reference (it settles the credit for
-                    // what it holds when taken back).
-                    (*r).pool_budget.store(budget - 1, Ordering::Relaxed);
-                    let page = (*r).pool_page.load(Ordering::Relaxed);
-                    (*b).next = (*page).free;
-                    (*page).free = b;
-                    return;
-                }
-                let list = &(*r).reuse[key];
-                (*b).next = list.load(Ordering::Relaxed);
-                list.store(b, Ordering::Relaxed);
-            }
-            let f = &(*r).owner_freed;
-            f.store(f.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            return;
-        }
-        release(r)
-    }
-}
-
-/// The usable size of the region block at `p`: up to the next block's start
-/// (or the region's top).
+/// The usable size of the region block at `p`.
 ///
 /// # Safety
 /// `p` is a live block of region `seg`.
 pub(crate) unsafe fn usable_size(seg: *mut Segment, p: *const u8) -> usize {
     // SAFETY: per the contract.
-    let r = unsafe { &*seg.cast::<Region>() };
-    let off = p as usize - seg as usize;
-    let top = r.top.load(Ordering::Acquire);
-    let mut bit = off / GRAIN + 1;
-    while bit * GRAIN < top {
-        let w = r.starts[bit / 64].load(Ordering::Acquire) >> (bit % 64);
-        if w != 0 {
-            return (bit + w.trailing_zeros() as usize) * GRAIN - off;
-        }
-        bit = (bit / 64 + 1) * 64;
-    }
-    top - off
+    unsafe { (*seg.cast::<Region>()).block_size(p) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every size gets a block at least its size, sizes of 4–32 KiB get
-    /// exactly their 4 KiB units (page-multiple I/O buffers stay back to
-    /// back), and classes that share a key share a block size (a block
-    /// filed by one serves the others).
     #[test]
-    fn reuse_keys_fit_their_sizes() {
-        for size in 1..=SMALL_MAX {
-            let (key, bsize) = reuse_key(size);
-            assert!(bsize >= size && key < REUSE_LISTS, "size {size}");
-            let cs = class_size(class_of(size));
-            if cs < PAGE_MIN {
-                assert_eq!((key, bsize), (class_of(size), cs));
-            } else if size <= 32 * 1024 {
-                assert_eq!(bsize, size.div_ceil(PAGE_MIN) * PAGE_MIN, "size {size}");
+    fn words_cover_exactly_the_units() {
+        let mut got = Vec::new();
+        for_words(60, 70, |w, m| got.push((w, m)));
+        assert_eq!(got, vec![(0, 0xf << 60), (1, !0), (2, (1 << 2) - 1)]);
+        got.clear();
+        for_words(64, 64, |w, m| got.push((w, m)));
+        assert_eq!(got, vec![(1, !0)]);
+    }
+
+    /// A region of this thread (exclusive), checked through its bitmap:
+    /// turns back to back, free without a size, reuse across lengths,
+    /// the owner's lists bounded, dirty memory purged.
+    #[test]
+    fn carving_freeing_and_reuse() {
+        let state = State::get(&crate::alloc::Config::new());
+        let node = state.current_arena().node;
+        let owner = 0x1000;
+        let r = map(state, node, 1 << 20, owner).unwrap();
+        // SAFETY: our region; we are its carver and owner.
+        unsafe {
+            let reg = r.as_ref();
+            let a = reg.carve(1, 1, 0, 1).unwrap();
+            let b = reg.carve(2, 1, 0, 1).unwrap();
+            assert_eq!(b as usize - a as usize, UNIT, "a turn's blocks are back to back");
+            assert_eq!((reg.block_size(a), reg.block_size(b)), (UNIT, 2 * UNIT));
+            assert_eq!(reg.block_size(b.add(UNIT)), 0, "no block starts inside another");
+            // A new turn starts on its alignment (16 units here).
+            let c = reg.carve(1, 1, 1, 16).unwrap();
+            assert_eq!((c as usize - r.as_ptr() as usize) % (16 * UNIT), 0);
+            // Freed into the bitmap (no owner path), the lowest run serves
+            // the next search, for another length.
+            reg.untake(reg.index(a), 1, false);
+            reg.untake(reg.index(b), 2, false);
+            reg.top.set(reg.limit.get());
+            let d = reg.carve(3, 1, 1, 1).unwrap();
+            assert_eq!(d, a, "three freed units reused for a three-unit block");
+            // The owner's lists keep at most REUSE_MAX units; the rest is dirty.
+            let blocks: Vec<*mut u8> = (0..300).map(|_| reg.carve(1, 1, 1, 1).unwrap()).collect();
+            for &p in &blocks {
+                reg.owner_free(p, 1);
             }
-        }
-        for a in 0..CLASSES {
-            for b in 0..CLASSES {
-                if class_key(a).0 == class_key(b).0 {
-                    assert_eq!(class_key(a).1, class_key(b).1);
-                }
+            assert_eq!(reg.reuse_units.get(), REUSE_MAX);
+            assert_eq!(reg.dirty_units.load(Ordering::Relaxed), 300 - REUSE_MAX);
+            assert_eq!(reg.pop_reuse(1, UNIT), Some(blocks[REUSE_MAX - 1]), "LIFO");
+            reg.flush_reuse();
+            assert_eq!(reg.dirty_units.load(Ordering::Relaxed), 299, "all but the one popped");
+            reg.purge();
+            assert_eq!(reg.dirty_units.load(Ordering::Relaxed), 0);
+            reg.untake(reg.index(blocks[REUSE_MAX - 1]), 1, false);
+            for p in [c, d] {
+                reg.untake(reg.index(p), reg.block_size(p) / UNIT, false);
             }
+            assert!(reg.owned_by(owner) && !reg.owned_by(0));
+            reg.credit.set((1 << 20) - 300);
+            assert!(reg.is_unused());
+            retire(r);
         }
     }
 }

@@ -3,11 +3,15 @@
 //! pointer to its segment, read the segment's kind, then (small segments) index
 //! the page table by the 64 KiB slot the pointer falls in.
 //!
-//! Small segment layout: slot 0 holds the [`SmallSegment`] header (the segment
-//! fields, a slot→page map and 64 page descriptors); slots 1..64 are handed out
-//! as pages of 1, 4 or 32 slots. A huge segment holds one block larger than
-//! [`SMALL_MAX`](super::size_class::SMALL_MAX) and starts with a [`Segment`]
-//! header only; see `huge.rs`.
+//! Three kinds ([`SegmentKind`]), one header ([`Segment`]) in front of each:
+//!
+//! - small: slot 0 holds the [`SmallSegment`] header (the segment fields, a
+//!   slot→page map and 64 page descriptors); slots 1..64 are handed out as
+//!   pages of 1, 4 or 32 slots to thread heaps;
+//! - huge: one block larger than [`SMALL_MAX`](super::size_class::SMALL_MAX)
+//!   (or aligned beyond a slot), the header a page before it (`huge.rs`);
+//! - region: page-granular carving for interleaved buffers of a page and more
+//!   (`region.rs`).
 
 use core::ptr;
 
@@ -23,14 +27,23 @@ pub(crate) const SLOT_SHIFT: usize = 16;
 pub(crate) const SLOT_SIZE: usize = 1 << SLOT_SHIFT;
 pub(crate) const SLOTS: usize = SEGMENT_SIZE / SLOT_SIZE;
 
-/// Segment kinds, stored as a plain byte (read through raw pointers).
-pub(crate) const SMALL: u8 = 0x5a;
-pub(crate) const HUGE: u8 = 0xa5;
+/// What a segment holds; the first byte of its header. The values are far
+/// apart so that a stray byte is unlikely to pass for one in a debug check.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SegmentKind {
+    /// Pages of size-class blocks owned by thread heaps.
+    Small = 0x5a,
+    /// One large block in a mapping of its own.
+    Huge = 0xa5,
+    /// Interleaved buffers carved page by page.
+    Region = 0x3c,
+}
 
-/// Fields common to both kinds, at the start of every segment.
+/// Fields common to every kind, at the start of every segment.
 #[repr(C)]
 pub(crate) struct Segment {
-    pub(crate) kind: u8,
+    pub(crate) kind: SegmentKind,
     /// The arena (logical node index) that owns the segment.
     pub(crate) arena: u8,
     /// The mapping's start and length (for a huge block the usable size is
@@ -39,6 +52,16 @@ pub(crate) struct Segment {
     pub(crate) map_len: usize,
     /// Small: link in the arena's segment list (under the arena lock).
     pub(crate) next: *mut SmallSegment,
+}
+
+impl Segment {
+    /// A header of `kind` for the mapping `map_base..map_base + map_len` of
+    /// the arena of `node`.
+    pub(crate) fn new(kind: SegmentKind, node: usize, map_base: *mut u8, map_len: usize) -> Self {
+        debug_assert!(node < crate::topology::MAX_NODES);
+        debug_assert!(map_len >= crate::os::page_size() && map_base as usize % crate::os::page_size() == 0);
+        Self { kind, arena: node as u8, map_base, map_len, next: ptr::null_mut() }
+    }
 }
 
 /// A free-list node stored in a free block.
@@ -186,7 +209,57 @@ pub(crate) unsafe fn page_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page 
     // SAFETY: per the contract `slot` indexes a live page's slot; the map holds
     // the page's first slot, whose descriptor is the page's.
     unsafe {
+        debug_assert_eq!((*seg).seg.kind, SegmentKind::Small);
+        debug_assert!(slot > 0 && slot < SLOTS, "pointer in a segment's header slot");
         let first = *(*seg).slot_page.get_unchecked(slot) as usize;
+        debug_assert!(first <= slot && (*seg).free_slots & (1 << first) == 0, "pointer into a free slot");
         (*seg).pages.as_mut_ptr().add(first)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_descriptors_keep_writers_on_their_own_lines() {
+        assert_eq!(core::mem::size_of::<Page>(), 192);
+        assert_eq!(core::mem::offset_of!(Page, info), 64);
+        assert_eq!(core::mem::offset_of!(Page, remote), 128);
+        // The owner's fast path touches `free` and `used` only: line 0.
+        assert!(core::mem::offset_of!(Page, used) < 64);
+    }
+
+    #[test]
+    fn segment_of_finds_the_header_before_any_block() {
+        let base = 7 * SEGMENT_SIZE;
+        // The first byte after the header slot, the last byte of the
+        // segment, and a huge block aligned to exactly the segment size
+        // (its header is the segment before).
+        assert_eq!(segment_of((base + SLOT_SIZE) as *const u8) as usize, base);
+        assert_eq!(segment_of((base + SEGMENT_SIZE - 1) as *const u8) as usize, base);
+        assert_eq!(segment_of((base + SEGMENT_SIZE) as *const u8) as usize, base);
+    }
+
+    #[test]
+    fn page_of_maps_every_slot_of_a_page_to_its_descriptor() {
+        // A header laid out in ordinary memory (it is only read here).
+        let layout = core::alloc::Layout::new::<SmallSegment>();
+        // SAFETY: a fresh zeroed allocation of the header's layout; the
+        // slot pointers below are computed, never dereferenced.
+        unsafe {
+            let seg = std::alloc::alloc_zeroed(layout).cast::<SmallSegment>();
+            (*seg).seg.kind = SegmentKind::Small;
+            (*seg).free_slots = !(0b1111 << 4);
+            for s in 4..8 {
+                (*seg).slot_page[s] = 4;
+            }
+            let at = |slot: usize, off: usize| (seg as usize + slot * SLOT_SIZE + off) as *const u8;
+            for slot in 4..8 {
+                assert_eq!(page_of(seg, at(slot, 0)), (*seg).pages.as_mut_ptr().add(4));
+                assert_eq!(page_of(seg, at(slot, SLOT_SIZE - 1)), (*seg).pages.as_mut_ptr().add(4));
+            }
+            std::alloc::dealloc(seg.cast(), layout);
+        }
     }
 }

@@ -12,6 +12,12 @@ pub const CLASSES: usize = 52;
 /// Smallest block (and the alignment every block has).
 pub const MIN_BLOCK: usize = 16;
 
+/// The first class of page-sized blocks (4 KiB): under an interleave,
+/// classes from here on follow the cursor block by block (regions), the
+/// ones below it page by page (heap pages). See `alloc/placement.rs`.
+pub(crate) const PAGE_CLASS: usize = 27;
+const _: () = assert!(class_size(PAGE_CLASS) == 4096 && class_size(PAGE_CLASS - 1) < 4096);
+
 /// Class of a request of `size` bytes (`1 ..= SMALL_MAX`; 0 is treated as 1).
 #[inline(always)]
 pub fn class_of(size: usize) -> usize {

@@ -8,7 +8,7 @@ use core::ptr::{self, NonNull};
 
 use super::arena::Arena;
 use super::heap::Heap;
-use crate::os::{file, mem};
+use crate::os::{file, mem, thread};
 use crate::policy::Policy;
 use crate::sync::{InitCell, SpinLock};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
@@ -159,7 +159,8 @@ pub(crate) struct State {
     /// heaps are adopted, not freed).
     pub(crate) heaps: SpinLock<*mut Heap>,
     meta: SpinLock<MetaChunk>,
-    pub(crate) key: libc::pthread_key_t,
+    /// Runs `heap::thread_exit` when a thread with a heap exits.
+    pub(crate) exit_key: ExitHook,
     /// The process default policy (validated). An interleave gives each
     /// thread its own cursor and regions (see `policy::thread_interleaver`).
     pub(crate) default_policy: Policy,
@@ -178,6 +179,18 @@ struct MetaChunk {
 }
 
 static STATE: InitCell<State> = InitCell::new();
+
+/// The thread-exit key, if libc gave one.
+pub(crate) struct ExitHook(Option<thread::ExitKey>);
+
+impl ExitHook {
+    /// Sets the calling thread's value (its heap).
+    pub(crate) fn set(&self, value: *mut libc::c_void) {
+        if let Some(k) = &self.0 {
+            k.set(value);
+        }
+    }
+}
 
 impl State {
     /// The state, set up by the first caller with `config`.
@@ -198,11 +211,11 @@ impl State {
     #[cold]
     fn init(config: Config) -> State {
         // A child forked while another thread holds one of the allocator's
-        // locks would wait on it forever: hold them all across fork().
-        // SAFETY: the handlers are `extern "C" fn()` that only take and release
-        // the allocator's spin locks. glibc may allocate its handler list with
-        // its own malloc, never through this allocator.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release)) };
+        // locks would wait on it forever: hold them all across fork(). (The
+        // handlers only take and release the allocator's spin locks.)
+        if let Err(e) = thread::at_fork(fork_prepare, fork_release) {
+            file::report(format_args!("numaweave: no fork handlers ({e}): fork() from a threaded program may hang"));
+        }
         let config = config.apply_env();
         let topology = allocator_topology();
         let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
@@ -229,9 +242,17 @@ impl State {
                 Policy::Local
             }
         };
-        let mut key: libc::pthread_key_t = 0;
-        // SAFETY: `key` is writable; the destructor is an `extern "C" fn(*mut c_void)`.
-        unsafe { libc::pthread_key_create(&mut key, Some(super::heap::thread_exit)) };
+        // Without it exited threads' heaps wait for adoption only when a
+        // thread of the same node exits cleanly; nothing breaks.
+        let exit_key = match thread::ExitKey::new(super::heap::thread_exit) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                file::report(format_args!(
+                    "numaweave: no thread-exit hook ({e}): exited threads' heaps are not reused"
+                ));
+                None
+            }
+        };
         State {
             config,
             mode,
@@ -241,7 +262,7 @@ impl State {
             home,
             heaps: SpinLock::new(ptr::null_mut()),
             meta: SpinLock::new(MetaChunk { next: ptr::null_mut(), end: ptr::null_mut() }),
-            key,
+            exit_key: ExitHook(exit_key),
             default_policy,
             policies: config.policies,
         }

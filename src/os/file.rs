@@ -147,3 +147,42 @@ pub fn report(args: fmt::Arguments<'_>) {
     // write to stderr is not worth reporting.
     unsafe { libc::write(2, buf.b.as_ptr().cast(), buf.n + 1) };
 }
+
+/// File-system queries for device locality (`Topology::pci_node` and
+/// friends), on `std::path` paths. Not used on the allocator's start-up, so
+/// they may allocate.
+pub(crate) mod paths {
+    use std::path::{Path, PathBuf};
+
+    use crate::error::{Error, Result};
+
+    /// The device number (`st_dev`) of the file system holding `path`.
+    pub(crate) fn device_number(path: &Path) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| m.dev())
+    }
+
+    /// Where the symbolic link `path` points.
+    pub(crate) fn read_link(path: &Path) -> Option<PathBuf> {
+        std::fs::read_link(path).ok()
+    }
+
+    /// `path` with every link and `..` resolved (`realpath`).
+    pub(crate) fn canonical(path: &Path) -> Option<PathBuf> {
+        path.canonicalize().ok()
+    }
+
+    /// Whether `path` exists.
+    pub(crate) fn exists(path: &Path) -> bool {
+        path.exists()
+    }
+
+    /// The contents of a small text file; `Ok(None)` when it does not exist.
+    pub(crate) fn read_text(path: &Path) -> Result<Option<String>> {
+        match std::fs::read_to_string(path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::Os { call: "read", errno: e.raw_os_error().unwrap_or(libc::EIO) }),
+        }
+    }
+}

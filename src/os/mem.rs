@@ -1,14 +1,14 @@
 //! Address space and page placement: `mmap`, `munmap`, `mremap`, `mbind`,
 //! `madvise`, `move_pages` and `/proc/self/pagemap`.
 //!
-//! [`Region`] owns a mapping and unmaps it on drop; the `unsafe` free functions
+//! [`Mapping`] owns a mapping and unmaps it on drop; the `unsafe` free functions
 //! are the same operations on raw ranges, for code (the allocator) that keeps
 //! its mappings in its own headers.
 
 use core::ptr::NonNull;
 
 use crate::error::{Error, Result};
-use crate::topology::{MAX_NODES, NodeSet};
+use crate::sets::{MAX_NODES, NodeSet};
 
 use super::page_size;
 
@@ -364,27 +364,27 @@ pub fn page_frame(addr: *const u8) -> Result<Option<u64>> {
 /// An owned, page-aligned anonymous mapping, unmapped on drop.
 ///
 /// ```
-/// use numaweave::os::mem::{MemPolicy, Region};
-/// let r = Region::map(1 << 20).unwrap();
+/// use numaweave::os::mem::{MemPolicy, Mapping};
+/// let r = Mapping::map(1 << 20).unwrap();
 /// r.bind(MemPolicy::Local).unwrap();
 /// // SAFETY: the region is mapped and writable for its whole length.
 /// unsafe { r.as_ptr().write_bytes(0xAB, r.len()) };
 /// assert!(r.page_nodes_all(|n| n.is_some()).unwrap());
 /// ```
 #[derive(Debug)]
-pub struct Region {
+pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: a Region is an owned range of address space; the raw pointer carries
+// SAFETY: a Mapping is an owned range of address space; the raw pointer carries
 // no thread affinity.
-unsafe impl Send for Region {}
+unsafe impl Send for Mapping {}
 // SAFETY: every `&self` method is a system call on the range, which the kernel
 // serialises; none hands out references into the memory.
-unsafe impl Sync for Region {}
+unsafe impl Sync for Mapping {}
 
-impl Region {
+impl Mapping {
     /// Maps `len` bytes (rounded up to whole pages), see [`map`].
     pub fn map(len: usize) -> Result<Self> {
         let ptr = map(len)?;
@@ -476,7 +476,7 @@ impl Region {
         r
     }
 
-    /// Takes ownership of a mapping made by [`map`], [`map_aligned`] or [`Region::into_raw`].
+    /// Takes ownership of a mapping made by [`map`], [`map_aligned`] or [`Mapping::into_raw`].
     ///
     /// # Safety
     /// `[ptr, ptr+len)` must be such a whole mapping, owned by nobody else.
@@ -485,7 +485,7 @@ impl Region {
     }
 }
 
-impl Drop for Region {
+impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: we own the whole mapping and hand out no references into it.
         let _ = unsafe { unmap(self.ptr, self.len) };

@@ -9,7 +9,9 @@
 //!   pages really are (`move_pages` with null nodes, `/proc/self/pagemap`).
 //! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), thread affinity.
 //! - [`file`](mod@file): raw reads of small sysfs/procfs files into caller buffers, and the
-//!   environment, without touching the heap.
+//!   environment, without touching the heap; and the few file-system queries
+//!   of device locality (which may allocate).
+//! - [`thread`]: a destructor at thread exit (pthread key) and `fork()` handlers.
 //!
 //! Node ids at this layer are the kernel's (physical) ids. The topology layer maps
 //! the logical nodes of a synthetic topology onto them before calling here.
@@ -19,6 +21,7 @@
 pub mod cpu;
 pub mod file;
 pub mod mem;
+pub mod thread;
 
 /// The calling thread's `errno`.
 #[inline]

@@ -147,7 +147,8 @@ impl Cursor {
     /// No other thread uses the cursor while this runs (nor ever, between
     /// two exclusive picks, without synchronising with the caller).
     #[inline(always)]
-    pub unsafe fn pick_exclusive(&self, size: usize) -> Pick {
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) unsafe fn pick_exclusive(&self, size: usize) -> Pick {
         match self.granularity {
             Granularity::Count(n) => {
                 // No division: the turn and the position in the round are
@@ -188,7 +189,8 @@ impl Cursor {
     ///
     /// # Safety
     /// As [`pick_exclusive`](Self::pick_exclusive).
-    pub unsafe fn turn_left_exclusive(&self, last: Pick) -> u64 {
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) unsafe fn turn_left_exclusive(&self, last: Pick) -> u64 {
         // SAFETY: per the contract.
         let (now, left) = unsafe { self.turn_exclusive() };
         if now.turn == last.turn { left } else { 0 }
@@ -203,7 +205,8 @@ impl Cursor {
     /// # Safety
     /// As [`pick_exclusive`](Self::pick_exclusive).
     #[inline(always)]
-    pub unsafe fn turn_exclusive(&self) -> (Pick, u64) {
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) unsafe fn turn_exclusive(&self) -> (Pick, u64) {
         match self.granularity {
             Granularity::Count(n) => {
                 let node = usize::from(self.round[self.ex_pos.load(Ordering::Relaxed) as usize]);
@@ -228,7 +231,8 @@ impl Cursor {
     /// # Safety
     /// As [`pick_exclusive`](Self::pick_exclusive).
     #[inline(always)]
-    pub unsafe fn settle_exclusive(&self, allocs: u64, bytes: u64) {
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) unsafe fn settle_exclusive(&self, allocs: u64, bytes: u64) {
         if allocs == 0 {
             return;
         }

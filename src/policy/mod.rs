@@ -95,6 +95,14 @@ impl Interleave {
         Ok(i)
     }
 
+    /// The same nodes and weights with another granularity (checked).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn with_granularity(mut self, granularity: Granularity) -> Result<Self> {
+        self.granularity = granularity;
+        self.check()?;
+        Ok(self)
+    }
+
     /// Sets node weights, in node order, one per node of the set: a node of
     /// weight w gets w consecutive turns per round.
     pub fn with_weights(mut self, weights: &[u8]) -> Result<Self> {

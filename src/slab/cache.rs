@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use super::magazine::{Depot, Magazine, RemoteList};
 use crate::error::{Error, Result};
 use crate::os::mem::{self, BindFlags, MemPolicy};
+use crate::sync::CachePadded;
 use crate::topology::{MAX_NODES, Topology};
 
 /// Marks a slab header (a wrong pointer handed to `free` is caught by it).
@@ -153,10 +154,6 @@ impl Slabs {
     }
 }
 
-/// Pads to its own pair of cache lines (adjacent-line prefetch included).
-#[repr(align(128))]
-pub(crate) struct Padded<T>(pub(crate) T);
-
 /// Cumulative per-node counters, bumped on slow paths only.
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -171,9 +168,9 @@ pub(crate) struct Counters {
 /// Everything a cache keeps for one node.
 pub(crate) struct NodeSlabs {
     pub(crate) depot: Depot,
-    pub(crate) remote: Padded<RemoteList>,
+    pub(crate) remote: CachePadded<RemoteList>,
     /// Threads in `alloc_wait` on this node; frees check it to wake them.
-    pub(crate) waiters: Padded<AtomicUsize>,
+    pub(crate) waiters: CachePadded<AtomicUsize>,
     pub(crate) slabs: Mutex<Slabs>,
     wait_lock: Mutex<()>,
     wake: Condvar,
@@ -184,8 +181,8 @@ impl NodeSlabs {
     fn new(rounds: usize) -> Self {
         Self {
             depot: Depot::new(DEPOT_MAX_FULL, rounds),
-            remote: Padded(RemoteList::new()),
-            waiters: Padded(AtomicUsize::new(0)),
+            remote: CachePadded(RemoteList::new()),
+            waiters: CachePadded(AtomicUsize::new(0)),
             slabs: Mutex::new(Slabs {
                 partial: List::new(),
                 full: List::new(),

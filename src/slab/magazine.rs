@@ -16,7 +16,7 @@
 
 use core::ptr::{self, NonNull};
 
-use crate::sync::{AtomicPtr, Ordering, SpinLock};
+use crate::sync::{AtomicStack, SpinLock};
 
 /// The most rounds a magazine holds; a cache may use fewer
 /// ([`MagPair::cap`]).
@@ -380,17 +380,18 @@ impl Drop for Depot {
     }
 }
 
-/// Objects freed by threads on other nodes, on their way home: a lock-free
-/// multi-producer stack linked through a word inside each free object, taken
-/// whole by the node when it refills (so no ABA: nobody pops single nodes).
+/// Objects freed by threads on other nodes, on their way home: an
+/// [`AtomicStack`] of objects linked through a word inside each free object
+/// (at a cache's own offset), taken whole by the node when it refills (so no
+/// ABA: nobody pops single nodes).
 pub struct RemoteList {
-    head: AtomicPtr<u8>,
+    stack: AtomicStack<u8>,
 }
 
 impl RemoteList {
     /// An empty list.
     pub fn new() -> Self {
-        Self { head: AtomicPtr::new(ptr::null_mut()) }
+        Self { stack: AtomicStack::new() }
     }
 
     /// Pushes the chain `first ..= last`, already linked through the word at
@@ -401,27 +402,18 @@ impl RemoteList {
     /// writable, pointer-aligned link word at `link`; the caller gives up the
     /// objects.
     pub unsafe fn push_chain(&self, first: NonNull<u8>, last: NonNull<u8>, link: usize) {
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the caller owns `last` and its link word.
-            unsafe { last.as_ptr().add(link).cast::<*mut u8>().write(head) };
-            // Release: the links, and what the freeing thread wrote into the
-            // objects before, are visible to the node that takes them.
-            // Acquire: a pusher that finds the list just emptied sees the
-            // drainer's use of the objects it may now relink.
-            match self.head.compare_exchange_weak(head, first.as_ptr(), Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(h) => head = h,
-            }
-        }
+        // SAFETY: per the contract; the closure writes `last`'s link word only.
+        unsafe {
+            self.stack.push_chain_by(first.as_ptr(), last.as_ptr(), |l, head| l.add(link).cast::<*mut u8>().write(head))
+        };
     }
 
     /// Takes everything pushed so far: a chain through the link words, ending in null.
     pub fn take_all(&self) -> *mut u8 {
-        if self.head.load(Ordering::Relaxed).is_null() {
+        if self.stack.is_empty() {
             return ptr::null_mut();
         }
-        self.head.swap(ptr::null_mut(), Ordering::AcqRel)
+        self.stack.take_all()
     }
 }
 

@@ -48,6 +48,8 @@
 //! other threads' magazines come back when those threads exit or next make a
 //! cache entry.
 
+// Public only for the loom models in `loom-tests/`.
+#[doc(hidden)]
 pub mod magazine;
 
 #[cfg(not(loom))]

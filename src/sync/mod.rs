@@ -13,12 +13,19 @@ pub use retire::{Acquired, RetireCount};
 pub use spin::{SpinGuard, SpinLock};
 pub use stack::{AtomicStack, CountedStack, Linked};
 
+/// Keeps a value on cache lines of its own (two, against the adjacent-line
+/// prefetcher), so that threads writing it do not steal the lines its
+/// neighbours' owners keep hot.
+#[repr(C, align(128))]
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) struct CachePadded<T>(pub(crate) T);
+
 #[cfg(loom)]
 #[allow(unused_imports)]
 pub(crate) use loom::{
     cell::UnsafeCell,
     hint::spin_loop,
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     thread::yield_now,
 };
 
@@ -26,7 +33,7 @@ pub(crate) use loom::{
 #[allow(unused_imports)]
 pub(crate) use std::{
     hint::spin_loop,
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     thread::yield_now,
 };
 

@@ -80,6 +80,19 @@ impl RetireCount {
         self.v.fetch_sub(n, Ordering::AcqRel) == RETIRED | n
     }
 
+    /// References held now (not counting retirement; a snapshot).
+    #[inline]
+    pub fn count(&self) -> usize {
+        self.v.load(Ordering::Acquire) & !RETIRED
+    }
+
+    /// Whether the count was retired (a hint for the holder of a reference:
+    /// it stays true once true).
+    #[inline]
+    pub fn is_retired(&self) -> bool {
+        self.v.load(Ordering::Relaxed) & RETIRED != 0
+    }
+
     /// Retires the count (once); true when no reference is live (the caller
     /// frees).
     pub fn retire(&self) -> bool {

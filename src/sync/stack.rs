@@ -26,12 +26,15 @@ pub unsafe trait Linked {
     unsafe fn next_ptr(node: *mut Self) -> *mut *mut Self;
 }
 
-/// The stack; see the module docs.
-pub struct AtomicStack<T: Linked> {
+/// The stack; see the module docs. Nodes of a [`Linked`] type are pushed
+/// one by one ([`push`](Self::push)); any pointee type can be pushed as a
+/// chain the caller links ([`push_chain_by`](Self::push_chain_by)), for
+/// nodes whose link is not at a fixed place (a slab object's link word).
+pub struct AtomicStack<T> {
     head: AtomicPtr<T>,
 }
 
-impl<T: Linked> AtomicStack<T> {
+impl<T> AtomicStack<T> {
     /// An empty stack.
     #[cfg(not(loom))]
     pub const fn new() -> Self {
@@ -44,37 +47,39 @@ impl<T: Linked> AtomicStack<T> {
         Self { head: AtomicPtr::new(ptr::null_mut()) }
     }
 
-    /// Pushes `node`; returns true when the stack was empty before (the
-    /// allocator uses that edge to tell the owner, once, that work is waiting).
+    /// Pushes the chain `first ..= last`, whose nodes the caller has linked
+    /// to each other; `link(last, head)` makes `last` point at the current
+    /// head (called again if another push got in first). Returns true when
+    /// the stack was empty before (the allocator uses that edge to tell the
+    /// owner, once, that work is waiting).
     ///
     /// # Safety
-    /// `node` must be live, not on any stack, and stay live until the consumer
-    /// has taken it.
+    /// Every node of the chain must be live, on no stack, and stay live
+    /// until the consumer has taken it; `link` may write only `last`'s link.
     #[inline]
-    pub unsafe fn push(&self, node: *mut T) -> bool {
+    pub unsafe fn push_chain_by(&self, first: *mut T, last: *mut T, mut link: impl FnMut(*mut T, *mut T)) -> bool {
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
-            // SAFETY: the caller hands us the node; its link is ours until taken.
-            unsafe { *T::next_ptr(node) = head };
-            // Release: the link (and whatever the pusher wrote into the node
-            // before) is visible to the consumer that Acquires the head.
-            // Acquire: a pusher that finds the stack emptied by `take_all`
-            // sees everything the consumer did before emptying it, so it may
-            // then write into memory the consumer read (the allocator's page
-            // link, reused once the page is enqueued again).
-            match self.head.compare_exchange_weak(head, node, Ordering::AcqRel, Ordering::Relaxed) {
+            link(last, head);
+            // Release: the links (and whatever the pusher wrote into the
+            // nodes before) are visible to the consumer that Acquires the
+            // head. Acquire: a pusher that finds the stack emptied by
+            // `take_all` sees everything the consumer did before emptying
+            // it, so it may then write into memory the consumer read (the
+            // allocator's page link, reused once the page is enqueued again).
+            match self.head.compare_exchange_weak(head, first, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return head.is_null(),
                 Err(h) => head = h,
             }
         }
     }
 
-    /// Takes every node pushed so far, most recent first, as a chain linked
-    /// through `next` and ending in null.
+    /// Takes every node pushed so far, most recent first, as a chain ending
+    /// in null.
     #[inline]
     pub fn take_all(&self) -> *mut T {
         // Acquire pairs with the pushers' Release: the links are visible.
-        // Release pairs with the next pusher's Acquire (see `push`).
+        // Release pairs with the next pusher's Acquire (see `push_chain_by`).
         self.head.swap(ptr::null_mut(), Ordering::AcqRel)
     }
 
@@ -85,7 +90,20 @@ impl<T: Linked> AtomicStack<T> {
     }
 }
 
-impl<T: Linked> Default for AtomicStack<T> {
+impl<T: Linked> AtomicStack<T> {
+    /// Pushes `node`; returns true when the stack was empty before.
+    ///
+    /// # Safety
+    /// `node` must be live, not on any stack, and stay live until the consumer
+    /// has taken it.
+    #[inline]
+    pub unsafe fn push(&self, node: *mut T) -> bool {
+        // SAFETY: per the contract; the node's link is ours until taken.
+        unsafe { self.push_chain_by(node, node, |n, head| *T::next_ptr(n) = head) }
+    }
+}
+
+impl<T> Default for AtomicStack<T> {
     fn default() -> Self {
         Self::new()
     }
@@ -146,6 +164,12 @@ impl<T: Linked> CountedStack<T> {
                 Err(h) => head = h,
             }
         }
+    }
+
+    /// Whether the stack looked empty (a racy hint).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed) == 0
     }
 
     /// Takes every node pushed so far: the chain (most recent first, linked

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::Topology;
 use crate::error::{DeviceKind, Error, Name, Result};
+use crate::os::file::paths;
 
 const SYSFS: &str = "/sys";
 
@@ -73,7 +74,7 @@ pub(crate) fn lookup(root: &Path, kind: DeviceKind, name: &str) -> Result<Option
         DeviceKind::Pci => {
             let id = pci_bus_id(name).ok_or_else(missing)?;
             let dir = root.join("bus/pci/devices").join(id);
-            if !dir.exists() {
+            if !paths::exists(&dir) {
                 return Err(missing());
             }
             read_numa_node(&dir.join("numa_node"))
@@ -84,7 +85,7 @@ pub(crate) fn lookup(root: &Path, kind: DeviceKind, name: &str) -> Result<Option
                 return Err(missing());
             }
             let class = if kind == DeviceKind::Block { "class/block" } else { "class/net" };
-            let dev = root.join(class).join(name).canonicalize().map_err(|_| missing())?;
+            let dev = paths::canonical(&root.join(class).join(name)).ok_or_else(missing)?;
             walk_up(root, &dev)
         }
         DeviceKind::Any => {
@@ -100,15 +101,13 @@ pub(crate) fn lookup(root: &Path, kind: DeviceKind, name: &str) -> Result<Option
 }
 
 pub(crate) fn block_device_of(root: &Path, path: &Path) -> Result<Option<String>> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path)
-        .map_err(|_| Error::NoSuchDevice { kind: DeviceKind::Block, name: Name::new(&path.to_string_lossy()) })?;
-    let dev = meta.dev();
+    let dev = paths::device_number(path)
+        .ok_or_else(|| Error::NoSuchDevice { kind: DeviceKind::Block, name: Name::new(&path.to_string_lossy()) })?;
     // glibc's `gnu_dev_major`/`gnu_dev_minor` encoding.
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     let link = root.join(format!("dev/block/{major}:{minor}"));
-    Ok(std::fs::read_link(link).ok().and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned())))
+    Ok(paths::read_link(&link).and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned())))
 }
 
 /// `DDDD:BB:DD.F` in lower case, accepting `BB:DD.F` for domain 0.
@@ -128,13 +127,13 @@ fn plain_name(s: &str) -> bool {
 
 /// The first `numa_node` file on the way from `dev` up to `root/devices`.
 fn walk_up(root: &Path, dev: &Path) -> Result<Option<usize>> {
-    let top: PathBuf = root.canonicalize().unwrap_or_else(|_| root.to_path_buf()).join("devices");
+    let top: PathBuf = paths::canonical(root).unwrap_or_else(|| root.to_path_buf()).join("devices");
     for dir in dev.ancestors() {
         if !dir.starts_with(&top) || dir == top {
             break;
         }
         let f = dir.join("numa_node");
-        if f.exists() {
+        if paths::exists(&f) {
             return read_numa_node(&f);
         }
     }
@@ -142,14 +141,9 @@ fn walk_up(root: &Path, dev: &Path) -> Result<Option<usize>> {
 }
 
 fn read_numa_node(f: &Path) -> Result<Option<usize>> {
-    match std::fs::read_to_string(f) {
-        Ok(s) => {
-            let v: i64 = s.trim().parse().map_err(|_| Error::InvalidTopology { reason: "malformed numa_node file" })?;
-            Ok(usize::try_from(v).ok())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::Os { call: "read(numa_node)", errno: e.raw_os_error().unwrap_or(libc::EIO) }),
-    }
+    let Some(s) = paths::read_text(f)? else { return Ok(None) };
+    let v: i64 = s.trim().parse().map_err(|_| Error::InvalidTopology { reason: "malformed numa_node file" })?;
+    Ok(usize::try_from(v).ok())
 }
 
 #[cfg(test)]

@@ -27,24 +27,16 @@ mod device;
 pub(crate) mod display;
 #[cfg(feature = "hwloc")]
 pub mod hwloc;
-mod set;
 mod synthetic;
 mod sysfs;
 
-pub use set::{CpuSet, IdSet, Iter, NodeSet};
+pub use crate::sets::{CpuSet, IdSet, Iter, MAX_CPUS, MAX_NODES, NodeSet};
 pub use synthetic::{MEMORY_ONLY_DISTANCE, SyntheticBuilder};
 pub use sysfs::node_of_frame;
 
 use crate::error::{Error, Result};
 #[cfg(not(loom))]
 use crate::sync::InitCell;
-
-/// Largest node id + 1 that the crate represents. Fits one `u64` node mask,
-/// the form `mbind` takes.
-pub const MAX_NODES: usize = 64;
-
-/// Largest CPU id + 1 that the crate represents.
-pub const MAX_CPUS: usize = 1024;
 
 /// The kernel's "no node" (`NUMA_NO_NODE`), as sysfs reports it for a device
 /// not attached to a node.

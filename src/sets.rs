@@ -1,9 +1,19 @@
 //! Fixed-size bit sets of node and CPU ids, parsed from and printed as the
 //! kernel's list format (`0-3,8,10-11`).
+//!
+//! A leaf module: the OS layer takes node sets (`mbind` masks) and the
+//! topology builds them, so neither may own them.
 
 use core::fmt;
 
 use crate::error::{Error, Result};
+
+/// Largest node id + 1 that the crate represents. Fits one `u64` node mask,
+/// the form `mbind` takes.
+pub const MAX_NODES: usize = 64;
+
+/// Largest CPU id + 1 that the crate represents.
+pub const MAX_CPUS: usize = 1024;
 
 /// A set of small ids held in `WORDS` 64-bit words, with no heap storage.
 /// Use it through [`NodeSet`] and [`CpuSet`].
@@ -12,7 +22,7 @@ pub struct IdSet<const WORDS: usize> {
     words: [u64; WORDS],
 }
 
-/// A set of NUMA node ids below [`MAX_NODES`](super::MAX_NODES).
+/// A set of NUMA node ids below [`MAX_NODES`].
 ///
 /// ```
 /// use numaweave::topology::NodeSet;
@@ -23,8 +33,8 @@ pub struct IdSet<const WORDS: usize> {
 /// ```
 pub type NodeSet = IdSet<1>;
 
-/// A set of CPU ids below [`MAX_CPUS`](super::MAX_CPUS).
-pub type CpuSet = IdSet<{ super::MAX_CPUS / 64 }>;
+/// A set of CPU ids below [`MAX_CPUS`].
+pub type CpuSet = IdSet<{ MAX_CPUS / 64 }>;
 
 impl<const W: usize> IdSet<W> {
     /// The largest id the set can hold, plus one.

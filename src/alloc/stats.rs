@@ -4,8 +4,8 @@
 
 use core::fmt;
 
-use crate::alloc::Mode;
-use crate::alloc::state::State;
+use super::Mode;
+use super::state::State;
 use crate::topology::{MAX_NODES, NodeSet};
 
 /// Counters of one node's arena, in bytes or counts.
@@ -32,8 +32,8 @@ pub struct NodeStats {
     pub fallbacks: u64,
     /// Huge blocks live.
     pub huge_live: u64,
-    /// Bump regions (interleaved and per-call handle blocks, 4 MiB each)
-    /// mapped and not yet released.
+    /// Regions (interleaved blocks of a page and more, 4 MiB each) mapped
+    /// and not yet released.
     pub regions: u64,
 }
 
@@ -72,7 +72,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn collect(state: &State) -> Stats {
+    pub(crate) fn snapshot(state: &State) -> Stats {
         let mut per_node = [NodeStats::default(); MAX_NODES];
         let nodes = state.nodes();
         for n in nodes.iter() {
@@ -91,7 +91,7 @@ impl Stats {
             s.frees = ld(&c.huge_frees);
         }
         let (mut heaps, mut orphan_heaps) = (0, 0);
-        crate::alloc::for_each_heap(state, |h| {
+        super::for_each_heap(state, |h| {
             heaps += 1;
             if !h.is_owned() {
                 orphan_heaps += 1;

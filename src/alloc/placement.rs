@@ -1,0 +1,514 @@
+//! Memory policies applied to [`NumaAlloc`](super::NumaAlloc): the process
+//! default (`Config::policy`, `NUMAWEAVE_POLICY`), a scoped per-thread policy
+//! ([`with_policy`]), and what each means for the allocator.
+//!
+//! The fast path never looks at a policy. When a heap's direct page runs dry,
+//! [`refill`] turns the thread's policy into a [`Placement`]: which of the
+//! heap's pages may serve, and which arena a fresh page comes from. `Local`,
+//! `Bind` and `Preferred` act there; a thread switching policy has its heap's
+//! direct pages cleared so the next allocation of each size goes through that
+//! choice once.
+//!
+//! Under `Interleave` the thread's [`ThreadInterleaver`] decides, with a
+//! boundary at I/O buffers:
+//!
+//! - *I/O buffers* follow the cursor block by block, with exact turns
+//!   (`Count(n)`: n blocks, `Bytes(b)`: until b bytes are reached), a turn's
+//!   blocks back to back in its node's region: blocks of a page and more
+//!   aligned to a page or more (what `O_DIRECT` and DMA need: an aligned
+//!   `Layout`, `posix_memalign`, `aligned_alloc`), and every block larger
+//!   than the size classes (256 KiB).
+//! - every other block (what general code allocates: `Box`, `Vec`,
+//!   `malloc`) is placed *page by page*: any page of the heap serves it
+//!   (freed blocks are reused where they are, as under `Local`), and each
+//!   fresh heap page goes to the node next in the interleaver's page
+//!   rotation (the policy's nodes and weights; a page per turn under
+//!   `Count`, the policy's bytes per turn under `Bytes`). Its memory is
+//!   interleaved, and the fast path is the local one.
+
+use core::cell::Cell;
+use core::marker::PhantomData;
+use core::ptr;
+
+use super::heap::{self, Heap, Placement, page_bytes};
+use super::interleave::ThreadInterleaver;
+use super::state::{Mode, State};
+use crate::error::Result;
+use crate::os::thread::ExitKey;
+use crate::policy::{Interleave, Policy};
+use crate::sync::{InitCell, SpinLock};
+use crate::topology::NodeSet;
+
+/// A policy as the allocator applies it. `Copy`: the interleaver lives as
+/// long as whatever installed it (a guard, or the thread for the process
+/// default).
+#[derive(Clone, Copy)]
+pub(crate) enum Active {
+    Local,
+    Bind(NodeSet),
+    Preferred(usize),
+    Interleave(*const ThreadInterleaver),
+}
+
+/// A thread's policy state; plain cells, read on slow paths only.
+struct ThreadPolicy {
+    /// The thread's own policy (`with_policy`); `None`: the process default.
+    scoped: Cell<Option<Active>>,
+    /// Whether `il` and `local` describe the policy in force.
+    resolved: Cell<bool>,
+    /// The interleaver in force (null: not an interleave): the refill's
+    /// first check, so that an interleaved allocation skips the lookup.
+    il: Cell<*const ThreadInterleaver>,
+    /// Whether `Local` is in force: the refill's second check, so that
+    /// `Local` costs no policy lookup while the heap is not mixed.
+    local: Cell<bool>,
+    /// The node of the arena the heap's last fresh page came from under
+    /// `Local`: pages of that node serve `Local` without asking where the
+    /// thread runs.
+    last_node: Cell<usize>,
+    /// Whether any page of the heap may be on another node than
+    /// `last_node` (a fallback, another policy's pages, a migration, an
+    /// adopted heap): until then `Local` takes any page without reading its
+    /// node.
+    mixed: Cell<bool>,
+    /// The thread's own interleaver for a process default interleave (as
+    /// Linux keeps interleave state per task), made on first use; dropped at
+    /// thread exit.
+    default_il: Cell<*mut ThreadInterleaver>,
+}
+
+thread_local! {
+    static THREAD: ThreadPolicy = const {
+        ThreadPolicy {
+            scoped: Cell::new(None),
+            resolved: Cell::new(false),
+            il: Cell::new(ptr::null()),
+            local: Cell::new(false),
+            last_node: Cell::new(0),
+            mixed: Cell::new(false),
+            default_il: Cell::new(ptr::null_mut()),
+        }
+    };
+}
+
+fn to_active(p: &Policy, il: Option<*const ThreadInterleaver>) -> Active {
+    match *p {
+        Policy::Local => Active::Local,
+        Policy::Bind(s) => Active::Bind(s),
+        Policy::Preferred(n) => Active::Preferred(n),
+        Policy::Interleave(_) => match il {
+            Some(il) => Active::Interleave(il),
+            None => Active::Local,
+        },
+    }
+}
+
+impl ThreadPolicy {
+    /// The policy in force: the thread's own, else the process default (an
+    /// interleave gets the thread's own interleaver, made now if need be).
+    fn active(&self, state: &'static State) -> Active {
+        if let Some(a) = self.scoped.get() {
+            return a;
+        }
+        match &state.default_policy {
+            Policy::Interleave(i) => to_active(&state.default_policy, self.default_interleaver(state, i)),
+            p => to_active(p, None),
+        }
+    }
+
+    /// Caches what the refill checks first about `active`.
+    fn set_active(&self, active: Active) {
+        self.il.set(match active {
+            Active::Interleave(il) => il,
+            _ => ptr::null(),
+        });
+        self.local.set(matches!(active, Active::Local));
+        self.resolved.set(true);
+    }
+
+    /// The thread's interleaver for the default interleave `i`, made on first
+    /// use; `None` when no memory can be had for it.
+    fn default_interleaver(&self, state: &'static State, i: &Interleave) -> Option<*const ThreadInterleaver> {
+        let il = self.default_il.get();
+        if !il.is_null() {
+            return Some(il);
+        }
+        let il = spare_interleaver(state)?;
+        // SAFETY: metadata memory of the right layout, holding nothing.
+        unsafe { ThreadInterleaver::write(il, i) };
+        self.default_il.set(il);
+        // Dropped at thread exit; without the key it stays (its regions
+        // with it) until the process ends.
+        if let Some(k) = exit_key() {
+            k.set(il.cast());
+        }
+        Some(il)
+    }
+
+    /// The thread takes a page on `node` under `Local`: pages of another
+    /// node it took before are foreign from now on.
+    fn note_node(&self, node: usize) {
+        if self.last_node.get() != node {
+            self.mixed.set(true);
+            self.last_node.set(node);
+        }
+    }
+
+    /// A page of `node` came in: the heap is mixed if that is not the node
+    /// `Local` last took pages from.
+    fn note_page(&self, node: usize) {
+        if node != self.last_node.get() {
+            self.mixed.set(true);
+        }
+    }
+}
+
+/// Default interleavers of exited threads, for the next thread to reuse
+/// (their memory is metadata memory, never freed).
+static SPARE: SpinLock<SpareList> = SpinLock::new(SpareList(ptr::null_mut()));
+struct SpareList(*mut ThreadInterleaver);
+// SAFETY: the pointers are to unused metadata memory, handed out under the lock.
+unsafe impl Send for SpareList {}
+
+/// Memory for a thread interleaver: an exited thread's, else fresh metadata.
+fn spare_interleaver(state: &State) -> Option<*mut ThreadInterleaver> {
+    let mut g = SPARE.lock();
+    let p = g.0;
+    if !p.is_null() {
+        // SAFETY: a spare's first word links the next spare.
+        g.0 = unsafe { p.cast::<*mut ThreadInterleaver>().read() };
+        return Some(p);
+    }
+    drop(g);
+    let (size, align) = (core::mem::size_of::<ThreadInterleaver>(), core::mem::align_of::<ThreadInterleaver>());
+    state.alloc_meta(size, align).map(|p| p.as_ptr().cast())
+}
+
+/// The key whose destructor drops a thread's default interleaver.
+fn exit_key() -> Option<&'static ExitKey> {
+    static KEY: InitCell<Option<ExitKey>> = InitCell::new();
+    KEY.get_or_init(|| ExitKey::new(drop_default_interleaver).ok()).as_ref()
+}
+
+/// Thread exit: the thread's default interleaver is dropped (its pool taken
+/// back, its regions retired: they go back once other threads free their
+/// last blocks) and its memory kept for another thread.
+extern "C" fn drop_default_interleaver(il: *mut libc::c_void) {
+    let il = il.cast::<ThreadInterleaver>();
+    THREAD.with(|t| {
+        if t.default_il.get() != il {
+            return;
+        }
+        t.default_il.set(ptr::null_mut());
+        if t.il.get() == il.cast_const() {
+            t.il.set(ptr::null());
+            t.resolved.set(false);
+        }
+    });
+    // SAFETY: the exiting thread's interleaver, used by nobody else; its
+    // memory is kept as a spare once dropped.
+    unsafe {
+        ptr::drop_in_place(il);
+        let mut g = SPARE.lock();
+        il.cast::<*mut ThreadInterleaver>().write(g.0);
+        g.0 = il;
+    }
+}
+
+/// The calling thread's interleaver in force, null if none (or not looked up
+/// yet: then the thread has no region block of its own).
+#[inline(always)]
+pub(crate) fn thread_interleaver() -> *const ThreadInterleaver {
+    THREAD.with(|t| t.il.get())
+}
+
+/// The calling thread's interleaver in force (the policy looked up if need
+/// be), for an allocation that does not go through a heap refill.
+pub(crate) fn interleaver(state: &'static State) -> Option<&'static ThreadInterleaver> {
+    if !state.policies {
+        return None;
+    }
+    THREAD.with(|t| {
+        if !t.resolved.get() {
+            t.set_active(t.active(state));
+        }
+        // SAFETY: the interleaver outlives the policy that installed it, and
+        // this thread's use of it.
+        unsafe { t.il.get().as_ref() }
+    })
+}
+
+/// The node a block that no heap page serves (a huge mapping) goes to.
+pub(crate) fn large_node(state: &'static State, size: usize) -> usize {
+    if !state.policies {
+        return state.current_arena().node;
+    }
+    match THREAD.with(|t| t.active(state)) {
+        // SAFETY: the interleaver outlives the policy that installed it.
+        Active::Interleave(il) => unsafe { (*il).pick_node(size) },
+        a => a.node(state),
+    }
+}
+
+/// A new or adopted heap for the calling thread: an adopted one may hold
+/// pages of several nodes.
+pub(crate) fn heap_started(heap: *mut Heap, adopted: bool) {
+    THREAD.with(|t| {
+        // SAFETY: the calling thread's heap.
+        t.last_node.set(unsafe { (*heap).node });
+        t.mixed.set(adopted);
+    });
+}
+
+/// The slow path of an allocation of class `class` whose direct page ran
+/// dry: a refill under the thread's policy.
+///
+/// # Safety
+/// `heap` is the calling thread's heap.
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
+    let Some(state) = State::try_get() else { return ptr::null_mut() };
+    if !state.policies {
+        // SAFETY: the caller's heap.
+        return unsafe { Heap::refill(heap, class, state, &mut AnyPage { t: None, state }) };
+    }
+    THREAD.with(|t| {
+        if !t.resolved.get() {
+            t.set_active(t.active(state));
+        }
+        let il = t.il.get();
+        // SAFETY: the caller's heap; the interleaver outlives the policy
+        // that installed it.
+        unsafe {
+            if !il.is_null() {
+                return Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class });
+            }
+            if t.local.get() && !t.mixed.get() {
+                // `Local` with every page of the heap on the node it last
+                // took a page for: nothing to choose, any page serves.
+                let track = state.mode == Mode::PerNode;
+                return Heap::refill(heap, class, state, &mut AnyPage { t: track.then_some(t), state });
+            }
+            let active = t.active(state);
+            if matches!(active, Active::Local) && state.mode != Mode::PerNode {
+                // One arena: `Local` has nothing to choose.
+                return Heap::refill(heap, class, state, &mut AnyPage { t: None, state });
+            }
+            Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
+        }
+    })
+}
+
+/// A block of `class` on `node` (an allocator handle's), from the calling
+/// thread's heap pages of that node.
+pub(crate) fn alloc_on_node(state: &'static State, class: usize, node: usize) -> *mut u8 {
+    let Some(heap) = super::thread_heap(state) else { return ptr::null_mut() };
+    let node = state.node_arena(node).node;
+    THREAD.with(|t| t.note_page(node));
+    // SAFETY: the calling thread's heap.
+    unsafe { Heap::alloc_on_node(heap, class, state, node) }
+}
+
+/// Policies off, or `Local` with nothing to choose: any page serves, fresh
+/// pages from the arena of the node the thread runs on now. With `t`
+/// (per-node mode), notes when the heap becomes mixed.
+struct AnyPage<'a> {
+    t: Option<&'a ThreadPolicy>,
+    state: &'a State,
+}
+
+impl Placement for AnyPage<'_> {
+    fn accepts(&mut self, _: usize) -> bool {
+        true
+    }
+    fn fresh(&mut self) -> (usize, Option<NodeSet>) {
+        let node = self.state.current_arena().node;
+        if let Some(t) = self.t {
+            t.note_node(node);
+        }
+        (node, None)
+    }
+    fn took(&mut self, node: usize) {
+        if let Some(t) = self.t {
+            t.note_page(node);
+        }
+    }
+}
+
+/// Blocks under a page under an interleave: any page serves, fresh pages
+/// from the interleaver's page rotation.
+struct Rotation<'a> {
+    t: &'a ThreadPolicy,
+    il: &'a ThreadInterleaver,
+    class: usize,
+}
+
+impl Placement for Rotation<'_> {
+    fn accepts(&mut self, _: usize) -> bool {
+        true
+    }
+    fn fresh(&mut self) -> (usize, Option<NodeSet>) {
+        (self.il.page_node(page_bytes(self.class)), None)
+    }
+    fn took(&mut self, node: usize) {
+        self.t.note_page(node);
+    }
+}
+
+/// `Local` on a mixed heap, `Bind`, `Preferred`: only pages the policy
+/// accepts serve (for `Local`: pages of its last node, or of the node the
+/// thread runs on now, looked up only if a page of another node shows up).
+struct ByPolicy<'a> {
+    t: &'a ThreadPolicy,
+    state: &'static State,
+    active: Active,
+    here: Option<usize>,
+}
+
+impl Placement for ByPolicy<'_> {
+    fn accepts(&mut self, node: usize) -> bool {
+        match self.active {
+            Active::Local if node == self.t.last_node.get() => true,
+            a => {
+                let state = self.state;
+                a.accepts(state, node, *self.here.get_or_insert_with(|| state.current_arena().node))
+            }
+        }
+    }
+    fn fresh(&mut self) -> (usize, Option<NodeSet>) {
+        let node = self.state.node_arena(self.active.node(self.state)).node;
+        if matches!(self.active, Active::Local) {
+            self.t.note_node(node);
+        }
+        (node, self.active.fallback_set())
+    }
+    fn took(&mut self, node: usize) {
+        self.t.note_page(node);
+    }
+}
+
+impl Active {
+    /// Whether a heap page on `node` may serve this policy; `here` is the
+    /// arena node of the thread's current node.
+    #[inline]
+    fn accepts(&self, state: &State, node: usize, here: usize) -> bool {
+        match *self {
+            Active::Interleave(_) => true,
+            // Pages of another node wait in the heap's lists for a thread that
+            // migrates back (or a policy that wants them), unless this node
+            // is out of memory: then its fallback pages serve.
+            Active::Local => {
+                state.mode != Mode::PerNode || node == here || state.arena(here).is_none_or(|a| a.is_exhausted())
+            }
+            Active::Bind(s) => s.contains(node),
+            // The preferred node, or any while it is out of memory.
+            Active::Preferred(n) => node == n || state.arena(n).is_none_or(|a| a.is_exhausted()),
+        }
+    }
+
+    /// The node fresh memory comes from (its arena falls back by distance
+    /// when it is out of memory; for `Bind`, only within the set).
+    fn node(&self, state: &State) -> usize {
+        let here = state.topology.current_node();
+        match *self {
+            Active::Local | Active::Interleave(_) => here,
+            Active::Preferred(n) => n,
+            Active::Bind(s) => state.topology.nodes_by_distance(here).find(|&n| s.contains(n)).unwrap_or(here),
+        }
+    }
+
+    /// The nodes a fallback may use.
+    fn fallback_set(&self) -> Option<NodeSet> {
+        match *self {
+            Active::Bind(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Makes `active` the thread's policy in force: recorded, and the heap's
+/// direct pages cleared so that every class refills under it.
+fn install(t: &ThreadPolicy, active: Active) {
+    t.set_active(active);
+    let h = heap::current();
+    if !h.is_null() {
+        // SAFETY: the calling thread's heap.
+        unsafe { Heap::clear_direct(h) };
+    }
+}
+
+/// Sets the calling thread's policy until the guard is dropped, then puts the
+/// previous one back (guards nest). The policy is checked against the
+/// allocator's topology first.
+///
+/// Under an `Interleave` policy, blocks of a page and more follow the
+/// interleave exactly (turn by turn, a turn's blocks back to back, what the
+/// thread frees reused on its node), smaller ones page by page (see the
+/// crate's README); other policies cost nothing on the fast path.
+///
+/// ```
+/// use numaweave::policy::Policy;
+/// use numaweave::{NumaAlloc, topology::NodeSet};
+/// # static A: NumaAlloc = NumaAlloc::new();
+/// let node = numaweave::Topology::global().current_node();
+/// {
+///     let _g = numaweave::with_policy(Policy::Bind(NodeSet::single(node))).unwrap();
+///     let v = Box::new([0u8; 4096]); // from `node`'s memory under NumaAlloc
+///     # drop(v);
+/// }
+/// // The previous policy again.
+/// ```
+pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
+    let state = State::get(&super::Config::new());
+    if !state.policies {
+        return Err(crate::Error::InvalidPolicy { reason: "memory policies are switched off (NUMAWEAVE_POLICY=none)" });
+    }
+    policy.validate(&state.topology)?;
+    let il = match &policy {
+        Policy::Interleave(i) => {
+            let b = Box::<ThreadInterleaver>::new_uninit();
+            let p = Box::into_raw(b).cast::<ThreadInterleaver>();
+            // SAFETY: fresh, uninitialised memory for one interleaver.
+            unsafe { ThreadInterleaver::write(p, i) };
+            // SAFETY: initialised just above, from `Box::into_raw`.
+            Some(unsafe { Box::from_raw(p) })
+        }
+        _ => None,
+    };
+    let active = to_active(&policy, il.as_deref().map(|p| p as *const ThreadInterleaver));
+    let prev = THREAD.with(|t| {
+        let prev = t.scoped.replace(Some(active));
+        install(t, active);
+        prev
+    });
+    Ok(PolicyGuard { prev, _il: il, _not_send: PhantomData })
+}
+
+/// Restores the previous policy of the thread when dropped; see [`with_policy`].
+#[must_use = "the policy is undone when the guard is dropped"]
+pub struct PolicyGuard {
+    prev: Option<Active>,
+    _il: Option<Box<ThreadInterleaver>>,
+    /// Thread-scoped: it restores this thread's policy.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        if let Some(s) = State::try_get() {
+            THREAD.with(|t| {
+                t.scoped.set(self.prev);
+                install(t, t.active(s));
+            });
+        }
+        // The interleaver goes with the guard: its regions are retired and
+        // return to the OS when their last block is freed, by any thread.
+    }
+}
+
+impl core::fmt::Debug for PolicyGuard {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PolicyGuard").finish_non_exhaustive()
+    }
+}
