@@ -450,3 +450,80 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         NonNull::new_unchecked(page)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::size_class::class_of;
+
+    fn state() -> &'static State {
+        State::get(&crate::alloc::Config::new())
+    }
+
+    /// An arena of its own (flat: no binding), apart from the process's.
+    fn arena() -> Arena {
+        Arena::new(0, None)
+    }
+
+    #[test]
+    fn pages_are_disjoint_slot_aligned_and_described() {
+        let (state, a) = (state(), arena());
+        let mut seen: Vec<(usize, usize)> = Vec::new();
+        for size in [64, 20_000, 100_000, 64, 20_000] {
+            let class = class_of(size);
+            let page = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+            // SAFETY: a page just handed out.
+            let (start, slots, first) = unsafe {
+                assert_eq!(usize::from((*page).info.class), class);
+                assert_eq!((*page).info.block_size as usize, class_size(class));
+                ((*page).info.start as usize, usize::from((*page).info.slots), usize::from((*page).info.first_slot))
+            };
+            assert_eq!(slots, page_slots(class));
+            assert_eq!(first % slots, 0, "a page of {slots} slots starts on a multiple of {slots}");
+            assert_eq!(start % SLOT_SIZE, 0);
+            let end = start + slots * SLOT_SIZE;
+            assert!(seen.iter().all(|&(s, e)| end <= s || start >= e), "pages overlap");
+            seen.push((start, end));
+        }
+        assert_eq!(a.counters.pages_in_use.load(Ordering::Relaxed) as usize, seen.iter().map(|(s, e)| e - s).sum());
+    }
+
+    #[test]
+    fn freed_pages_are_reused_then_purged_and_empty_segments_unmapped() {
+        let (state, a) = (state(), arena());
+        let class = class_of(100_000); // 2 MiB pages: two fill most of a segment
+        let pages: Vec<*mut Page> =
+            (0..4).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
+        assert!(a.counters.reserved.load(Ordering::Relaxed) >= 2 * SEGMENT_SIZE as u64);
+        // SAFETY: pages of this arena with no block live and no heap.
+        unsafe { a.free_page(state, pages[0]) };
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 32 * SLOT_SIZE as u64, "below the threshold: kept");
+        let again = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        assert_eq!(again, pages[0], "a freed page is handed out again");
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0);
+        for &p in &pages {
+            // SAFETY: as above.
+            unsafe { a.free_page(state, p) };
+        }
+        a.purge_now();
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0);
+        assert_eq!(a.counters.pages_in_use.load(Ordering::Relaxed), 0);
+        assert_eq!(a.counters.reserved.load(Ordering::Relaxed), SEGMENT_SIZE as u64, "one empty segment kept");
+    }
+
+    #[test]
+    fn cached_huge_mappings_fit_their_requests() {
+        let (state, a) = (state(), arena());
+        let len = SEGMENT_SIZE;
+        let m = mem::map_aligned(len, SEGMENT_SIZE).unwrap();
+        assert!(a.keep_huge(state, m, len));
+        assert!(a.take_huge(len + 1).is_none(), "too small");
+        assert!(a.take_huge(len / 32).is_none(), "too large to pin for a small block");
+        assert_eq!(a.take_huge(len / 2), Some((m, len)));
+        assert!(a.take_huge(len / 2).is_none(), "taken once");
+        assert!(!a.keep_huge(state, m, state.config.purge_threshold + 1), "over the threshold: not kept");
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0);
+        // SAFETY: ours, unused.
+        unsafe { mem::unmap(m, len).unwrap() };
+    }
+}

@@ -181,3 +181,52 @@ pub(crate) unsafe fn usable_size(seg: *mut Segment, p: *const u8) -> usize {
     // SAFETY: per the contract.
     unsafe { (*seg).map_base as usize + (*seg).map_len - p as usize }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> &'static State {
+        State::get(&crate::alloc::Config::new())
+    }
+
+    #[test]
+    fn huge_blocks_are_aligned_sized_and_keep_contents_when_resized() {
+        let state = state();
+        let node = state.current_arena().node;
+        for align in [16, 4096, 1 << 20, 8 << 20] {
+            let size = 300_000;
+            let p = alloc_on(state, node, size, align, true);
+            assert!(!p.is_null() && p as usize % align == 0, "align {align}");
+            // SAFETY: a live huge block of `size` zeroed bytes.
+            unsafe {
+                assert!(std::slice::from_raw_parts(p, size).iter().all(|&b| b == 0));
+                assert!(usable_size(segment_of(p), p) >= size);
+                p.write_bytes(0x5a, size);
+                // Grown far past its mapping (moved or in place), then shrunk.
+                // Beyond a segment's alignment a block that cannot grow in
+                // place is not moved here (the caller copies).
+                let q = realloc(state, p, align, 40 << 20);
+                if q.is_null() {
+                    assert!(align > SEGMENT_SIZE);
+                    free(state, segment_of(p));
+                    continue;
+                }
+                assert!(q as usize % align == 0);
+                assert!(std::slice::from_raw_parts(q, size).iter().all(|&b| b == 0x5a), "contents lost");
+                assert!(usable_size(segment_of(q), q) >= 40 << 20);
+                let r = realloc(state, q, align, 1 << 20);
+                assert!(!r.is_null() && std::slice::from_raw_parts(r, size).iter().all(|&b| b == 0x5a));
+                free(state, segment_of(r));
+            }
+        }
+    }
+
+    #[test]
+    fn too_large_or_too_aligned_is_null() {
+        let state = state();
+        assert!(alloc_on(state, 0, 16, MAX_ALIGN * 2, false).is_null());
+        assert!(alloc_on(state, 0, isize::MAX as usize, 16, false).is_null());
+        assert_eq!(map_len(os::page_size(), usize::MAX - 10), None);
+    }
+}

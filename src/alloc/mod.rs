@@ -168,7 +168,7 @@ impl NumaAlloc {
         // page alignment is enough, else directly. See `placement.rs`.
         let p = match (class, placement::interleaver(state)) {
             (Some(c), Some(il)) if align >= region::UNIT => {
-                let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
+                let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
                 if align > region::UNIT {
                     il.alloc_block(size, align)
                 } else {
@@ -181,7 +181,7 @@ impl NumaAlloc {
                 }
             }
             (Some(c), _) => {
-                let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
+                let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
                 // SAFETY: the calling thread's heap; the block holds `size` bytes.
                 unsafe { alloc_class(heap, c) }
             }
@@ -201,19 +201,6 @@ impl Default for NumaAlloc {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// The calling thread's heap, made (or adopted) on first use; `None` only
-/// when the OS refuses the memory for a heap descriptor.
-#[inline]
-fn thread_heap(state: &'static State) -> Option<*mut Heap> {
-    let h = heap::current();
-    if !h.is_null() {
-        return Some(h);
-    }
-    let (h, adopted) = heap::init_current(state)?;
-    placement::heap_started(h, adopted);
-    Some(h)
 }
 
 /// A block of class `class` from the calling thread's heap: the fast path,

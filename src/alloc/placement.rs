@@ -250,14 +250,22 @@ pub(crate) fn large_node(state: &'static State, size: usize) -> usize {
     }
 }
 
-/// A new or adopted heap for the calling thread: an adopted one may hold
-/// pages of several nodes.
-pub(crate) fn heap_started(heap: *mut Heap, adopted: bool) {
+/// The calling thread's heap, made (or adopted) on first use; `None` only
+/// when the OS refuses the memory for a heap descriptor. An adopted heap
+/// may hold pages of several nodes: `Local` then checks them.
+#[inline]
+pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
+    let h = heap::current();
+    if !h.is_null() {
+        return Some(h);
+    }
+    let (h, adopted) = heap::init_current(state)?;
     THREAD.with(|t| {
         // SAFETY: the calling thread's heap.
-        t.last_node.set(unsafe { (*heap).node });
+        t.last_node.set(unsafe { (*h).node });
         t.mixed.set(adopted);
     });
+    Some(h)
 }
 
 /// The slow path of an allocation of class `class` whose direct page ran
@@ -303,7 +311,7 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
 /// A block of `class` on `node` (an allocator handle's), from the calling
 /// thread's heap pages of that node.
 pub(crate) fn alloc_on_node(state: &'static State, class: usize, node: usize) -> *mut u8 {
-    let Some(heap) = super::thread_heap(state) else { return ptr::null_mut() };
+    let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
     let node = state.node_arena(node).node;
     THREAD.with(|t| t.note_page(node));
     // SAFETY: the calling thread's heap.

@@ -27,7 +27,8 @@
 //! the space that carves a region holds none, but retires it when it lets
 //! go of it (it is full, or the space is dropped). The region goes back to
 //! its arena when it is retired and its last block is freed, whichever comes
-//! last. Blocks freed into a retired region are returned to the OS at once.
+//! last; the threads that free into a retired region return each 2 MiB of
+//! it that no block uses any more (whole, so that huge pages stay whole).
 
 use core::cell::Cell;
 use core::ptr::{self, NonNull};
@@ -35,7 +36,7 @@ use core::ptr::{self, NonNull};
 use super::segment::{Block, SEGMENT_SIZE, Segment, SegmentKind};
 use super::state::State;
 use crate::os::mem;
-use crate::sync::{AtomicU16, AtomicU64, AtomicUsize, Ordering, RetireCount};
+use crate::sync::{AtomicUsize, Ordering, RetireCount, UnitMap};
 
 /// A region's unit of carving (the smallest page size).
 pub(crate) const UNIT: usize = 4096;
@@ -62,12 +63,9 @@ pub(crate) struct Region {
     /// of the thread interleaver whose space carves it (0 otherwise). Only
     /// the thread using that interleaver can see its own address there.
     owner: AtomicUsize,
-    /// Dirty units: free, but not returned to the OS yet.
-    dirty_units: AtomicUsize,
-    used: [AtomicU64; WORDS],
-    dirty: [AtomicU64; WORDS],
-    /// At a block's first unit, its length in units (0 elsewhere).
-    len: [AtomicU16; UNITS],
+    /// Which units are in use, which are dirty (free, not returned to the
+    /// OS yet), and each block's length.
+    units: UnitMap<WORDS>,
     /// The carver's: the next unit to carve and the end of the free run it
     /// is in (units from `top` to `limit` are free), and the cursor turn the
     /// last block carved belonged to.
@@ -133,7 +131,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -
         (*r).limit.set(UNITS);
         (*r).last_turn.set(u64::MAX);
         // The header's units are never free.
-        (*r).used[0].store((1 << FIRST) - 1, Ordering::Relaxed);
+        (*r).units.reserve(0, FIRST);
     }
     if fresh {
         if arena.spilled(state, base) {
@@ -203,7 +201,7 @@ impl Region {
         let i = self.index(first);
         debug_assert_eq!(i + n * units, self.top.get(), "only the top run can be uncarved");
         for k in 0..n {
-            self.untake(i + k * units, units, false);
+            self.untake(i + k * units, units);
         }
         self.top.set(self.index(top as *mut u8));
     }
@@ -236,110 +234,63 @@ impl Region {
         if p as usize % UNIT != 0 {
             return 0;
         }
-        usize::from(self.len[self.index(p)].load(Ordering::Relaxed)) * UNIT
+        self.units.block_len(self.index(p)) * UNIT
     }
 
     /// Marks `units` units from `start` in use, `start` the block's first.
     fn take(&self, start: usize, units: usize) {
         debug_assert_eq!(self.seg.kind, SegmentKind::Region);
-        debug_assert!(start >= FIRST && start + units <= UNITS);
-        debug_assert_eq!(self.len[start].load(Ordering::Relaxed), 0);
-        let mut cleaned = 0;
-        for_words(start, units, |w, m| {
-            let old = self.used[w].fetch_or(m, Ordering::Relaxed);
-            debug_assert_eq!(old & m, 0, "carving units in use");
-            cleaned += (self.dirty[w].fetch_and(!m, Ordering::Relaxed) & m).count_ones() as usize;
-        });
-        if cleaned > 0 {
-            self.dirty_units.fetch_sub(cleaned, Ordering::Relaxed);
-        }
-        self.len[start].store(units as u16, Ordering::Relaxed);
+        debug_assert!(start >= FIRST);
+        self.units.take(start, units);
     }
 
-    /// Marks the block of `units` units at `start` free (dirty, unless
-    /// `purge`: then its pages go back to the OS first).
-    fn untake(&self, start: usize, units: usize, purge: bool) {
-        debug_assert_eq!(usize::from(self.len[start].load(Ordering::Relaxed)), units);
-        self.len[start].store(0, Ordering::Relaxed);
-        if purge {
-            // SAFETY: the block's units, ours to give up.
-            let _ = unsafe { mem::decommit(NonNull::new_unchecked(self.addr(start)), units * UNIT) };
-        }
-        let mut dirtied = 0;
-        for_words(start, units, |w, m| {
-            if !purge {
-                dirtied += (!self.dirty[w].fetch_or(m, Ordering::Relaxed) & m).count_ones() as usize;
-            }
-            // Release: a carver that sees the bits clear (Acquire) sees the
-            // length cleared and the freer's last use of the units.
-            let old = self.used[w].fetch_and(!m, Ordering::Release);
-            debug_assert_eq!(old & m, m, "freeing units not in use");
-        });
-        if dirtied > 0 {
-            self.dirty_units.fetch_add(dirtied, Ordering::Relaxed);
-        }
+    /// Marks the block of `units` units at `start` free (and dirty: still
+    /// committed).
+    fn untake(&self, start: usize, units: usize) {
+        self.units.untake(start, units);
     }
 
     /// The lowest run of at least `units` free units starting on a multiple
     /// of `align` units: its start, and the end of the free run.
     fn find_run(&self, units: usize, align: usize) -> Option<(usize, usize)> {
-        let mut i = up(FIRST, align);
-        while i + units <= UNITS {
-            match self.first_used(i, i + units) {
-                None => return Some((i, self.first_used(i + units, UNITS).unwrap_or(UNITS))),
-                Some(u) => i = up(u + 1, align),
-            }
-        }
-        None
-    }
-
-    /// The first unit in use in `from..to`.
-    fn first_used(&self, from: usize, to: usize) -> Option<usize> {
-        let mut i = from;
-        while i < to {
-            // Acquire: pairs with the freeing thread's Release (`untake`).
-            let w = self.used[i / 64].load(Ordering::Acquire) >> (i % 64);
-            if w != 0 {
-                let u = i + w.trailing_zeros() as usize;
-                return (u < to).then_some(u);
-            }
-            i = (i / 64 + 1) * 64;
-        }
-        None
+        self.units.find_run(units, align, FIRST)
     }
 
     /// Returns dirty free units to the OS once more than [`DIRTY_MAX`] are
     /// waiting.
     fn purge_if_dirty(&self) {
-        if self.dirty_units.load(Ordering::Relaxed) > DIRTY_MAX {
+        if self.units.dirty_units() > DIRTY_MAX {
             self.purge();
         }
     }
 
-    /// Returns every dirty free unit to the OS. Only the carver takes units,
-    /// so a unit free here stays free until this returns.
+    /// Returns every dirty free unit to the OS (the carver only).
     fn purge(&self) {
-        let mut purged = 0;
-        for w in 0..WORDS {
-            let mut d = self.dirty[w].load(Ordering::Relaxed) & !self.used[w].load(Ordering::Acquire);
-            let cand = d;
-            while d != 0 {
-                let s = d.trailing_zeros() as usize;
-                let run = (d >> s).trailing_ones() as usize;
-                // SAFETY: free units of ours, nobody's block.
-                let _ = unsafe { mem::decommit(NonNull::new_unchecked(self.addr(w * 64 + s)), run * UNIT) };
-                d &= !(((1u128 << run) - 1) as u64).wrapping_shl(s as u32);
-            }
-            if cand != 0 {
-                purged += (self.dirty[w].fetch_and(!cand, Ordering::Relaxed) & cand).count_ones() as usize;
-            }
-        }
-        if purged > 0 {
-            self.dirty_units.fetch_sub(purged, Ordering::Relaxed);
-            if let Some(state) = State::try_get() {
-                let a = state.node_arena(usize::from(self.seg.arena));
-                a.counters.purged.fetch_add((purged * UNIT) as u64, Ordering::Relaxed);
-            }
+        let purged = self.units.purge(|s, n| self.decommit(s, n));
+        self.count_purged(purged);
+    }
+
+    /// With no carver left (retired): returns the 2 MiB around unit `i` to
+    /// the OS if no block uses any of it. Only whole ones, so that huge
+    /// pages are not split.
+    fn purge_free_chunk(&self, i: usize) {
+        // The header is in use: the region's first chunk is never returned.
+        let purged = self.units.purge_free_chunk(i, (2 << 20) / UNIT, |s, n| self.decommit(s, n));
+        self.count_purged(purged);
+    }
+
+    /// Returns `n` free units from `s` to the OS.
+    fn decommit(&self, s: usize, n: usize) {
+        // SAFETY: free units of ours, nobody's block.
+        let _ = unsafe { mem::decommit(NonNull::new_unchecked(self.addr(s)), n * UNIT) };
+    }
+
+    fn count_purged(&self, units: usize) {
+        if units > 0
+            && let Some(state) = State::try_get()
+        {
+            let a = state.node_arena(usize::from(self.seg.arena));
+            a.counters.purged.fetch_add((units * UNIT) as u64, Ordering::Relaxed);
         }
     }
 
@@ -380,7 +331,7 @@ impl Region {
                     list.set(b);
                     self.reuse_units.set(self.reuse_units.get() + units);
                 }
-                _ => self.untake(self.index(b.cast()), units, false),
+                _ => self.untake(self.index(b.cast()), units),
             }
             if b == tail {
                 break;
@@ -397,7 +348,7 @@ impl Region {
             while !b.is_null() {
                 // SAFETY: blocks on the lists are free blocks of ours.
                 let next = unsafe { (*b).next };
-                self.untake(self.index(b.cast()), i + 1, false);
+                self.untake(self.index(b.cast()), i + 1);
                 b = next;
             }
         }
@@ -486,20 +437,6 @@ impl Region {
     }
 }
 
-/// Calls `f(word, mask)` for the words covering units `start..start+n`.
-#[inline]
-fn for_words(start: usize, n: usize, mut f: impl FnMut(usize, u64)) {
-    let (mut i, end) = (start, start + n);
-    while i < end {
-        let w = i / 64;
-        let hi = end.min((w + 1) * 64);
-        let bits = hi - i;
-        let m = if bits == 64 { !0 } else { ((1u64 << bits) - 1) << (i % 64) };
-        f(w, m);
-        i = hi;
-    }
-}
-
 /// Lets go of `r`, the region a space carved from until now: the owner's
 /// reuse lists emptied, free memory returned, the references charged up
 /// front and not used and the owner's frees settled, then retired (and
@@ -514,7 +451,12 @@ pub(crate) unsafe fn retire(r: NonNull<Region>) {
     unsafe {
         let reg = &*r;
         reg.flush_reuse();
-        reg.purge();
+        // A region with a block still live keeps only its pages: the rest
+        // goes back now. One with none goes back whole, below, to its
+        // arena's cache of mappings (pages, and huge pages, intact).
+        if !reg.is_unused() {
+            reg.purge();
+        }
         // From now on every free goes through `live`, and returns its units
         // to the OS at once.
         reg.owner.store(0, Ordering::Relaxed);
@@ -543,7 +485,15 @@ pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
         let reg = &*r;
         let units = reg.block_size(p) / UNIT;
         debug_assert!(units > 0, "free of a pointer that is no region block");
-        reg.untake(reg.index(p), units, reg.live.is_retired());
+        let i = reg.index(p);
+        reg.untake(i, units);
+        // A retired region has no carver: the freeing threads return each
+        // 2 MiB of it that no block uses any more (several at once do no
+        // harm). Only whole ones, so that huge pages are not split: a
+        // mapping whose last block goes is reused whole by its arena.
+        if reg.live.is_retired() {
+            reg.purge_free_chunk(i);
+        }
         if reg.live.release() {
             unmap(r);
         }
@@ -586,16 +536,6 @@ pub(crate) unsafe fn usable_size(seg: *mut Segment, p: *const u8) -> usize {
 mod tests {
     use super::*;
 
-    #[test]
-    fn words_cover_exactly_the_units() {
-        let mut got = Vec::new();
-        for_words(60, 70, |w, m| got.push((w, m)));
-        assert_eq!(got, vec![(0, 0xf << 60), (1, !0), (2, (1 << 2) - 1)]);
-        got.clear();
-        for_words(64, 64, |w, m| got.push((w, m)));
-        assert_eq!(got, vec![(1, !0)]);
-    }
-
     /// A region of this thread (exclusive), checked through its bitmap:
     /// turns back to back, free without a size, reuse across lengths,
     /// the owner's lists bounded, dirty memory purged.
@@ -618,8 +558,8 @@ mod tests {
             assert_eq!((c as usize - r.as_ptr() as usize) % (16 * UNIT), 0);
             // Freed into the bitmap (no owner path), the lowest run serves
             // the next search, for another length.
-            reg.untake(reg.index(a), 1, false);
-            reg.untake(reg.index(b), 2, false);
+            reg.untake(reg.index(a), 1);
+            reg.untake(reg.index(b), 2);
             reg.top.set(reg.limit.get());
             let d = reg.carve(3, 1, 1, 1).unwrap();
             assert_eq!(d, a, "three freed units reused for a three-unit block");
@@ -629,15 +569,15 @@ mod tests {
                 reg.owner_free(p, 1);
             }
             assert_eq!(reg.reuse_units.get(), REUSE_MAX);
-            assert_eq!(reg.dirty_units.load(Ordering::Relaxed), 300 - REUSE_MAX);
+            assert_eq!(reg.units.dirty_units(), 300 - REUSE_MAX);
             assert_eq!(reg.pop_reuse(1, UNIT), Some(blocks[REUSE_MAX - 1]), "LIFO");
             reg.flush_reuse();
-            assert_eq!(reg.dirty_units.load(Ordering::Relaxed), 299, "all but the one popped");
+            assert_eq!(reg.units.dirty_units(), 299, "all but the one popped");
             reg.purge();
-            assert_eq!(reg.dirty_units.load(Ordering::Relaxed), 0);
-            reg.untake(reg.index(blocks[REUSE_MAX - 1]), 1, false);
+            assert_eq!(reg.units.dirty_units(), 0);
+            reg.untake(reg.index(blocks[REUSE_MAX - 1]), 1);
             for p in [c, d] {
-                reg.untake(reg.index(p), reg.block_size(p) / UNIT, false);
+                reg.untake(reg.index(p), reg.block_size(p) / UNIT);
             }
             assert!(reg.owned_by(owner) && !reg.owned_by(0));
             reg.credit.set((1 << 20) - 300);

@@ -8,10 +8,12 @@ mod once;
 mod retire;
 mod spin;
 mod stack;
+mod unit_map;
 pub use once::InitCell;
 pub use retire::{Acquired, RetireCount};
 pub use spin::{SpinGuard, SpinLock};
 pub use stack::{AtomicStack, CountedStack, Linked};
+pub use unit_map::{UnitMap, for_words};
 
 /// Keeps a value on cache lines of its own (two, against the adjacent-line
 /// prefetcher), so that threads writing it do not steal the lines its

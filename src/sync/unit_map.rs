@@ -1,0 +1,281 @@
+//! A bitmap of equal units with a length at each block's first unit: the
+//! concurrency of the allocator's regions, apart from their memory so that
+//! loom can check it (`loom-tests/tests/unit_map.rs`).
+//!
+//! One *carver* at a time takes units ([`take`](UnitMap::take)); any thread
+//! frees a block ([`untake`](UnitMap::untake)): its units become free and
+//! *dirty* (still committed). The carver purges dirty free units
+//! ([`purge`](UnitMap::purge)); once there is no carver any more (a retired
+//! region), freeing threads purge whole free chunks
+//! ([`purge_free_chunk`](UnitMap::purge_free_chunk)), several at once if
+//! need be.
+//!
+//! Orderings: a freeing thread clears a block's length, counts its newly
+//! dirty units, then clears its bits with Release; whoever reads the bits
+//! with Acquire and finds them clear (the carver looking for room, a thread
+//! purging) sees the length cleared, the count raised, and the freer's last
+//! use of the memory.
+
+use super::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+
+/// See the module docs: `W` words of 64 units, all storage inline (the
+/// allocator keeps it in a region's header).
+#[repr(C)]
+pub struct UnitMap<const W: usize> {
+    used: [AtomicU64; W],
+    dirty: [AtomicU64; W],
+    dirty_units: AtomicUsize,
+    /// At each unit: the length of the block that starts there (0: none).
+    len: [[AtomicU16; 64]; W],
+}
+
+/// Calls `f(word, mask)` for the words covering units `start..start+n`.
+#[inline]
+pub fn for_words(start: usize, n: usize, mut f: impl FnMut(usize, u64)) {
+    let (mut i, end) = (start, start + n);
+    while i < end {
+        let w = i / 64;
+        let hi = end.min((w + 1) * 64);
+        let bits = hi - i;
+        let m = if bits == 64 { !0 } else { ((1u64 << bits) - 1) << (i % 64) };
+        f(w, m);
+        i = hi;
+    }
+}
+
+impl<const W: usize> UnitMap<W> {
+    /// All units free and clean.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        #[allow(clippy::declare_interior_mutable_const)]
+        const Z64: AtomicU64 = AtomicU64::new(0);
+        #[allow(clippy::declare_interior_mutable_const)]
+        const Z16: AtomicU16 = AtomicU16::new(0);
+        #[allow(clippy::declare_interior_mutable_const)]
+        const ROW: [AtomicU16; 64] = [Z16; 64];
+        Self { used: [Z64; W], dirty: [Z64; W], dirty_units: AtomicUsize::new(0), len: [ROW; W] }
+    }
+
+    /// All units free and clean (loom's atomics are not `const`).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Self {
+            used: core::array::from_fn(|_| AtomicU64::new(0)),
+            dirty: core::array::from_fn(|_| AtomicU64::new(0)),
+            dirty_units: AtomicUsize::new(0),
+            len: core::array::from_fn(|_| core::array::from_fn(|_| AtomicU16::new(0))),
+        }
+    }
+
+    #[inline(always)]
+    fn used(&self) -> &[AtomicU64] {
+        &self.used
+    }
+
+    #[inline(always)]
+    fn dirty(&self) -> &[AtomicU64] {
+        &self.dirty
+    }
+
+    #[inline(always)]
+    fn dirty_count(&self) -> &AtomicUsize {
+        &self.dirty_units
+    }
+
+    #[inline(always)]
+    fn len_at(&self, i: usize) -> &AtomicU16 {
+        &self.len[i / 64][i % 64]
+    }
+
+    /// Units in the map.
+    pub fn units(&self) -> usize {
+        self.used().len() * 64
+    }
+
+    /// Marks `n` units from `start` in use for good, as no block (a header).
+    pub fn reserve(&self, start: usize, n: usize) {
+        for_words(start, n, |w, m| {
+            self.used()[w].fetch_or(m, Ordering::Relaxed);
+        });
+    }
+
+    /// Marks `n` units from `start` in use, `start` a block's first (the
+    /// carver only). Returns how many of them were dirty.
+    pub fn take(&self, start: usize, n: usize) -> usize {
+        debug_assert!(n > 0 && start + n <= self.units());
+        debug_assert_eq!(self.len_at(start).load(Ordering::Relaxed), 0, "a block starts there already");
+        let mut cleaned = 0;
+        for_words(start, n, |w, m| {
+            let old = self.used()[w].fetch_or(m, Ordering::Relaxed);
+            debug_assert_eq!(old & m, 0, "taking units in use");
+            // A load first: most units taken are not dirty, and the RMW on
+            // a word freeing threads may write is the costly part.
+            if self.dirty()[w].load(Ordering::Relaxed) & m != 0 {
+                cleaned += (self.dirty()[w].fetch_and(!m, Ordering::Relaxed) & m).count_ones() as usize;
+            }
+        });
+        if cleaned > 0 {
+            self.dirty_count().fetch_sub(cleaned, Ordering::Relaxed);
+        }
+        self.len_at(start).store(n as u16, Ordering::Relaxed);
+        cleaned
+    }
+
+    /// Marks the block of `n` units at `start` free and dirty (any thread,
+    /// for a block it gives up).
+    pub fn untake(&self, start: usize, n: usize) {
+        debug_assert_eq!(usize::from(self.len_at(start).load(Ordering::Relaxed)), n, "not a block of that length");
+        self.len_at(start).store(0, Ordering::Relaxed);
+        for_words(start, n, |w, m| {
+            let dirtied = (!self.dirty()[w].fetch_or(m, Ordering::Relaxed) & m).count_ones() as usize;
+            if dirtied > 0 {
+                self.dirty_count().fetch_add(dirtied, Ordering::Relaxed);
+            }
+            // Release: see the module docs.
+            let old = self.used()[w].fetch_and(!m, Ordering::Release);
+            debug_assert_eq!(old & m, m, "freeing units not in use");
+        });
+    }
+
+    /// The length of the block starting at unit `i` (0: none starts there).
+    #[inline]
+    pub fn block_len(&self, i: usize) -> usize {
+        usize::from(self.len_at(i).load(Ordering::Relaxed))
+    }
+
+    /// The first unit in use in `from..to`.
+    pub fn first_used(&self, from: usize, to: usize) -> Option<usize> {
+        let mut i = from;
+        while i < to {
+            // Acquire: see the module docs.
+            let w = self.used()[i / 64].load(Ordering::Acquire) >> (i % 64);
+            if w != 0 {
+                let u = i + w.trailing_zeros() as usize;
+                return (u < to).then_some(u);
+            }
+            i = (i / 64 + 1) * 64;
+        }
+        None
+    }
+
+    /// The lowest run of at least `n` free units from `from` on, starting on
+    /// a multiple of `align` units: its start, and the end of the free run.
+    pub fn find_run(&self, n: usize, align: usize, from: usize) -> Option<(usize, usize)> {
+        debug_assert!(align.is_power_of_two());
+        let units = self.units();
+        let mut i = from.next_multiple_of(align);
+        while i + n <= units {
+            match self.first_used(i, i + n) {
+                None => return Some((i, self.first_used(i + n, units).unwrap_or(units))),
+                Some(u) => i = (u + 1).next_multiple_of(align),
+            }
+        }
+        None
+    }
+
+    /// Dirty units now.
+    pub fn dirty_units(&self) -> usize {
+        self.dirty_count().load(Ordering::Relaxed)
+    }
+
+    /// Calls `decommit(start, n)` for every run of dirty free units and
+    /// counts them clean; how many. The carver only (no unit gets taken
+    /// meanwhile); freeing threads may go on.
+    pub fn purge(&self, mut decommit: impl FnMut(usize, usize)) -> usize {
+        let mut purged = 0;
+        let mut run = None;
+        for i in 0..=self.units() {
+            let cand = i < self.units() && {
+                let (w, b) = (i / 64, 1u64 << (i % 64));
+                self.dirty()[w].load(Ordering::Relaxed) & b != 0 && self.used()[w].load(Ordering::Acquire) & b == 0
+            };
+            match (cand, run) {
+                (true, None) => run = Some(i),
+                (false, Some(s)) => {
+                    run = None;
+                    decommit(s, i - s);
+                    for_words(s, i - s, |w, m| {
+                        purged += (self.dirty()[w].fetch_and(!m, Ordering::Relaxed) & m).count_ones() as usize;
+                    });
+                }
+                _ => {}
+            }
+        }
+        if purged > 0 {
+            self.dirty_count().fetch_sub(purged, Ordering::Relaxed);
+        }
+        purged
+    }
+
+    /// With no carver left: if no unit of the `chunk` units around unit `i`
+    /// (`chunk` a multiple of 64) is in use and some is dirty, calls
+    /// `decommit(start, chunk)` and counts them clean; how many. Any number
+    /// of threads at once.
+    pub fn purge_free_chunk(&self, i: usize, chunk: usize, decommit: impl FnOnce(usize, usize)) -> usize {
+        debug_assert!(chunk % 64 == 0);
+        let start = i / chunk * chunk;
+        let words = start / 64..(start + chunk) / 64;
+        // Acquire: the frees of every block that was there are over.
+        if words.clone().any(|w| self.used()[w].load(Ordering::Acquire) != 0)
+            || words.clone().all(|w| self.dirty()[w].load(Ordering::Relaxed) == 0)
+        {
+            return 0;
+        }
+        decommit(start, chunk);
+        let mut purged = 0;
+        for w in words {
+            purged += self.dirty()[w].swap(0, Ordering::Relaxed).count_ones() as usize;
+        }
+        self.dirty_count().fetch_sub(purged, Ordering::Relaxed);
+        purged
+    }
+}
+
+impl<const W: usize> Default for UnitMap<W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_cover_exactly_the_units() {
+        let mut got = Vec::new();
+        for_words(60, 70, |w, m| got.push((w, m)));
+        assert_eq!(got, vec![(0, 0xf << 60), (1, !0), (2, (1 << 2) - 1)]);
+        got.clear();
+        for_words(64, 64, |w, m| got.push((w, m)));
+        assert_eq!(got, vec![(1, !0)]);
+    }
+
+    #[test]
+    fn runs_lengths_dirt_and_purges() {
+        let m = UnitMap::<4>::new();
+        m.reserve(0, 1);
+        assert_eq!(m.find_run(3, 1, 0), Some((1, 256)));
+        assert_eq!(m.take(1, 3), 0);
+        assert_eq!(m.take(4, 70), 0);
+        assert_eq!((m.block_len(1), m.block_len(4), m.block_len(5)), (3, 70, 0));
+        assert_eq!(m.find_run(1, 64, 0), Some((128, 256)), "aligned past the blocks");
+        m.untake(1, 3);
+        assert_eq!((m.block_len(1), m.dirty_units()), (0, 3));
+        assert_eq!(m.find_run(2, 1, 1), Some((1, 4)), "a freed run, up to the next block");
+        // Taking a dirty unit makes it clean.
+        assert_eq!(m.take(2, 1), 1);
+        assert_eq!(m.dirty_units(), 2);
+        let mut calls = Vec::new();
+        assert_eq!(m.purge(|s, n| calls.push((s, n))), 2);
+        assert_eq!((calls, m.dirty_units()), (vec![(1, 1), (3, 1)], 0));
+        // A whole free chunk goes back; one with a block in it stays.
+        m.untake(4, 70);
+        m.untake(2, 1);
+        assert_eq!(m.purge_free_chunk(10, 64, |_, _| panic!("unit 0 is in use")), 0);
+        // Units 64..74 were the block's: dirty; the rest of the chunk never used.
+        assert_eq!(m.purge_free_chunk(70, 64, |s, n| assert_eq!((s, n), (64, 64))), 10);
+        assert_eq!(m.dirty_units(), 71 - 10);
+        assert_eq!(m.purge_free_chunk(70, 64, |_, _| panic!("clean already")), 0);
+    }
+}
