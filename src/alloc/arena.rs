@@ -246,6 +246,7 @@ impl Arena {
             return None;
         }
         self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
+        super::segmap::insert(base.as_ptr());
         // SAFETY: non-null mapping.
         Some(unsafe { NonNull::new_unchecked(seg) })
     }
@@ -314,6 +315,7 @@ impl Arena {
                     self.counters.dirty.fetch_sub(dirty, Ordering::Relaxed);
                     self.counters.purged.fetch_add(dirty, Ordering::Relaxed);
                     self.counters.reserved.fetch_sub(SEGMENT_SIZE as u64, Ordering::Relaxed);
+                    super::segmap::remove(seg.cast());
                     let _ = mem::unmap(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE);
                     continue;
                 }

@@ -18,7 +18,6 @@
 //! on its node's arena for a new thread to adopt it: spawning and joining
 //! threads reuses heaps instead of growing memory.
 
-use core::cell::Cell;
 use core::ptr;
 
 use super::arena::Arena;
@@ -27,12 +26,6 @@ use super::size_class::{CLASSES, page_slots};
 use super::state::State;
 use crate::sync::{AtomicStack, AtomicU64, CachePadded, Ordering};
 use crate::topology::NodeSet;
-
-thread_local! {
-    /// The calling thread's heap; null before its first allocation and after it
-    /// exited. `const`-initialised with no destructor: a plain TLS load.
-    static HEAP: Cell<*mut Heap> = const { Cell::new(ptr::null_mut()) };
-}
 
 /// The page every empty direct slot points to, so the fast path needs no null
 /// check: its free list is always empty.
@@ -122,10 +115,11 @@ pub(crate) trait Placement {
     fn took(&mut self, node: usize);
 }
 
-/// The calling thread's heap, if it has one.
+/// The calling thread's heap, if it has one: null before its first
+/// allocation and after it exited. One `fs:`-relative load (see `tls.rs`).
 #[inline(always)]
 pub(crate) fn current() -> *mut Heap {
-    HEAP.with(|h| h.get())
+    super::tls::get().cast()
 }
 
 impl Heap {
@@ -690,7 +684,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
         }
         heap
     };
-    HEAP.with(|c| c.set(heap));
+    super::tls::set(heap.cast());
     // Ask for `thread_exit` at thread exit.
     state.exit_key.set(heap.cast());
     Some((heap, adopted))
@@ -705,7 +699,7 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     if heap.is_null() {
         return;
     }
-    HEAP.with(|c| c.set(ptr::null_mut()));
+    super::tls::set(ptr::null_mut());
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
     unsafe {
         Heap::release_empty_pages(heap);

@@ -71,6 +71,7 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     unsafe {
         ptr::write(h, Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total));
     }
+    super::segmap::insert(base.as_ptr());
     let c = &arena.counters;
     // The header page, just touched, tells where the block's memory comes from.
     if fresh && arena.spilled(state, base) {
@@ -104,6 +105,7 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     c.huge_live.fetch_sub(1, Ordering::Relaxed);
     c.huge_bytes.fetch_sub(len as u64, Ordering::Relaxed);
     c.huge_frees.fetch_add(1, Ordering::Relaxed);
+    super::segmap::remove(base);
     // SAFETY: the whole mapping of a block nobody uses any more.
     let base = unsafe { NonNull::new_unchecked(base) };
     // Segment-aligned mappings can be reused for any huge block of this node.
@@ -156,6 +158,10 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
         None
     };
     let Some(b) = new_base else { return ptr::null_mut() };
+    if b != old {
+        super::segmap::remove(old.as_ptr());
+        super::segmap::insert(b.as_ptr());
+    }
     // SAFETY: the header moved with the pages (it is their first page).
     unsafe {
         let h = b.as_ptr().cast::<Segment>();

@@ -55,10 +55,12 @@ mod huge;
 mod interleave;
 mod placement;
 mod region;
+mod segmap;
 mod segment;
 pub(crate) mod size_class;
 pub(crate) mod state;
 pub mod stats;
+mod tls;
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
@@ -115,6 +117,35 @@ impl NumaAlloc {
         NonNull::new(p).ok_or(Error::NodeOutOfMemory { node: self.state().topology.current_node() })
     }
 
+    /// Allocates `layout` on `node`'s memory (like the kernel's
+    /// `kmalloc_node`): a block of the calling thread's heap pages of that
+    /// node, or a huge mapping bound to it. When the node is out of memory
+    /// the nearest one serves, counted as a fallback (never in strict
+    /// mode). Freed like any block. `Error::InvalidNode` for a node that is
+    /// offline, has no memory or is outside `Mems_allowed`.
+    ///
+    /// ```
+    /// # use std::alloc::Layout;
+    /// # static A: numaweave::NumaAlloc = numaweave::NumaAlloc::new();
+    /// let node = numaweave::Topology::global().current_node();
+    /// let p = A.alloc_on(Layout::from_size_align(4096, 4096).unwrap(), node).unwrap();
+    /// // SAFETY: a live block of `A`, freed once.
+    /// unsafe { A.free(p.as_ptr()) };
+    /// ```
+    pub fn alloc_on(&self, layout: Layout, node: usize) -> Result<NonNull<u8>> {
+        let state = self.state();
+        crate::policy::Policy::Preferred(node).validate(&state.topology)?;
+        let (size, align) = (layout.size(), layout.align());
+        if align > MAX_ALIGN || size > isize::MAX as usize / 2 {
+            return Err(Error::LayoutTooLarge { size, align });
+        }
+        let p = match class_for(size, align) {
+            Some(c) => placement::alloc_on_node(state, c, node),
+            None => huge::alloc_on(state, node, size, align, false),
+        };
+        NonNull::new(p).ok_or(Error::NodeOutOfMemory { node })
+    }
+
     /// The usable size of the block at `p`: at least what was asked for, and
     /// exactly what the allocator set aside. Freeing the block with any size
     /// from the one asked for up to this one (or with none, as C's `free`
@@ -122,9 +153,32 @@ impl NumaAlloc {
     ///
     /// # Safety
     /// `p` must be a live block of this allocator.
+    #[inline]
     pub unsafe fn usable_size(&self, p: *const u8) -> usize {
         // SAFETY: per the contract.
         unsafe { usable_size(p) }
+    }
+
+    /// Whether `p` may be a block of this allocator: it lies where a live
+    /// segment of its has its blocks (found from the pointer alone, without
+    /// reading what it points to). False for null, the stack, statics, and
+    /// other allocators' memory; true for any pointer to the start of a live
+    /// block. (An interior or already freed pointer of a live segment is
+    /// not told apart: a hardened build checks those further.)
+    #[inline(always)]
+    pub fn owns(&self, p: *const u8) -> bool {
+        !p.is_null() && segmap::contains(p)
+    }
+
+    /// Frees the block at `p` without its size, as C's `free` does: exact
+    /// whatever the block's kind (the size is found from the block).
+    ///
+    /// # Safety
+    /// `p` must be a live block of this allocator.
+    #[inline(always)]
+    pub unsafe fn free(&self, p: *mut u8) {
+        // SAFETY: per the contract.
+        unsafe { free(p) }
     }
 
     /// The node whose arena owns the block at `p` (its segment's node).
@@ -238,7 +292,7 @@ unsafe fn free(p: *mut u8) {
                     free_remote(page, p.cast::<Block>());
                 }
             }
-            SegmentKind::Region => interleave::free(seg, p, placement::thread_interleaver()),
+            SegmentKind::Region => free_region(seg, p),
             SegmentKind::Huge => {
                 if let Some(state) = State::try_get() {
                     huge::free(state, seg);
@@ -246,6 +300,16 @@ unsafe fn free(p: *mut u8) {
             }
         }
     }
+}
+
+/// A region block (an interleaved I/O buffer): its owner's interleaver, if
+/// that is the caller's, takes it back. Out of line: the policy's
+/// thread-local is read here, never on the small blocks' free path.
+#[cold]
+#[inline(never)]
+unsafe fn free_region(seg: *mut segment::Segment, p: *mut u8) {
+    // SAFETY: the caller's contract.
+    unsafe { interleave::free(seg, p, placement::thread_interleaver()) }
 }
 
 /// A block of another heap's page: push it on the page's `thread_free`; the

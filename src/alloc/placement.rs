@@ -260,6 +260,7 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
         return Some(h);
     }
     let (h, adopted) = heap::init_current(state)?;
+    state.settle();
     THREAD.with(|t| {
         // SAFETY: the calling thread's heap.
         t.last_node.set(unsafe { (*h).node });

@@ -140,6 +140,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -
         arena.counters.reserved.fetch_add(len as u64, Ordering::Relaxed);
     }
     arena.counters.region_live.fetch_add(1, Ordering::Relaxed);
+    super::segmap::insert(base.as_ptr());
     NonNull::new(r)
 }
 
@@ -508,6 +509,7 @@ pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
 unsafe fn unmap(r: *mut Region) {
     // SAFETY: per the contract the header is ours.
     let (node, base, len) = unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len) };
+    super::segmap::remove(base);
     // SAFETY: the region's own mapping.
     let base = unsafe { NonNull::new_unchecked(base) };
     if let Some(state) = State::try_get() {

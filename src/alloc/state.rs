@@ -10,7 +10,7 @@ use super::arena::Arena;
 use super::heap::Heap;
 use crate::os::{file, mem, thread};
 use crate::policy::Policy;
-use crate::sync::{InitCell, SpinLock};
+use crate::sync::{AtomicBool, InitCell, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
 /// How arenas map to nodes, chosen once at start-up (as knfsd chose its pool
@@ -37,6 +37,8 @@ pub enum Mode {
 /// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS | `8M` |
 /// | `NUMAWEAVE_POLICY` | the process default [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)); `none` switches policies off ([`Config::policies`]) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
+/// | `NUMAWEAVE_VERBOSE` | `1`: print the configuration and the topology at start ([`Config::verbose`]) | `0` |
+/// | `NUMAWEAVE_SHOW_STATS` | `1`: print the per-node statistics at exit ([`Config::show_stats`]) | `0` |
 ///
 /// An invalid value is reported once on stderr and the configured value kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,12 +48,22 @@ pub struct Config {
     pub(crate) purge_threshold: usize,
     pub(crate) policy: Policy,
     pub(crate) policies: bool,
+    pub(crate) verbose: bool,
+    pub(crate) show_stats: bool,
 }
 
 impl Config {
     /// The defaults: `Auto`, not strict, 8 MiB purge threshold.
     pub const fn new() -> Self {
-        Self { mode: Mode::Auto, strict: false, purge_threshold: 8 << 20, policy: Policy::Local, policies: true }
+        Self {
+            mode: Mode::Auto,
+            strict: false,
+            purge_threshold: 8 << 20,
+            policy: Policy::Local,
+            policies: true,
+            verbose: false,
+            show_stats: false,
+        }
     }
 
     /// Switches memory policies off (`NUMAWEAVE_POLICY=none`): the slow path
@@ -76,6 +88,20 @@ impl Config {
     /// ([`NumaAlloc::interleave`](crate::NumaAlloc::interleave)).
     pub const fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Prints the configuration and the topology on stderr when the first
+    /// thread starts allocating (`NUMAWEAVE_VERBOSE=1`).
+    pub const fn verbose(mut self, on: bool) -> Self {
+        self.verbose = on;
+        self
+    }
+
+    /// Prints the per-node statistics on stderr at `exit()`
+    /// (`NUMAWEAVE_SHOW_STATS=1`, like `MIMALLOC_SHOW_STATS`).
+    pub const fn show_stats(mut self, on: bool) -> Self {
+        self.show_stats = on;
         self
     }
 
@@ -112,11 +138,19 @@ impl Config {
                 }
             }
         }
-        if let Some(v) = file::env(c"NUMAWEAVE_STRICT") {
-            match v.trim() {
-                "0" | "false" | "no" => self.strict = false,
-                "1" | "true" | "yes" => self.strict = true,
-                _ => file::report(format_args!("numaweave: ignoring NUMAWEAVE_STRICT={v:?} (want 0 or 1)")),
+        for (name, flag) in [
+            (c"NUMAWEAVE_STRICT", &mut self.strict),
+            (c"NUMAWEAVE_VERBOSE", &mut self.verbose),
+            (c"NUMAWEAVE_SHOW_STATS", &mut self.show_stats),
+        ] {
+            if let Some(v) = file::env(name) {
+                match v.trim() {
+                    "0" | "false" | "no" => *flag = false,
+                    "1" | "true" | "yes" => *flag = true,
+                    _ => {
+                        file::report(format_args!("numaweave: ignoring {}={v:?} (want 0 or 1)", name.to_string_lossy()))
+                    }
+                }
             }
         }
         if let Some(v) = file::env(c"NUMAWEAVE_POLICY") {
@@ -166,6 +200,8 @@ pub(crate) struct State {
     pub(crate) default_policy: Policy,
     /// `false`: policies switched off, the slow path never looks them up.
     pub(crate) policies: bool,
+    /// Whether the first thread's start-up work (`settle`) was done.
+    settled: AtomicBool,
 }
 
 // SAFETY: raw pointers inside are guarded by the spin locks around them.
@@ -217,6 +253,7 @@ impl State {
             file::report(format_args!("numaweave: no fork handlers ({e}): fork() from a threaded program may hang"));
         }
         let config = config.apply_env();
+        super::segmap::init();
         let topology = allocator_topology();
         let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
         let mode = match config.mode {
@@ -265,6 +302,35 @@ impl State {
             exit_key: ExitHook(exit_key),
             default_policy,
             policies: config.policies,
+            settled: AtomicBool::new(false),
+        }
+    }
+
+    /// Once, when the first heap is made (after start-up, outside the
+    /// allocator's locks: this may allocate): prints the configuration and
+    /// topology (`NUMAWEAVE_VERBOSE`) and asks for the statistics at exit
+    /// (`NUMAWEAVE_SHOW_STATS`).
+    pub(crate) fn settle(&'static self) {
+        if self.settled.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if self.config.verbose {
+            let c = &self.config;
+            file::write_stderr(format_args!(
+                "numaweave: mode {:?} (asked {:?}), strict {}, purge threshold {} B, policy {}{}\n{}",
+                self.mode,
+                c.mode,
+                c.strict,
+                c.purge_threshold,
+                self.default_policy,
+                if self.policies { "" } else { " (policies off)" },
+                self.topology
+            ));
+        }
+        if self.config.show_stats
+            && let Err(e) = thread::at_exit(show_stats_at_exit)
+        {
+            file::report(format_args!("numaweave: NUMAWEAVE_SHOW_STATS: {e}"));
         }
     }
 
@@ -353,6 +419,12 @@ impl<T> RawLock for SpinLock<T> {
     unsafe fn release(&self) {
         // SAFETY: forwarded contract.
         unsafe { self.unlock_raw() }
+    }
+}
+
+extern "C" fn show_stats_at_exit() {
+    if let Some(s) = State::try_get() {
+        super::stats::print_to_stderr(&super::stats::Stats::snapshot(s));
     }
 }
 

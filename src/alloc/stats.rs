@@ -116,6 +116,12 @@ impl Stats {
     }
 }
 
+/// Prints `stats` on stderr, as the table `Display` gives (for
+/// `malloc_stats` and `NUMAWEAVE_SHOW_STATS`).
+pub fn print_to_stderr(stats: &Stats) {
+    crate::os::file::write_stderr(format_args!("{stats}"));
+}
+
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use crate::topology::display::human_bytes as h;

@@ -148,6 +148,31 @@ pub fn report(args: fmt::Arguments<'_>) {
     unsafe { libc::write(2, buf.b.as_ptr().cast(), buf.n + 1) };
 }
 
+/// Writes formatted text to stderr without a buffer: each piece the
+/// formatter hands over goes out with its own `write(2)` (what the
+/// `Display` impls themselves do is theirs).
+pub fn write_stderr(args: fmt::Arguments<'_>) {
+    struct Stderr;
+    impl fmt::Write for Stderr {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let mut b = s.as_bytes();
+            while !b.is_empty() {
+                // SAFETY: writes initialised bytes of `b` to fd 2.
+                let n = unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+                if n <= 0 {
+                    if n < 0 && super::errno() == libc::EINTR {
+                        continue;
+                    }
+                    return Err(fmt::Error);
+                }
+                b = &b[n as usize..];
+            }
+            Ok(())
+        }
+    }
+    let _ = fmt::write(&mut Stderr, args);
+}
+
 /// File-system queries for device locality (`Topology::pci_node` and
 /// friends), on `std::path` paths. Not used on the allocator's start-up, so
 /// they may allocate.

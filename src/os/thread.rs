@@ -47,3 +47,12 @@ pub fn at_fork(prepare: extern "C" fn(), release: extern "C" fn()) -> Result<()>
     }
     Ok(())
 }
+
+/// Registers `f` to run at `exit()` (`atexit`).
+pub fn at_exit(f: extern "C" fn()) -> Result<()> {
+    // SAFETY: a plain `extern "C" fn()`.
+    if unsafe { libc::atexit(f) } != 0 {
+        return Err(Error::Os { call: "atexit", errno: libc::ENOMEM });
+    }
+    Ok(())
+}

@@ -1,0 +1,487 @@
+//! The C API beyond malloc: `numaweave.h` is generated from this file by
+//! cbindgen (see `build.rs`).
+//!
+//! Conventions: node ids are the topology's (`numaweave topology` prints
+//! them); functions that can fail return a [`numaweave_status`] or null, and
+//! [`numaweave_last_error`] then describes the failure in words; text is
+//! written into caller buffers with `snprintf`'s contract (the length it
+//! needs is returned, the buffer always NUL-terminated when not empty).
+
+use core::alloc::Layout;
+use core::cell::{Cell, RefCell};
+use core::ffi::{CStr, c_char, c_int, c_void};
+use core::fmt::Write as _;
+use core::ptr::{self, NonNull};
+
+use numaweave::policy::Policy;
+use numaweave::slab::RawCache;
+use numaweave::{Error, PolicyGuard, Topology};
+
+use crate::A;
+
+/// What a call of this API did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum numaweave_status {
+    /// Done.
+    NUMAWEAVE_OK = 0,
+    /// An argument was null, not UTF-8, or out of range.
+    NUMAWEAVE_INVALID_ARGUMENT = 1,
+    /// A node id that is not online, has no memory, or is not allowed.
+    NUMAWEAVE_INVALID_NODE = 2,
+    /// A policy that does not parse or does not fit the topology.
+    NUMAWEAVE_INVALID_POLICY = 3,
+    /// The memory could not be had.
+    NUMAWEAVE_OUT_OF_MEMORY = 4,
+    /// A size or alignment larger than numaweave serves.
+    NUMAWEAVE_LAYOUT_TOO_LARGE = 5,
+    /// No such device (PCI id, block device, network interface).
+    NUMAWEAVE_NO_SUCH_DEVICE = 6,
+    /// A slab cache's per-node limit was reached.
+    NUMAWEAVE_LIMIT_REACHED = 7,
+    /// A system call failed.
+    NUMAWEAVE_OS_ERROR = 8,
+}
+
+use numaweave_status::*;
+
+thread_local! {
+    /// The calling thread's last error, NUL-terminated.
+    static LAST_ERROR: RefCell<[u8; 256]> = const { RefCell::new([0; 256]) };
+    /// The thread's policy set through this API.
+    static POLICY: RefCell<Option<PolicyGuard>> = const { RefCell::new(None) };
+    static HAS_ERROR: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Records `msg` as the thread's last error; returns `status`.
+fn fail(status: numaweave_status, msg: core::fmt::Arguments<'_>) -> numaweave_status {
+    struct Buf<'a>(&'a mut [u8; 256], usize);
+    impl core::fmt::Write for Buf<'_> {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            let n = s.len().min(self.0.len() - 1 - self.1);
+            self.0[self.1..self.1 + n].copy_from_slice(&s.as_bytes()[..n]);
+            self.1 += n;
+            Ok(())
+        }
+    }
+    LAST_ERROR.with_borrow_mut(|b| {
+        let mut w = Buf(b, 0);
+        let _ = w.write_fmt(msg);
+        let n = w.1;
+        b[n] = 0;
+    });
+    HAS_ERROR.with(|h| h.set(true));
+    status
+}
+
+/// The status for `e`, recorded as the last error.
+fn fail_with(e: Error) -> numaweave_status {
+    let status = match e {
+        Error::InvalidNode { .. } => NUMAWEAVE_INVALID_NODE,
+        Error::InvalidPolicy { .. } => NUMAWEAVE_INVALID_POLICY,
+        Error::NodeOutOfMemory { .. } => NUMAWEAVE_OUT_OF_MEMORY,
+        Error::LayoutTooLarge { .. } => NUMAWEAVE_LAYOUT_TOO_LARGE,
+        Error::NoSuchDevice { .. } => NUMAWEAVE_NO_SUCH_DEVICE,
+        Error::LimitReached { .. } => NUMAWEAVE_LIMIT_REACHED,
+        Error::Os { .. } => NUMAWEAVE_OS_ERROR,
+        _ => NUMAWEAVE_INVALID_ARGUMENT,
+    };
+    fail(status, format_args!("{e}"))
+}
+
+/// A C string argument as text.
+unsafe fn text<'a>(s: *const c_char) -> Option<&'a str> {
+    if s.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(s) }.to_str().ok()
+}
+
+/// A node id argument.
+fn node_arg(node: c_int) -> Result<usize, numaweave_status> {
+    usize::try_from(node).map_err(|_| fail(NUMAWEAVE_INVALID_NODE, format_args!("node {node}: not a node id")))
+}
+
+/// Writes `t` into `buf` (`len` bytes) like `snprintf`; the length needed.
+unsafe fn write_text(buf: *mut c_char, len: usize, t: &str) -> usize {
+    if !buf.is_null() && len > 0 {
+        let n = t.len().min(len - 1);
+        // SAFETY: the caller's buffer holds `len` bytes.
+        unsafe {
+            ptr::copy_nonoverlapping(t.as_ptr(), buf.cast(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    t.len()
+}
+
+/// The calling thread's last error in words ("" if none), valid until the
+/// thread's next failing call.
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_last_error() -> *const c_char {
+    LAST_ERROR.with_borrow(|b| b.as_ptr().cast())
+}
+
+/// Nodes online (ids run from 0 to this minus one, gaps possible).
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_node_count() -> c_int {
+    Topology::global().nodes().iter().last().map_or(1, |n| n as c_int + 1)
+}
+
+/// The node the calling thread runs on now.
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_current_node() -> c_int {
+    Topology::global().current_node() as c_int
+}
+
+/// `size` bytes aligned to `align` (a power of two; 0 means 16) on `node`'s
+/// memory (the nearest node's when it is full, unless the allocator is
+/// strict), freed with `free`. Null on failure (`numaweave_last_error` says
+/// why, `errno` is `ENOMEM` or `EINVAL`).
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_alloc_on_node(size: usize, align: usize, node: c_int) -> *mut c_void {
+    let align = if align == 0 { 16 } else { align };
+    let Ok(node) = node_arg(node) else {
+        crate::set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let Ok(layout) = Layout::from_size_align(size, align) else {
+        fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("alignment {align} is not a power of two"));
+        crate::set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    match A.alloc_on(layout, node) {
+        Ok(p) => p.as_ptr().cast(),
+        Err(e) => {
+            crate::set_errno(if matches!(e, Error::InvalidNode { .. }) { libc::EINVAL } else { libc::ENOMEM });
+            fail_with(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// The node whose memory holds the block at `p` (as numaweave placed it),
+/// or -1 if numaweave did not allocate it.
+///
+/// # Safety
+/// `p` is null or a pointer the caller got from an allocator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_node_of(p: *const c_void) -> c_int {
+    if !A.owns(p.cast()) {
+        return -1;
+    }
+    // SAFETY: a live block of ours.
+    unsafe { A.node_of(p.cast()) as c_int }
+}
+
+/// Sets the calling thread's memory policy from its text form (`local`,
+/// `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`,
+/// `interleave:0,1:count=8:weights=3,1`), replacing one set before; it lasts
+/// until changed or cleared. `NUMAWEAVE_INVALID_POLICY` for a string that
+/// does not parse or does not fit the topology (the thread's policy is then
+/// unchanged).
+///
+/// # Safety
+/// `policy` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_set_thread_policy(policy: *const c_char) -> numaweave_status {
+    // SAFETY: per the contract.
+    let Some(s) = (unsafe { text(policy) }) else {
+        return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("policy: not a NUL-terminated UTF-8 string"));
+    };
+    let p: Policy = match s.trim().parse() {
+        Ok(p) => p,
+        Err(e) => return fail(NUMAWEAVE_INVALID_POLICY, format_args!("{s:?}: {e}")),
+    };
+    if let Err(e) = p.validate(Topology::global()) {
+        return fail(NUMAWEAVE_INVALID_POLICY, format_args!("{s:?}: {e}"));
+    }
+    POLICY.with_borrow_mut(|g| {
+        // The previous guard first: the new one restores the default.
+        *g = None;
+        match numaweave::with_policy(p) {
+            Ok(guard) => {
+                *g = Some(guard);
+                NUMAWEAVE_OK
+            }
+            Err(e) => fail_with(e),
+        }
+    })
+}
+
+/// Back to the process default policy for the calling thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_clear_thread_policy() {
+    POLICY.with_borrow_mut(|g| *g = None);
+}
+
+/// A node slab cache (opaque).
+pub struct numaweave_slab {
+    cache: RawCache,
+}
+
+/// Where a cache's objects go: node `node`, or with `node = -1` the node of
+/// the thread that allocates.
+fn slab_create(
+    name: *const c_char,
+    size: usize,
+    align: usize,
+    home: impl FnOnce(
+        numaweave::slab::CacheBuilder<numaweave::slab::Raw>,
+    ) -> numaweave::slab::CacheBuilder<numaweave::slab::Raw>,
+) -> *mut numaweave_slab {
+    // SAFETY: the caller passes a NUL-terminated name.
+    let Some(name) = (unsafe { text(name) }) else {
+        fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("slab name: not a NUL-terminated UTF-8 string"));
+        return ptr::null_mut();
+    };
+    let mut b = RawCache::builder(name, size);
+    if align != 0 {
+        b = b.align(align);
+    }
+    match home(b).build() {
+        Ok(cache) => Box::into_raw(Box::new(numaweave_slab { cache })),
+        Err(e) => {
+            fail_with(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// A cache of `size`-byte objects aligned to `align` (0: their natural
+/// alignment) on `node` (-1: the allocating thread's node). Null on error.
+///
+/// # Safety
+/// `name` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_create(
+    name: *const c_char,
+    size: usize,
+    align: usize,
+    node: c_int,
+) -> *mut numaweave_slab {
+    if node < 0 {
+        return slab_create(name, size, align, |b| b.local());
+    }
+    slab_create(name, size, align, |b| b.node(node as usize))
+}
+
+/// A cache placed on the node of `device` (a PCI id such as
+/// `0000:03:00.0`, a block device such as `nvme0n1`, or a network interface
+/// such as `eth0`); with `or_local`, a device without a node gives a cache
+/// on the allocating thread's node instead of an error.
+///
+/// # Safety
+/// `name` and `device` are NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_create_for_device(
+    name: *const c_char,
+    size: usize,
+    align: usize,
+    device: *const c_char,
+    or_local: bool,
+) -> *mut numaweave_slab {
+    // SAFETY: per the contract.
+    let Some(dev) = (unsafe { text(device) }) else {
+        fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("device: not a NUL-terminated UTF-8 string"));
+        return ptr::null_mut();
+    };
+    slab_create(name, size, align, |b| {
+        let b = b.device(dev);
+        if or_local { b.or_local() } else { b }
+    })
+}
+
+/// An object of the cache, on its home node (the nearest one with memory
+/// when that one is out of it). Null on error.
+///
+/// # Safety
+/// `slab` is a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_alloc(slab: *mut numaweave_slab) -> *mut c_void {
+    // SAFETY: per the contract.
+    let Some(s) = (unsafe { slab.as_ref() }) else { return ptr::null_mut() };
+    match s.cache.alloc() {
+        Ok(p) => p.as_ptr().cast(),
+        Err(e) => {
+            fail_with(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// An object of the cache on `node` exactly (`kmem_cache_alloc_node`).
+///
+/// # Safety
+/// `slab` is a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_alloc_on(slab: *mut numaweave_slab, node: c_int) -> *mut c_void {
+    // SAFETY: per the contract.
+    let Some(s) = (unsafe { slab.as_ref() }) else { return ptr::null_mut() };
+    let Ok(node) = node_arg(node) else { return ptr::null_mut() };
+    match s.cache.alloc_on(node) {
+        Ok(p) => p.as_ptr().cast(),
+        Err(e) => {
+            fail_with(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// Gives an object back to its cache (null: nothing).
+///
+/// # Safety
+/// `slab` is a live cache and `obj` null or one of its live objects.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_free(slab: *mut numaweave_slab, obj: *mut c_void) {
+    // SAFETY: per the contract.
+    if let (Some(s), Some(o)) = (unsafe { slab.as_ref() }, NonNull::new(obj.cast::<u8>())) {
+        // SAFETY: per the contract.
+        unsafe { s.cache.free(o) };
+    }
+}
+
+/// `n` objects into `objs`, all or none.
+///
+/// # Safety
+/// `slab` is a live cache; `objs` holds `n` writable pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_alloc_bulk(
+    slab: *mut numaweave_slab,
+    objs: *mut *mut c_void,
+    n: usize,
+) -> numaweave_status {
+    // SAFETY: per the contract.
+    let Some(s) = (unsafe { slab.as_ref() }) else {
+        return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("null cache"));
+    };
+    if n == 0 {
+        return NUMAWEAVE_OK;
+    }
+    if objs.is_null() {
+        return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("null array"));
+    }
+    // SAFETY: per the contract, `n` pointers.
+    let out = unsafe { core::slice::from_raw_parts_mut(objs.cast::<*mut u8>(), n) };
+    match s.cache.alloc_bulk(out) {
+        Ok(()) => NUMAWEAVE_OK,
+        Err(e) => fail_with(e),
+    }
+}
+
+/// Gives `n` objects back at once.
+///
+/// # Safety
+/// `slab` is a live cache; `objs` holds `n` of its live objects.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_free_bulk(slab: *mut numaweave_slab, objs: *const *mut c_void, n: usize) {
+    // SAFETY: per the contract.
+    let Some(s) = (unsafe { slab.as_ref() }) else { return };
+    if objs.is_null() || n == 0 {
+        return;
+    }
+    // SAFETY: per the contract; `NonNull<u8>` has the layout of a non-null pointer.
+    let objs = unsafe { core::slice::from_raw_parts(objs.cast::<NonNull<u8>>(), n) };
+    // SAFETY: per the contract.
+    unsafe { s.cache.free_bulk(objs) };
+}
+
+/// Destroys the cache (objects still out stay valid until freed to it).
+///
+/// # Safety
+/// `slab` is null or a live cache, not used after this.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_destroy(slab: *mut numaweave_slab) {
+    if !slab.is_null() {
+        // SAFETY: per the contract, from `Box::into_raw`.
+        drop(unsafe { Box::from_raw(slab) });
+    }
+}
+
+/// Every live cache's statistics as a table (like `/proc/slabinfo`), into
+/// `buf` with `snprintf`'s contract.
+///
+/// # Safety
+/// `buf` is null or holds `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slabinfo(buf: *mut c_char, len: usize) -> usize {
+    let t = numaweave::slab::slabinfo().to_string();
+    // SAFETY: per the contract.
+    unsafe { write_text(buf, len, &t) }
+}
+
+/// One node's allocator statistics (bytes, or counts since start).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct numaweave_node_stats {
+    /// Address space mapped for the node.
+    pub reserved: u64,
+    /// An upper bound of the resident memory.
+    pub committed: u64,
+    /// Bytes of live blocks.
+    pub in_use: u64,
+    /// Bytes returned to the OS (cumulative).
+    pub returned: u64,
+    /// Allocations (cumulative).
+    pub allocs: u64,
+    /// Frees (cumulative).
+    pub frees: u64,
+    /// Blocks freed by other threads and collected by their owner.
+    pub remote_frees: u64,
+    /// Pages taken from another node because this one was full.
+    pub fallbacks: u64,
+    /// Huge blocks live.
+    pub huge_live: u64,
+    /// Interleave regions mapped.
+    pub regions: u64,
+}
+
+/// Fills `out[node]` for every node below `max` (nodes the allocator does
+/// not place on read zero); returns the number of node slots the
+/// allocator's statistics have (the highest node id plus one).
+///
+/// # Safety
+/// `out` holds `max` writable entries (or is null with `max = 0`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_stats(out: *mut numaweave_node_stats, max: c_int) -> c_int {
+    let s = A.stats();
+    let top = s.nodes.iter().last().map_or(0, |n| n + 1);
+    for n in 0..(max.max(0) as usize).min(s.per_node.len()) {
+        let p = &s.per_node[n];
+        // SAFETY: per the contract, `n < max`.
+        unsafe {
+            out.add(n).write(numaweave_node_stats {
+                reserved: p.reserved,
+                committed: p.committed,
+                in_use: p.in_use,
+                returned: p.returned,
+                allocs: p.allocs,
+                frees: p.frees,
+                remote_frees: p.remote_frees,
+                fallbacks: p.fallbacks,
+                huge_live: p.huge_live,
+                regions: p.regions,
+            })
+        };
+    }
+    top as c_int
+}
+
+/// The statistics table (what `NUMAWEAVE_SHOW_STATS=1` prints at exit) into
+/// `buf` with `snprintf`'s contract.
+///
+/// # Safety
+/// `buf` is null or holds `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_stats_print(buf: *mut c_char, len: usize) -> usize {
+    let t = A.stats().to_string();
+    // SAFETY: per the contract.
+    unsafe { write_text(buf, len, &t) }
+}
+
+/// Returns free memory to the OS now (as `malloc_trim`).
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_collect() {
+    A.collect();
+}

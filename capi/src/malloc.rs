@@ -1,0 +1,286 @@
+//! The malloc family, with glibc's behaviour at the edges:
+//!
+//! - every block is aligned to 16 bytes (`max_align_t`); `malloc(0)` and the
+//!   like return a unique pointer (a 16-byte block), freed like any other;
+//! - on failure null with `errno = ENOMEM` (`posix_memalign` returns the
+//!   error instead); `calloc` and `reallocarray` check their product;
+//! - `realloc(p, 0)` frees `p` and returns null (glibc's choice, C17 leaves it
+//!   open); `realloc(NULL, n)` is `malloc(n)`; a failed `realloc` leaves `p`;
+//! - `posix_memalign` wants a power of two multiple of `sizeof(void *)`
+//!   (`EINVAL`), `aligned_alloc` a power of two (`EINVAL`, as glibc 2.38),
+//!   `memalign` rounds other alignments up to a power of two, as glibc does;
+//! - `free(NULL)` does nothing; a pointer numaweave did not allocate goes to
+//!   the next `free` (see [`foreign`](crate::foreign)).
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::ffi::c_void;
+use core::ptr;
+
+use numaweave::alloc::MAX_ALIGN;
+
+use crate::{A, foreign, set_errno};
+
+/// C's `malloc` alignment.
+const MIN_ALIGN: usize = 16;
+/// Larger sizes are refused before any layout is made.
+const MAX_SIZE: usize = isize::MAX as usize / 2;
+
+/// `size` bytes aligned to `align` (a power of two, at most `MAX_ALIGN`),
+/// `size` at most `MAX_SIZE`; null with `errno = ENOMEM` on failure.
+#[inline(always)]
+unsafe fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    // SAFETY: `align` is a power of two and `size` rounded up to it fits
+    // `isize` (both checked by the callers).
+    let layout = unsafe { Layout::from_size_align_unchecked(size, align) };
+    // SAFETY: a valid layout; a zero size gets the smallest block.
+    let p = unsafe { if zero { A.alloc_zeroed(layout) } else { A.alloc(layout) } };
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p.cast()
+}
+
+/// Allocates `size` bytes aligned to 16.
+///
+/// # Safety
+/// The C contract of `malloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    if size > MAX_SIZE {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
+    // SAFETY: size checked, alignment 16.
+    unsafe { alloc(size, MIN_ALIGN, false) }
+}
+
+/// Frees `p` (null: nothing).
+///
+/// # Safety
+/// `p` is null, a live block of this allocator, or a pointer the next
+/// allocator owns.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    if !A.owns(p.cast()) {
+        // SAFETY: per the contract: not ours, so the next allocator's.
+        return unsafe { foreign::free(p) };
+    }
+    // SAFETY: a live block of ours (the contract, and the segment map).
+    unsafe { A.free(p.cast()) }
+}
+
+/// `n` objects of `size` bytes, zeroed; null with `ENOMEM` when the product
+/// overflows.
+///
+/// # Safety
+/// The C contract of `calloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: size checked, alignment 16.
+        Some(total) if total <= MAX_SIZE => unsafe { alloc(total, MIN_ALIGN, true) },
+        _ => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// Resizes `p` to `size` bytes, keeping its contents up to the smaller size.
+///
+/// # Safety
+/// The C contract of `realloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        // SAFETY: forwarded contract.
+        return unsafe { malloc(size) };
+    }
+    if size == 0 {
+        // SAFETY: forwarded contract.
+        unsafe { free(p) };
+        return ptr::null_mut();
+    }
+    if !A.owns(p.cast()) {
+        // SAFETY: not ours: the next allocator's.
+        return unsafe { foreign::realloc(p, size) };
+    }
+    if size > MAX_SIZE {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
+    // SAFETY: a live block of ours; its usable size is what may be copied,
+    // the new layout (alignment 16) is valid.
+    unsafe {
+        let old = A.usable_size(p.cast());
+        let q = A.realloc(p.cast(), Layout::from_size_align_unchecked(old, MIN_ALIGN), size);
+        if q.is_null() {
+            set_errno(libc::ENOMEM);
+        }
+        q.cast()
+    }
+}
+
+/// `realloc(p, n * size)`, null with `ENOMEM` (and `p` untouched) when the
+/// product overflows.
+///
+/// # Safety
+/// The C contract of `reallocarray`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: forwarded contract.
+        Some(total) => unsafe { realloc(p, total) },
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `size` bytes aligned to `align`, or null with `ENOMEM` (also for an
+/// alignment beyond what numaweave serves, 1 GiB, as glibc says when it
+/// cannot find such memory).
+unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
+    debug_assert!(align.is_power_of_two());
+    if align > MAX_ALIGN || size > MAX_SIZE {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
+    // SAFETY: a power of two at most `MAX_ALIGN`, size checked.
+    unsafe { alloc(size, align.max(MIN_ALIGN), false) }
+}
+
+/// POSIX: `*out` = `size` bytes aligned to `align`, a power of two multiple
+/// of `sizeof(void *)`; returns 0, `EINVAL` or `ENOMEM` (`*out` untouched on
+/// error; `errno` is not changed).
+///
+/// # Safety
+/// `out` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: errno is restored: POSIX says posix_memalign leaves it.
+    let saved = unsafe { *libc::__errno_location() };
+    // SAFETY: a power of two.
+    let p = unsafe { aligned(align, size) };
+    // SAFETY: the calling thread's errno.
+    let e = unsafe { core::mem::replace(&mut *libc::__errno_location(), saved) };
+    if p.is_null() {
+        return e;
+    }
+    // SAFETY: per the contract.
+    unsafe { *out = p };
+    0
+}
+
+/// C11: `size` bytes aligned to `align`, a power of two (else `EINVAL`).
+///
+/// # Safety
+/// The C contract of `aligned_alloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: a power of two.
+    unsafe { aligned(align, size) }
+}
+
+/// `size` bytes aligned to `align` rounded up to a power of two (glibc).
+///
+/// # Safety
+/// The C contract of `memalign`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let Some(align) = align.max(1).checked_next_power_of_two() else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    // SAFETY: a power of two.
+    unsafe { aligned(align, size) }
+}
+
+/// `size` bytes aligned to a page.
+///
+/// # Safety
+/// The C contract of `valloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    // SAFETY: the page size is a power of two.
+    unsafe { aligned(numaweave::os::page_size(), size) }
+}
+
+/// `size` bytes rounded up to whole pages (at least one), page-aligned.
+///
+/// # Safety
+/// The C contract of `pvalloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let page = numaweave::os::page_size();
+    let Some(size) = size.max(1).checked_next_multiple_of(page) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    // SAFETY: the page size is a power of two.
+    unsafe { aligned(page, size) }
+}
+
+/// The bytes usable in the block at `p` (at least what was asked for); 0
+/// for null.
+///
+/// # Safety
+/// `p` is null or a live block (of this allocator or the next one).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    if !A.owns(p.cast()) {
+        // SAFETY: not ours: the next allocator's.
+        return unsafe { foreign::usable_size(p) };
+    }
+    // SAFETY: a live block of ours.
+    unsafe { A.usable_size(p.cast()) }
+}
+
+/// C23: frees `p`, allocated with `size` bytes.
+///
+/// # Safety
+/// As `free`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
+    // SAFETY: forwarded contract (the size is found from the block).
+    unsafe { free(p) }
+}
+
+/// C23: frees `p`, allocated aligned to `align` with `size` bytes.
+///
+/// # Safety
+/// As `free`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { free(p) }
+}
+
+/// Returns free memory to the OS now (the calling thread's empty pages and
+/// every arena's purgeable memory); always 1 (memory was released or none
+/// was kept).
+#[unsafe(no_mangle)]
+pub extern "C" fn malloc_trim(_pad: usize) -> i32 {
+    A.collect();
+    1
+}
+
+/// Prints the allocator's per-node statistics on stderr.
+#[unsafe(no_mangle)]
+pub extern "C" fn malloc_stats() {
+    numaweave::stats::print_to_stderr(&A.stats());
+}

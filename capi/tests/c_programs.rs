@@ -1,0 +1,169 @@
+//! The C library as C and C++ programs use it: compiled here and run, when a
+//! C compiler is present (each test says so and passes when not: the
+//! library itself needs none).
+//!
+//! - `tests/c/edges.c`: every exported function at its edges, linked with
+//!   `-lnumaweave`;
+//! - `tests/c/cxx.cc`: `operator new`/`delete` in every form, and
+//!   `std::bad_alloc` thrown through numaweave's `new` (C++ compiler);
+//! - `tests/c/life.c`: a process's life under `LD_PRELOAD` (threads, fork,
+//!   dlopen/dlclose, exec, exit while threads allocate);
+//! - the fast paths of `malloc` and `free` make no `__tls_get_addr` call
+//!   (objdump).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// `target/<profile>`, where cargo put the library beside this test's
+/// `deps/` directory.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// The library, built by cargo with this test (it is the package's library).
+fn lib() -> PathBuf {
+    let l = target_dir().join("libnumaweave.so");
+    assert!(l.is_file(), "{} not built", l.display());
+    l
+}
+
+/// The first of `names` that runs, if any.
+fn tool(names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find(|n| Command::new(n).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .map(|n| n.to_string())
+}
+
+fn src(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(name)
+}
+
+/// A scratch directory of this test process.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("numaweave-capi-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn compile(compiler: &str, args: &[&str]) {
+    let out = run(Command::new(compiler).args(args));
+    assert!(out.status.success(), "{compiler} {args:?} failed");
+}
+
+/// Compiles `source` linked with `-lnumaweave` (the header and library from
+/// the target directory).
+fn build_linked(compiler: &str, source: &str, name: &str, extra: &[&str]) -> PathBuf {
+    let dir = target_dir();
+    let d = dir.to_str().unwrap();
+    let exe = scratch(name).join(name);
+    let mut args = vec!["-O1", "-g", "-Wall", "-Werror", "-I", d];
+    args.extend(extra);
+    let s = src(source);
+    let rpath = format!("-Wl,-rpath,{d}");
+    args.extend([
+        s.to_str().unwrap(),
+        "-o",
+        exe.to_str().unwrap(),
+        "-L",
+        d,
+        "-lnumaweave",
+        rpath.as_str(),
+        "-ldl",
+        "-lpthread",
+    ]);
+    compile(compiler, &args);
+    exe
+}
+
+#[test]
+fn every_exported_function_at_its_edges() {
+    let _ = lib();
+    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
+        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
+        return;
+    };
+    let exe = build_linked(&cc, "edges.c", "edges", &["-std=c11"]);
+    let out = run(&mut Command::new(&exe));
+    assert!(out.status.success(), "edges.c failed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
+    // The statistics went to stderr (malloc_stats).
+    assert!(String::from_utf8_lossy(&out.stderr).contains("numaweave: mode"));
+}
+
+#[test]
+fn cxx_new_and_delete_in_every_form() {
+    let _ = lib();
+    let Some(cxx) = tool(&["c++", "g++", "clang++"]) else {
+        println!("skipped: no C++ compiler (c++, g++, clang++) on PATH");
+        return;
+    };
+    let exe = build_linked(&cxx, "cxx.cc", "cxx", &["-std=c++17"]);
+    let out = run(&mut Command::new(&exe));
+    assert!(out.status.success(), "cxx.cc failed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
+}
+
+#[test]
+fn a_process_life_under_preload() {
+    let lib = lib();
+    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
+        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
+        return;
+    };
+    let dir = scratch("life");
+    let user = dir.join("libuser.so");
+    compile(&cc, &["-O1", "-shared", "-fPIC", src("user.c").to_str().unwrap(), "-o", user.to_str().unwrap()]);
+    let life = dir.join("life");
+    compile(
+        &cc,
+        &[
+            "-O1",
+            "-Wall",
+            "-Werror",
+            src("life.c").to_str().unwrap(),
+            "-o",
+            life.to_str().unwrap(),
+            "-ldl",
+            "-lpthread",
+        ],
+    );
+    let out = run(Command::new(&life).args(["all", user.to_str().unwrap()]).env("LD_PRELOAD", &lib));
+    assert!(out.status.success(), "life.c failed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("life: exec ok"), "the exec'd program did not check in");
+    // exit() while four threads allocate, with the statistics printed at exit.
+    for _ in 0..5 {
+        let out = run(Command::new(&life).arg("exit").env("LD_PRELOAD", &lib).env("NUMAWEAVE_SHOW_STATS", "1"));
+        assert!(out.status.success(), "exit() while threads allocate: {:?}", out.status);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("remote frees"), "no statistics at exit");
+    }
+}
+
+#[test]
+fn malloc_and_free_fast_paths_make_no_tls_call() {
+    let lib = lib();
+    let Some(objdump) = tool(&["objdump"]) else {
+        println!("skipped: no objdump on PATH");
+        return;
+    };
+    let out = Command::new(objdump).args(["-d", "--no-show-raw-insn"]).arg(&lib).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for f in ["malloc", "free", "calloc", "realloc"] {
+        let start = format!("<{f}>:");
+        let body: Vec<&str> =
+            text.lines().skip_while(|l| !l.ends_with(&start)).skip(1).take_while(|l| !l.trim().is_empty()).collect();
+        assert!(!body.is_empty(), "{f} not found in {}", lib.display());
+        let tls: Vec<&&str> = body.iter().filter(|l| l.contains("__tls_get_addr")).collect();
+        assert!(tls.is_empty(), "{f} calls __tls_get_addr (general-dynamic TLS on its path): {tls:?}");
+        println!("{f}: {} instructions, no __tls_get_addr", body.len());
+    }
+}

@@ -1,0 +1,272 @@
+//! `numaweave`: run any program on libnumaweave, and look at NUMA memory.
+//!
+//! ```text
+//! numaweave run [--policy P] [--mode M] [--strict] [--stats] [--verbose] [--lib PATH] -- PROGRAM ARGS...
+//! numaweave topology [--device DEV]
+//! numaweave numastat PID
+//! ```
+//!
+//! `run` is `numactl` with interleave granularity: it preloads the
+//! `libnumaweave.so` that sits beside this binary (or `--lib`), sets the
+//! `NUMAWEAVE_*` variables the options stand for, and `exec`s the program
+//! (so its exit status is this command's). A policy that does not parse or
+//! does not fit the topology is refused before anything starts.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use numaweave::Topology;
+use numaweave::policy::Policy;
+
+fn cli() -> Command {
+    Command::new("numaweave")
+        .about("NUMA-aware memory for any program: libnumaweave, its policies, and where memory is")
+        .subcommand_required(true)
+        .arg_required_else_help(true)
+        .subcommand(
+            Command::new("run")
+                .about("Runs PROGRAM with libnumaweave preloaded (LD_PRELOAD) and the given configuration")
+                .arg(Arg::new("policy").long("policy").value_name("POLICY").help(
+                    "Memory policy: local, bind:NODES, preferred:NODE, interleave:NODES[:count=N|:bytes=SIZE][:weights=W,...], none",
+                ))
+                .arg(
+                    Arg::new("mode")
+                        .long("mode")
+                        .value_name("MODE")
+                        .value_parser(["auto", "flat", "per-node"])
+                        .help("Arenas: auto (per-node on several nodes), flat, per-node"),
+                )
+                .arg(Arg::new("strict").long("strict").action(ArgAction::SetTrue).help("Never fall back to another node"))
+                .arg(
+                    Arg::new("stats")
+                        .long("stats")
+                        .action(ArgAction::SetTrue)
+                        .help("Print the allocator's per-node statistics at exit"),
+                )
+                .arg(
+                    Arg::new("verbose")
+                        .long("verbose")
+                        .short('v')
+                        .action(ArgAction::SetTrue)
+                        .help("Print the configuration and topology at start"),
+                )
+                .arg(
+                    Arg::new("lib")
+                        .long("lib")
+                        .value_name("PATH")
+                        .value_parser(clap::value_parser!(PathBuf))
+                        .help("The library to preload (default: libnumaweave.so beside this binary)"),
+                )
+                .arg(
+                    Arg::new("command")
+                        .value_name("PROGRAM")
+                        .required(true)
+                        .num_args(1..)
+                        .trailing_var_arg(true)
+                        .allow_hyphen_values(true)
+                        .value_parser(clap::value_parser!(OsString)),
+                ),
+        )
+        .subcommand(
+            Command::new("topology").about("Prints the NUMA topology").arg(
+                Arg::new("device")
+                    .long("device")
+                    .value_name("DEV")
+                    .help("Also the node of a device: PCI id, block device or network interface"),
+            ),
+        )
+        .subcommand(
+            Command::new("numastat").about("A running process's memory per node (from /proc/PID/numa_maps)").arg(
+                Arg::new("pid").value_name("PID").required(true).value_parser(clap::value_parser!(u32)),
+            ),
+        )
+}
+
+fn main() -> ExitCode {
+    let m = cli().get_matches();
+    match m.subcommand() {
+        Some(("run", m)) => run(m),
+        Some(("topology", m)) => topology(m),
+        Some(("numastat", m)) => numastat(*m.get_one::<u32>("pid").unwrap()),
+        _ => unreachable!("a subcommand is required"),
+    }
+}
+
+fn fail(msg: std::fmt::Arguments<'_>) -> ExitCode {
+    eprintln!("numaweave: {msg}");
+    ExitCode::from(2)
+}
+
+fn run(m: &ArgMatches) -> ExitCode {
+    let mut vars: Vec<(&str, String)> = Vec::new();
+    if let Some(p) = m.get_one::<String>("policy") {
+        let p = p.trim();
+        if p != "none" {
+            let policy = match p.parse::<Policy>() {
+                Ok(policy) => policy,
+                Err(e) => return fail(format_args!("--policy {p}: {e}")),
+            };
+            // The topology the program will see (NUMAWEAVE_TOPOLOGY passes on).
+            if let Err(e) = policy.validate(Topology::global()) {
+                return fail(format_args!("--policy {p}: {e}"));
+            }
+        }
+        vars.push(("NUMAWEAVE_POLICY", p.to_string()));
+    }
+    if let Some(mode) = m.get_one::<String>("mode") {
+        vars.push(("NUMAWEAVE_MODE", mode.clone()));
+    }
+    for (flag, var) in
+        [("strict", "NUMAWEAVE_STRICT"), ("stats", "NUMAWEAVE_SHOW_STATS"), ("verbose", "NUMAWEAVE_VERBOSE")]
+    {
+        if m.get_flag(flag) {
+            vars.push((var, "1".to_string()));
+        }
+    }
+    let lib = match m.get_one::<PathBuf>("lib") {
+        Some(l) => l.clone(),
+        None => match std::env::current_exe() {
+            Ok(exe) => exe.with_file_name("libnumaweave.so"),
+            Err(e) => return fail(format_args!("cannot find this binary's directory: {e}")),
+        },
+    };
+    if !lib.is_file() {
+        return fail(format_args!(
+            "{} not found (build it with `cargo build --release --workspace`, or give --lib)",
+            lib.display()
+        ));
+    }
+    let lib = std::fs::canonicalize(&lib).unwrap_or(lib);
+    let mut preload = lib.into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = m.get_many::<OsString>("command").unwrap();
+    let program = cmd.next().unwrap();
+    let err = std::process::Command::new(program).args(cmd).envs(vars).env("LD_PRELOAD", preload).exec();
+    eprintln!("numaweave: {}: {err}", program.to_string_lossy());
+    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 })
+}
+
+fn topology(m: &ArgMatches) -> ExitCode {
+    let t = Topology::global();
+    print!("{t}");
+    if let Some(dev) = m.get_one::<String>("device") {
+        match t.device_node(dev) {
+            Ok(Some(n)) => println!("{dev}: node {n}"),
+            Ok(None) => println!("{dev}: no node (NUMA_NO_NODE)"),
+            Err(e) => return fail(format_args!("{e}")),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Per-node bytes of one process by kind of memory, like `numastat -p`.
+#[derive(Default)]
+struct Usage {
+    nodes: std::collections::BTreeMap<usize, [u64; 5]>,
+}
+
+const KINDS: [&str; 5] = ["Huge", "Heap", "Stack", "Anonymous", "File"];
+
+impl Usage {
+    /// Adds one line of `/proc/PID/numa_maps`.
+    fn add_line(&mut self, line: &str) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let page: u64 = words
+            .iter()
+            .find_map(|w| w.strip_prefix("kernelpagesize_kB="))
+            .and_then(|v| v.parse().ok())
+            .map_or(4096, |kb: u64| kb * 1024);
+        let kind = if words.contains(&"huge") {
+            0
+        } else if words.contains(&"heap") {
+            1
+        } else if words.contains(&"stack") {
+            2
+        } else if words.iter().any(|w| w.starts_with("file=")) {
+            4
+        } else {
+            3
+        };
+        for w in &words {
+            if let Some((n, pages)) = w.strip_prefix('N').and_then(|r| r.split_once('=')) {
+                if let (Ok(n), Ok(pages)) = (n.parse::<usize>(), pages.parse::<u64>()) {
+                    self.nodes.entry(n).or_default()[kind] += pages * page;
+                }
+            }
+        }
+    }
+}
+
+fn numastat(pid: u32) -> ExitCode {
+    let maps = match std::fs::read_to_string(format!("/proc/{pid}/numa_maps")) {
+        Ok(s) => s,
+        Err(e) => return fail(format_args!("/proc/{pid}/numa_maps: {e}")),
+    };
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let mut u = Usage::default();
+    maps.lines().for_each(|l| u.add_line(l));
+    if u.nodes.is_empty() {
+        u.nodes.insert(0, [0; 5]);
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!("\nPer-node process memory usage (in MiB) for PID {pid} ({})", name.trim());
+    let mut head = format!("{:<16}", "");
+    let mut rule = format!("{:<16}", "");
+    for n in u.nodes.keys() {
+        head.push_str(&format!(" {:>15}", format!("Node {n}")));
+        rule.push_str(&format!(" {:>15}", "---------------"));
+    }
+    println!("{head} {:>15}\n{rule} {:>15}", "Total", "---------------");
+    let mut totals = vec![0u64; u.nodes.len()];
+    for (k, kind) in KINDS.iter().enumerate() {
+        let mut row = format!("{kind:<16}");
+        let mut sum = 0;
+        for (i, v) in u.nodes.values().enumerate() {
+            row.push_str(&format!(" {:>15.2}", mib(v[k])));
+            sum += v[k];
+            totals[i] += v[k];
+        }
+        println!("{row} {:>15.2}", mib(sum));
+    }
+    println!("{rule} {:>15}", "---------------");
+    let mut row = format!("{:<16}", "Total");
+    for t in &totals {
+        row.push_str(&format!(" {:>15.2}", mib(*t)));
+    }
+    println!("{row} {:>15.2}", mib(totals.iter().sum()));
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numa_maps_lines_add_up_by_node_and_kind() {
+        let mut u = Usage::default();
+        u.add_line("55d1c0000000 default heap anon=3 dirty=3 N0=2 N1=1 kernelpagesize_kB=4");
+        u.add_line("7ffd0000 default stack anon=1 dirty=1 N1=1 kernelpagesize_kB=4");
+        u.add_line("7f000000 default file=/usr/lib/libc.so.6 mapped=5 N0=5 kernelpagesize_kB=4");
+        u.add_line("7e000000 bind:1 anon=512 dirty=512 N1=512 kernelpagesize_kB=4");
+        u.add_line(
+            "7d000000 default file=/anon_hugepage\\040(deleted) huge anon=1 dirty=1 N0=1 kernelpagesize_kB=2048",
+        );
+        assert_eq!(u.nodes[&0], [2 << 20, 8192, 0, 0, 5 * 4096]);
+        assert_eq!(u.nodes[&1], [0, 4096, 4096, 512 * 4096, 0]);
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        cli().debug_assert();
+        let m = cli().try_get_matches_from(["numaweave", "run", "--policy", "local", "--", "ls", "-l"]).unwrap();
+        let (_, r) = m.subcommand().unwrap();
+        let cmd: Vec<_> = r.get_many::<OsString>("command").unwrap().collect();
+        assert_eq!(cmd, ["ls", "-l"]);
+    }
+}

@@ -1,0 +1,106 @@
+//! The calling thread's heap pointer: the one thread-local the fast path
+//! reads, in the initial-exec TLS model.
+//!
+//! Rust's `thread_local!` follows the model rustc picks for the crate type:
+//! local-exec in an executable (one `fs:`-relative load), but general-dynamic
+//! in a `cdylib`, where every access is a call to `__tls_get_addr`. The C
+//! library (`capi/`, `LD_PRELOAD`ed into programs) is such a `cdylib`, and a
+//! call in every `malloc` and `free` cost 20% of the time of allocation-heavy
+//! C programs. So on x86-64 Linux the slot is a `.tbss` symbol of our own,
+//! read and written `fs:`-relative through its `@GOTTPOFF` entry: the
+//! initial-exec model, as mimalloc's preload build uses. In an executable
+//! (static ones included) the linker relaxes it to local-exec; in a shared
+//! object it needs the few bytes of static TLS that glibc keeps for libraries
+//! loaded at start-up or by `dlopen`.
+//!
+//! Other targets fall back to `thread_local!`.
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+core::arch::global_asm!(
+    // One pointer-sized, zero-initialised thread-local (`nobits`: no file
+    // space), hidden so that the symbol stays inside the binary or library
+    // it is linked into.
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl __numaweave_heap_tls",
+    ".hidden __numaweave_heap_tls",
+    ".type __numaweave_heap_tls, @object",
+    ".size __numaweave_heap_tls, 8",
+    "__numaweave_heap_tls:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// The value of the calling thread's slot (null until set).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+pub(crate) fn get() -> *mut () {
+    let v: *mut ();
+    // SAFETY: reads this thread's 8-byte slot defined above: the GOT entry
+    // holds its offset from the thread pointer (`fs:0`), fixed at load time.
+    // No memory is written; the flags are not touched.
+    unsafe {
+        core::arch::asm!(
+            "mov {v}, qword ptr [rip + __numaweave_heap_tls@GOTTPOFF]",
+            "mov {v}, qword ptr fs:[{v}]",
+            v = out(reg) v,
+            options(nostack, readonly, preserves_flags, pure),
+        );
+    }
+    v
+}
+
+/// Sets the calling thread's slot.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline]
+pub(crate) fn set(v: *mut ()) {
+    // SAFETY: writes this thread's 8-byte slot defined above, through the
+    // same GOT entry as `get`.
+    unsafe {
+        core::arch::asm!(
+            "mov {o}, qword ptr [rip + __numaweave_heap_tls@GOTTPOFF]",
+            "mov qword ptr fs:[{o}], {v}",
+            o = out(reg) _,
+            v = in(reg) v,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+thread_local! {
+    static SLOT: core::cell::Cell<*mut ()> = const { core::cell::Cell::new(core::ptr::null_mut()) };
+}
+
+/// The value of the calling thread's slot (null until set).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline(always)]
+pub(crate) fn get() -> *mut () {
+    SLOT.with(|s| s.get())
+}
+
+/// Sets the calling thread's slot.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline]
+pub(crate) fn set(v: *mut ()) {
+    SLOT.with(|s| s.set(v));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_thread_has_its_own_slot() {
+        let mine = get();
+        let other = std::thread::spawn(|| {
+            assert!(get().is_null(), "a new thread's slot starts null");
+            set(0x1234 as *mut ());
+            get() as usize
+        })
+        .join()
+        .unwrap();
+        assert_eq!(other, 0x1234);
+        assert_eq!(get(), mine, "another thread's write is not ours");
+    }
+}
