@@ -6,50 +6,29 @@
 //! Every segment, region and huge mapping starts on a chunk boundary and a
 //! block's owner is found from `segment_of(p)`, so one bit, for the chunk of
 //! the header, is enough: a pointer is ours if its `segment_of` chunk is
-//! marked. The bits cover user addresses below 2^47 (4 MiB of bitmap,
-//! reserved without committing: only the pages for the ranges the process
-//! uses are ever touched).
-
-use core::ptr;
+//! marked. The bits cover user addresses below 2^47: 4 MiB of zeroed static
+//! memory (`.bss`: address space only; the kernel commits a page of it when
+//! a segment in the 128 GiB it covers is first marked), at a fixed address,
+//! so that the check is a shift, one load and a bit test.
 
 use super::segment::{SEGMENT_SHIFT, segment_of};
-use crate::os::mem;
-use crate::sync::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 const ADDR_BITS: u32 = 47;
 const WORDS: usize = (1 << (ADDR_BITS as usize - SEGMENT_SHIFT)) / 64;
 
-static MAP: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
-/// 0: not made yet, 1: made, 2: could not be made (nothing is checked).
-static STATE: AtomicU8 = AtomicU8::new(0);
-
-/// Makes the map (once, at the allocator's start-up, before any segment).
-pub(crate) fn init() {
-    if STATE.load(Ordering::Relaxed) != 0 {
-        return;
-    }
-    match mem::map(WORDS * 8) {
-        Ok(m) => {
-            MAP.store(m.as_ptr().cast(), Ordering::Release);
-            STATE.store(1, Ordering::Release);
-        }
-        Err(_) => STATE.store(2, Ordering::Release),
-    }
-}
+/// The map (zeroed: nothing is ours until marked).
+static MAP: [AtomicU64; WORDS] = {
+    #[allow(clippy::declare_interior_mutable_const)]
+    const Z: AtomicU64 = AtomicU64::new(0);
+    [Z; WORDS]
+};
 
 /// The bit of the chunk at `base` (a segment's header), if it is covered.
 #[inline(always)]
 fn slot(base: usize) -> Option<(&'static AtomicU64, u64)> {
     let i = base >> SEGMENT_SHIFT;
-    if i >= WORDS * 64 {
-        return None;
-    }
-    let m = MAP.load(Ordering::Acquire);
-    if m.is_null() {
-        return None;
-    }
-    // SAFETY: `i / 64 < WORDS`, inside the map, which is never unmapped.
-    Some((unsafe { &*m.add(i / 64) }, 1u64 << (i % 64)))
+    MAP.get(i / 64).map(|w| (w, 1u64 << (i % 64)))
 }
 
 /// Marks the chunk at `base` (4 MiB aligned) as holding a live segment.
@@ -69,15 +48,11 @@ pub(crate) fn remove(base: *const u8) {
     }
 }
 
-/// Whether `p` may be a block of this allocator: its segment is live. True
-/// when the map could not be made (nothing can be checked then).
+/// Whether `p` may be a block of this allocator: its segment is live.
 ///
 /// Relaxed is enough: a thread holding a pointer to a block got it through
 /// whatever ordered the block's allocation, which came after the marking.
 #[inline(always)]
 pub(crate) fn contains(p: *const u8) -> bool {
-    match slot(segment_of(p) as usize) {
-        Some((w, b)) => w.load(Ordering::Relaxed) & b != 0,
-        None => STATE.load(Ordering::Relaxed) == 2 && (p as usize) >> ADDR_BITS == 0,
-    }
+    slot(segment_of(p) as usize).is_some_and(|(w, b)| w.load(Ordering::Relaxed) & b != 0)
 }

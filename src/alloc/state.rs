@@ -253,7 +253,6 @@ impl State {
             file::report(format_args!("numaweave: no fork handlers ({e}): fork() from a threaded program may hang"));
         }
         let config = config.apply_env();
-        super::segmap::init();
         let topology = allocator_topology();
         let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
         let mode = match config.mode {

@@ -1,0 +1,136 @@
+//! The C library's fast path against the Rust one, in one run: the same
+//! mixed-size churn (256 live blocks of 16 B – 16 KiB, replaced one by one,
+//! the same sequence) through `#[global_allocator]` in this process, and
+//! through `malloc`/`free` of `libnumaweave.so` in a C program
+//! (`benches/c/churn.c`, compiled here), alternating, pinned, each figure
+//! the thread's CPU time per alloc+free pair; the ratio is the median of the
+//! rounds' ratios. Needs a C compiler (says so and stops otherwise).
+//!
+//! ```text
+//! cargo bench --bench capi
+//! ```
+
+use std::alloc::Layout;
+use std::path::PathBuf;
+use std::process::Command;
+
+use numaweave::NumaAlloc;
+
+#[global_allocator]
+static A: NumaAlloc = NumaAlloc::new();
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid `timespec` to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `std::alloc::alloc` behind a call that is not inlined: what a Rust
+/// program built without LTO makes (`__rust_alloc`), as C calls `malloc`.
+#[inline(never)]
+unsafe fn called_alloc(l: Layout) -> *mut u8 {
+    // SAFETY: forwarded contract.
+    unsafe { std::alloc::alloc(l) }
+}
+
+/// See [`called_alloc`].
+#[inline(never)]
+unsafe fn called_dealloc(p: *mut u8, l: Layout) {
+    // SAFETY: forwarded contract.
+    unsafe { std::alloc::dealloc(p, l) }
+}
+
+/// The churn of `benches/c/churn.c`, through the global allocator as Rust
+/// code reaches it (`std::alloc::alloc`, inlined into the loop with this
+/// build's LTO), or with `called` through a call per operation.
+fn churn(rounds: usize, called: bool) -> f64 {
+    // SAFETY (both): the contracts of `std::alloc::{alloc, dealloc}`.
+    let (alloc, dealloc): (unsafe fn(Layout) -> *mut u8, unsafe fn(*mut u8, Layout)) = if called {
+        (called_alloc, called_dealloc)
+    } else {
+        (|l| unsafe { std::alloc::alloc(l) }, |p, l| unsafe { std::alloc::dealloc(p, l) })
+    };
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(256);
+    let t = thread_cpu_ns();
+    for i in 0..rounds {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // As C's malloc: alignment 16.
+        let l = Layout::from_size_align(16 << (x % 11), 16).unwrap();
+        // SAFETY: valid layout; freed below or at the end.
+        let p = unsafe { alloc(l) };
+        assert!(!p.is_null());
+        if live.len() < 256 {
+            live.push((p, l));
+        } else {
+            let (q, ql) = std::mem::replace(&mut live[i % 256], (p, l));
+            // SAFETY: allocated above with `ql`.
+            unsafe { dealloc(q, ql) };
+        }
+    }
+    let ns = (thread_cpu_ns() - t) as f64 / rounds as f64;
+    for (p, l) in live {
+        // SAFETY: allocated above with `l`.
+        unsafe { dealloc(p, l) };
+    }
+    ns
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let Some(cc) = ["cc", "gcc", "clang"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok()) else {
+        println!("capi bench: no C compiler, nothing measured");
+        return;
+    };
+    // The release library beside this bench's deps/ directory.
+    let dir: PathBuf = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo).args(["build", "-q", "--release", "-p", "numaweave-capi"]).status().unwrap();
+    assert!(st.success(), "building libnumaweave.so failed");
+    let lib = dir.join("libnumaweave.so");
+    let exe = std::env::temp_dir().join(format!("numaweave-churn-{}", std::process::id()));
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/c/churn.c");
+    let d = dir.to_str().unwrap();
+    let st = Command::new(cc)
+        .args(["-O2", src, "-o", exe.to_str().unwrap(), "-L", d, "-lnumaweave", &format!("-Wl,-rpath,{d}")])
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling churn.c failed");
+    assert!(lib.is_file());
+    let cpu = numaweave::Topology::global().cpus().first().unwrap_or(0);
+    let _ = numaweave::os::cpu::pin_current_thread(cpu);
+    let rounds = 2_000_000;
+    churn(rounds / 10, false);
+    let (mut rust, mut called, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..9 {
+        rust.push(churn(rounds, false));
+        called.push(churn(rounds, true));
+        let out = Command::new("taskset").args(["-c", &cpu.to_string()]).arg(&exe).arg(rounds.to_string()).output();
+        let out = match out {
+            Ok(o) if o.status.success() => o,
+            _ => Command::new(&exe).arg(rounds.to_string()).output().unwrap(),
+        };
+        c.push(String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().unwrap());
+    }
+    let ratio = |base: &[f64]| median(c.iter().zip(base).map(|(a, b)| a / b).collect());
+    println!("churn 256 x 16 B-16 KiB, ns per alloc+free pair (thread CPU time, 9 rounds):");
+    println!("  #[global_allocator], inlined (LTO)    {:.2}  {rust:.2?}", median(rust.clone()));
+    println!("  #[global_allocator], a call per op    {:.2}  {called:.2?}", median(called.clone()));
+    println!("  libnumaweave.so (C malloc/free)       {:.2}  {c:.2?}", median(c.clone()));
+    println!(
+        "  C / Rust = {:.3} against calls, {:.3} against inlined (medians of the rounds' ratios)",
+        ratio(&called),
+        ratio(&rust)
+    );
+    let _ = std::fs::remove_file(exe);
+}
