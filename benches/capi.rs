@@ -41,16 +41,39 @@ unsafe fn called_dealloc(p: *mut u8, l: Layout) {
     unsafe { std::alloc::dealloc(p, l) }
 }
 
+/// `std::alloc::alloc`, inlined where it is used.
+#[inline(always)]
+unsafe fn inlined_alloc(l: Layout) -> *mut u8 {
+    // SAFETY: forwarded contract.
+    unsafe { std::alloc::alloc(l) }
+}
+
+/// `std::alloc::dealloc`, inlined where it is used.
+#[inline(always)]
+unsafe fn inlined_dealloc(p: *mut u8, l: Layout) {
+    // SAFETY: forwarded contract.
+    unsafe { std::alloc::dealloc(p, l) }
+}
+
+/// `std::alloc::alloc`, through a call or inlined (`CALLED`, a constant:
+/// chosen at compile time).
+#[inline(always)]
+unsafe fn alloc<const CALLED: bool>(l: Layout) -> *mut u8 {
+    // SAFETY: forwarded contract.
+    unsafe { if CALLED { called_alloc(l) } else { inlined_alloc(l) } }
+}
+
+/// `std::alloc::dealloc`, as [`alloc`].
+#[inline(always)]
+unsafe fn dealloc<const CALLED: bool>(p: *mut u8, l: Layout) {
+    // SAFETY: forwarded contract.
+    unsafe { if CALLED { called_dealloc(p, l) } else { inlined_dealloc(p, l) } }
+}
+
 /// The churn of `benches/c/churn.c`, through the global allocator as Rust
 /// code reaches it (`std::alloc::alloc`, inlined into the loop with this
 /// build's LTO), or with `called` through a call per operation.
-fn churn(rounds: usize, called: bool) -> f64 {
-    // SAFETY (both): the contracts of `std::alloc::{alloc, dealloc}`.
-    let (alloc, dealloc): (unsafe fn(Layout) -> *mut u8, unsafe fn(*mut u8, Layout)) = if called {
-        (called_alloc, called_dealloc)
-    } else {
-        (|l| unsafe { std::alloc::alloc(l) }, |p, l| unsafe { std::alloc::dealloc(p, l) })
-    };
+fn churn<const CALLED: bool>(rounds: usize) -> f64 {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(256);
     let t = thread_cpu_ns();
@@ -61,20 +84,20 @@ fn churn(rounds: usize, called: bool) -> f64 {
         // As C's malloc: alignment 16.
         let l = Layout::from_size_align(16 << (x % 11), 16).unwrap();
         // SAFETY: valid layout; freed below or at the end.
-        let p = unsafe { alloc(l) };
+        let p = unsafe { alloc::<CALLED>(l) };
         assert!(!p.is_null());
         if live.len() < 256 {
             live.push((p, l));
         } else {
             let (q, ql) = std::mem::replace(&mut live[i % 256], (p, l));
             // SAFETY: allocated above with `ql`.
-            unsafe { dealloc(q, ql) };
+            unsafe { dealloc::<CALLED>(q, ql) };
         }
     }
     let ns = (thread_cpu_ns() - t) as f64 / rounds as f64;
     for (p, l) in live {
         // SAFETY: allocated above with `l`.
-        unsafe { dealloc(p, l) };
+        unsafe { dealloc::<CALLED>(p, l) };
     }
     ns
 }
@@ -88,7 +111,8 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let Some(cc) = ["cc", "gcc", "clang"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok()) else {
+    let Some(cc) = ["cc", "gcc", "clang"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok())
+    else {
         println!("capi bench: no C compiler, nothing measured");
         return;
     };
@@ -110,11 +134,11 @@ fn main() {
     let cpu = numaweave::Topology::global().cpus().first().unwrap_or(0);
     let _ = numaweave::os::cpu::pin_current_thread(cpu);
     let rounds = 2_000_000;
-    churn(rounds / 10, false);
+    churn::<false>(rounds / 10);
     let (mut rust, mut called, mut c) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..9 {
-        rust.push(churn(rounds, false));
-        called.push(churn(rounds, true));
+        rust.push(churn::<false>(rounds));
+        called.push(churn::<true>(rounds));
         let out = Command::new("taskset").args(["-c", &cpu.to_string()]).arg(&exe).arg(rounds.to_string()).output();
         let out = match out {
             Ok(o) if o.status.success() => o,

@@ -61,12 +61,14 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// allocator owns.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if p.is_null() {
+    // Null is not ours either (its segment would be at the top of the
+    // address space): one test for both, null checked on the way out.
+    if !A.owns_nonnull(p.cast()) {
+        if !p.is_null() {
+            // SAFETY: per the contract: not ours, so the next allocator's.
+            unsafe { foreign::free(p) };
+        }
         return;
-    }
-    if !A.owns(p.cast()) {
-        // SAFETY: per the contract: not ours, so the next allocator's.
-        return unsafe { foreign::free(p) };
     }
     // SAFETY: a live block of ours (the contract, and the segment map).
     unsafe { A.free(p.cast()) }

@@ -170,6 +170,15 @@ impl NumaAlloc {
         !p.is_null() && segmap::contains(p)
     }
 
+    /// [`owns`](Self::owns) for C's `free`, which must also let null pass:
+    /// false for null too, without a test of its own (null's segment would
+    /// lie above the address space the map covers).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn owns_nonnull(&self, p: *const u8) -> bool {
+        segmap::contains(p)
+    }
+
     /// Frees the block at `p` without its size, as C's `free` does: exact
     /// whatever the block's kind (the size is found from the block).
     ///
