@@ -13,15 +13,39 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
-/// `target/<profile>`, where cargo put the library beside this test's
-/// `deps/` directory.
-fn target_dir() -> PathBuf {
+/// The target directory (`target/`: this test runs from `target/<profile>/deps/`).
+fn target_root() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+    exe.ancestors().nth(3).unwrap().to_path_buf()
 }
 
-/// The library, built by cargo with this test (it is the package's library).
+/// `target/<profile>` of the library: cargo does not build a `cdylib` for
+/// its package's integration tests, so they build it (once per process):
+/// the dev profile for the C tests, release for the fast-path check (the
+/// shipped library's code).
+fn lib_dir(release: bool) -> PathBuf {
+    static BUILT: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
+    BUILT[usize::from(release)]
+        .get_or_init(|| {
+            let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+            c.args(["build", "-q", "-p", "numaweave-capi"]).current_dir(env!("CARGO_MANIFEST_DIR"));
+            if release {
+                c.arg("--release");
+            }
+            let st = c.status().expect("cargo");
+            assert!(st.success(), "building libnumaweave failed");
+            target_root().join(if release { "release" } else { "debug" })
+        })
+        .clone()
+}
+
+fn target_dir() -> PathBuf {
+    lib_dir(false)
+}
+
+/// The library (dev profile).
 fn lib() -> PathBuf {
     let l = target_dir().join("libnumaweave.so");
     assert!(l.is_file(), "{} not built", l.display());
@@ -149,7 +173,7 @@ fn a_process_life_under_preload() {
 
 #[test]
 fn malloc_and_free_fast_paths_make_no_tls_call() {
-    let lib = lib();
+    let lib = lib_dir(true).join("libnumaweave.so");
     let Some(objdump) = tool(&["objdump"]) else {
         println!("skipped: no objdump on PATH");
         return;
