@@ -34,3 +34,27 @@ mod tests {
         assert_eq!(parse_bytes("99999999999999999999G"), None);
     }
 }
+
+/// A duration in milliseconds from its text form: `250ms`, `2s`, `1m`, or a
+/// bare number of milliseconds.
+///
+/// ```
+/// use numaweave::units::parse_millis;
+/// assert_eq!(parse_millis("250ms"), Some(250));
+/// assert_eq!(parse_millis("2s"), Some(2000));
+/// assert_eq!(parse_millis("0"), Some(0));
+/// assert_eq!(parse_millis("soon"), None);
+/// ```
+pub fn parse_millis(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (s, 1)
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(mul)
+}

@@ -45,17 +45,35 @@ pub(crate) struct ArenaInner {
     /// Set when this node was found out of memory; segment requests go to
     /// the nearest node until it counts down.
     exhausted: u32,
-    /// Mappings of freed huge blocks kept for reuse (base, length), oldest
-    /// first; their pages stay committed on this node.
-    huge_cache: [(usize, usize); HUGE_CACHE],
-    huge_cached: usize,
+    /// Freed segment-aligned mappings (huge blocks', dead regions') kept for
+    /// reuse, newest first, linked through a header in their own first page;
+    /// their pages stay committed on this node. Their count and bytes.
+    cached: *mut Cached,
+    cached_count: usize,
+    cached_bytes: usize,
+    /// The earliest time (ms, monotonic) a segment's free pages or a cached
+    /// mapping is due to go back to the OS; 0: none waiting.
+    purge_at: u64,
 }
 
-/// Freed huge mappings an arena keeps (and at most `purge_threshold` bytes of
-/// them): a buffer that is freed and allocated again, or a `Vec` that grows
-/// past 256 KiB over and over, reuses committed pages instead of `mmap`,
-/// page faults and `munmap` each time.
-const HUGE_CACHE: usize = 8;
+/// A cached mapping's own description, in its first bytes.
+#[repr(C)]
+struct Cached {
+    next: *mut Cached,
+    len: usize,
+    /// When it was freed (ms), for the purge delay.
+    freed_at: u64,
+}
+
+/// Without a purge delay (the behaviour before it): at most this many
+/// cached mappings, and `purge_threshold` bytes of them.
+const CACHED_MAX: usize = 8;
+
+/// With a purge delay: the bytes of cached mappings an arena keeps, as a
+/// multiple of `purge_threshold` (64 MiB by default): a program that
+/// allocates and frees large buffers (5–25 MB) reuses their pages, as glibc
+/// does once its mmap threshold has risen.
+const CACHED_BYTES_FACTOR: usize = 8;
 
 // SAFETY: the raw pointers are owned by the arena and only used under its lock.
 unsafe impl Send for ArenaInner {}
@@ -78,8 +96,10 @@ impl Arena {
                 segments: ptr::null_mut(),
                 orphans: ptr::null_mut(),
                 exhausted: 0,
-                huge_cache: [(0, 0); HUGE_CACHE],
-                huge_cached: 0,
+                cached: ptr::null_mut(),
+                cached_count: 0,
+                cached_bytes: 0,
+                purge_at: 0,
             }),
             counters: ArenaCounters {
                 reserved: AtomicU64::new(0),
@@ -124,6 +144,9 @@ impl Arena {
         let slots = page_slots(class);
         let exhausted = {
             let mut g = self.inner.lock();
+            if let Some(now) = delay_clock(state) {
+                self.purge_expired(state, &mut g, now);
+            }
             if let Some(p) = take_slots(&mut g, slots, &self.counters) {
                 drop(g);
                 return Some(init_page(p, class, heap));
@@ -297,6 +320,113 @@ impl Arena {
         }
         if dirty as usize > state.config.purge_threshold {
             self.purge(&mut g);
+        } else if let Some(now) = delay_clock(state) {
+            // SAFETY: segment fields are guarded by the arena lock.
+            unsafe {
+                if (*seg).purge_at == 0 {
+                    (*seg).purge_at = now + state.config.purge_delay_ms;
+                    g.purge_at = soonest(g.purge_at, (*seg).purge_at);
+                }
+            }
+            self.purge_expired(state, &mut g, now);
+        }
+    }
+
+    /// With a purge delay: returns to the OS the free pages of segments and
+    /// the cached mappings that have stayed unused for the delay (on the
+    /// allocator's slow paths: page hand-out and return, thread exit,
+    /// `collect`; there is no thread or timer of its own).
+    fn purge_expired(&self, state: &State, g: &mut ArenaInner, now: u64) {
+        if g.purge_at == 0 || now < g.purge_at {
+            return;
+        }
+        let mut next = 0;
+        let mut kept_empty = false;
+        let mut link: *mut *mut SmallSegment = &mut g.segments;
+        // SAFETY: the list and its segments are guarded by the lock we hold.
+        unsafe {
+            while !(*link).is_null() {
+                let seg = *link;
+                let due = (*seg).purge_at;
+                if due != 0 && due <= now {
+                    if (*seg).free_slots == !1u64 && kept_empty {
+                        *link = (*seg).seg.next;
+                        self.unmap_segment(seg);
+                        continue;
+                    }
+                    self.decommit_dirty(seg);
+                } else if due != 0 {
+                    next = soonest(next, due);
+                }
+                kept_empty |= (*seg).free_slots == !1u64;
+                link = &mut (*seg).seg.next;
+            }
+        }
+        // Cached mappings, oldest last: drop the expired tail.
+        let delay = state.config.purge_delay_ms;
+        let mut link: *mut *mut Cached = &mut g.cached;
+        // SAFETY: cached mappings are ours, described in their first bytes.
+        unsafe {
+            while !(*link).is_null() {
+                let c = *link;
+                if (*c).freed_at + delay <= now {
+                    *link = ptr::null_mut();
+                    self.unmap_cached(g, c);
+                    break;
+                }
+                next = soonest(next, (*c).freed_at + delay);
+                link = &mut (*c).next;
+            }
+        }
+        g.purge_at = next;
+    }
+
+    /// Returns a segment's free committed slots to the OS.
+    ///
+    /// # Safety
+    /// `seg` is a segment of this arena; the caller holds the lock.
+    unsafe fn decommit_dirty(&self, seg: *mut SmallSegment) {
+        // SAFETY: per the contract.
+        unsafe {
+            let mut d = (*seg).dirty_slots;
+            while d != 0 {
+                let start = d.trailing_zeros() as usize;
+                let run = (d >> start).trailing_ones() as usize;
+                let p = NonNull::new_unchecked(seg.cast::<u8>().add(start * SLOT_SIZE));
+                if mem::decommit(p, run * SLOT_SIZE).is_ok() {
+                    let b = (run * SLOT_SIZE) as u64;
+                    self.counters.dirty.fetch_sub(b, Ordering::Relaxed);
+                    self.counters.purged.fetch_add(b, Ordering::Relaxed);
+                }
+                d &= !slot_mask(start, run);
+            }
+            (*seg).dirty_slots = 0;
+            (*seg).purge_at = 0;
+        }
+    }
+
+    /// Unmaps a wholly free segment (already off the list).
+    ///
+    /// # Safety
+    /// As [`decommit_dirty`](Self::decommit_dirty); no slot is in use.
+    unsafe fn unmap_segment(&self, seg: *mut SmallSegment) {
+        // SAFETY: per the contract.
+        unsafe {
+            debug_assert_eq!((*seg).free_slots, !1u64);
+            let dirty = ((*seg).dirty_slots.count_ones() as usize * SLOT_SIZE) as u64;
+            self.counters.dirty.fetch_sub(dirty, Ordering::Relaxed);
+            self.counters.purged.fetch_add(dirty, Ordering::Relaxed);
+            self.counters.reserved.fetch_sub(SEGMENT_SIZE as u64, Ordering::Relaxed);
+            super::segmap::remove(seg.cast());
+            let _ = mem::unmap(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE);
+        }
+    }
+
+    /// The slow-path hook of threads and `collect`: what is due goes back.
+    pub(crate) fn tick(&self, state: &State) {
+        if let Some(now) = delay_clock(state) {
+            let mut g = self.inner.lock();
+            self.purge_expired(state, &mut g, now);
         }
     }
 
@@ -311,89 +441,168 @@ impl Arena {
                 let seg = *link;
                 if (*seg).free_slots == !1u64 && kept_empty {
                     *link = (*seg).seg.next;
-                    let dirty = ((*seg).dirty_slots.count_ones() as usize * SLOT_SIZE) as u64;
-                    self.counters.dirty.fetch_sub(dirty, Ordering::Relaxed);
-                    self.counters.purged.fetch_add(dirty, Ordering::Relaxed);
-                    self.counters.reserved.fetch_sub(SEGMENT_SIZE as u64, Ordering::Relaxed);
-                    super::segmap::remove(seg.cast());
-                    let _ = mem::unmap(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE);
+                    self.unmap_segment(seg);
                     continue;
                 }
                 kept_empty |= (*seg).free_slots == !1u64;
-                let mut d = (*seg).dirty_slots;
-                while d != 0 {
-                    let start = d.trailing_zeros() as usize;
-                    let run = (d >> start).trailing_ones() as usize;
-                    let p = NonNull::new_unchecked(seg.cast::<u8>().add(start * SLOT_SIZE));
-                    if mem::decommit(p, run * SLOT_SIZE).is_ok() {
-                        let b = (run * SLOT_SIZE) as u64;
-                        self.counters.dirty.fetch_sub(b, Ordering::Relaxed);
-                        self.counters.purged.fetch_add(b, Ordering::Relaxed);
-                    }
-                    d &= !slot_mask(start, run);
-                }
-                (*seg).dirty_slots = 0;
+                self.decommit_dirty(seg);
                 link = &mut (*seg).seg.next;
             }
         }
     }
 
-    /// Purges now, whatever the threshold (for `NumaAlloc::collect`).
+    /// Purges now, whatever the threshold and the delay (for
+    /// `NumaAlloc::collect`).
     pub(crate) fn purge_now(&self) {
         let mut g = self.inner.lock();
         self.purge(&mut g);
-        while g.huge_cached > 0 {
-            self.evict_huge(&mut g);
+        let c = core::mem::replace(&mut g.cached, ptr::null_mut());
+        // SAFETY: the whole list, off the arena.
+        unsafe { self.unmap_cached(&mut g, c) };
+        g.purge_at = 0;
+    }
+
+    /// A cached mapping for a block of `len` bytes (segment-aligned, its
+    /// pages committed on this node), and its length: the smallest of at
+    /// least `len` (and at most 4 times that, or `len` plus a segment: its
+    /// pages are committed, and a block pins them all); else, with a purge
+    /// delay, the largest smaller one grown to `len` with `mremap` (its pages
+    /// move along, only the rest is faulted in), if the address space can be
+    /// had.
+    pub(crate) fn take_huge(&self, state: &State, len: usize) -> Option<(NonNull<u8>, usize)> {
+        let mut g = self.inner.lock();
+        let fits = |l: usize| l >= len && (l <= len.saturating_mul(4) || l <= len + SEGMENT_SIZE);
+        let mut best: *mut *mut Cached = ptr::null_mut();
+        let mut largest_small: *mut *mut Cached = ptr::null_mut();
+        let mut link: *mut *mut Cached = &mut g.cached;
+        // SAFETY: cached mappings are ours, described in their first bytes.
+        unsafe {
+            while !(*link).is_null() {
+                let l = (**link).len;
+                if fits(l) && (best.is_null() || l < (**best).len) {
+                    best = link;
+                }
+                if l < len && (largest_small.is_null() || l > (**largest_small).len) {
+                    largest_small = link;
+                }
+                link = &mut (**link).next;
+            }
+            let grow = best.is_null() && state.config.purge_delay_ms > 0 && !largest_small.is_null();
+            let pick = if !best.is_null() {
+                best
+            } else if grow {
+                largest_small
+            } else {
+                return None;
+            };
+            let c = *pick;
+            *pick = (*c).next;
+            let l = (*c).len;
+            g.cached_count -= 1;
+            g.cached_bytes -= l;
+            drop(g);
+            self.counters.dirty.fetch_sub(l as u64, Ordering::Relaxed);
+            let base = NonNull::new_unchecked(c.cast::<u8>());
+            if !grow {
+                return Some((base, l));
+            }
+            // Grown into a fresh segment-aligned range: the pages move along.
+            let grown = mem::map_aligned(len, SEGMENT_SIZE).ok().and_then(|to| {
+                mem::remap_to(base, l, len, to).ok().or_else(|| {
+                    let _ = mem::unmap(to, len);
+                    None
+                })
+            });
+            match grown {
+                Some(b) => {
+                    self.counters.reserved.fetch_add((len - l) as u64, Ordering::Relaxed);
+                    Some((b, len))
+                }
+                None => {
+                    self.counters.reserved.fetch_sub(l as u64, Ordering::Relaxed);
+                    self.counters.purged.fetch_add(l as u64, Ordering::Relaxed);
+                    let _ = mem::unmap(base, l);
+                    None
+                }
+            }
         }
     }
 
-    /// The smallest cached huge mapping of at least `len` bytes (and at most
-    /// 16 times that: its pages are committed, and a block pins them all).
-    pub(crate) fn take_huge(&self, len: usize) -> Option<(NonNull<u8>, usize)> {
-        let mut g = self.inner.lock();
-        let n = g.huge_cached;
-        let i = (0..n)
-            .filter(|&i| g.huge_cache[i].1 >= len && g.huge_cache[i].1 / 16 <= len)
-            .min_by_key(|&i| g.huge_cache[i].1)?;
-        let (base, l) = g.huge_cache[i];
-        g.huge_cache.copy_within(i + 1..n, i);
-        g.huge_cached -= 1;
-        self.counters.dirty.fetch_sub(l as u64, Ordering::Relaxed);
-        // SAFETY: cached entries are live mappings.
-        Some((unsafe { NonNull::new_unchecked(base as *mut u8) }, l))
-    }
-
-    /// Keeps a freed huge mapping for reuse; false when it is too large to keep
-    /// (the caller unmaps it).
+    /// Keeps a freed segment-aligned mapping for reuse; false when it is too
+    /// large to keep (the caller unmaps it). Without a purge delay, at most
+    /// 8 mappings and `purge_threshold` bytes; with one, up to 8 times that
+    /// (oldest dropped first), each for the delay.
     pub(crate) fn keep_huge(&self, state: &State, base: NonNull<u8>, len: usize) -> bool {
-        if len > state.config.purge_threshold {
+        let now = delay_clock(state);
+        let (bound, count) = match now {
+            None => (state.config.purge_threshold, CACHED_MAX),
+            Some(_) => (state.config.purge_threshold.saturating_mul(CACHED_BYTES_FACTOR), usize::MAX),
+        };
+        if len > bound {
             return false;
         }
+        let c = base.as_ptr().cast::<Cached>();
         let mut g = self.inner.lock();
-        let cached: usize = g.huge_cache[..g.huge_cached].iter().map(|e| e.1).sum();
-        let mut room = state.config.purge_threshold - cached;
-        while g.huge_cached == HUGE_CACHE || room < len {
-            room += g.huge_cache[0].1;
-            self.evict_huge(&mut g);
-        }
-        let n = g.huge_cached;
-        g.huge_cache[n] = (base.as_ptr() as usize, len);
-        g.huge_cached += 1;
+        // SAFETY: the mapping is ours, unused, its first page committed.
+        unsafe { c.write(Cached { next: g.cached, len, freed_at: now.unwrap_or(0) }) };
+        g.cached = c;
+        g.cached_count += 1;
+        g.cached_bytes += len;
         self.counters.dirty.fetch_add(len as u64, Ordering::Relaxed);
+        if let Some(now) = now {
+            g.purge_at = soonest(g.purge_at, now + state.config.purge_delay_ms);
+        }
+        // Over the bounds: the oldest go.
+        while g.cached_bytes > bound || g.cached_count > count {
+            let mut link: *mut *mut Cached = &mut g.cached;
+            // SAFETY: cached mappings are ours; the list has at least two.
+            unsafe {
+                while !(**link).next.is_null() {
+                    link = &mut (**link).next;
+                }
+                let last = *link;
+                *link = ptr::null_mut();
+                self.unmap_cached(&mut g, last);
+            }
+        }
+        if let Some(now) = now {
+            self.purge_expired(state, &mut g, now);
+        }
         true
     }
 
-    /// Unmaps the oldest cached huge mapping.
-    fn evict_huge(&self, g: &mut ArenaInner) {
-        let (base, len) = g.huge_cache[0];
-        let n = g.huge_cached;
-        g.huge_cache.copy_within(1..n, 0);
-        g.huge_cached -= 1;
-        self.counters.dirty.fetch_sub(len as u64, Ordering::Relaxed);
-        self.counters.purged.fetch_add(len as u64, Ordering::Relaxed);
-        self.counters.reserved.fetch_sub(len as u64, Ordering::Relaxed);
-        // SAFETY: a cached mapping nobody uses.
-        let _ = unsafe { mem::unmap(NonNull::new_unchecked(base as *mut u8), len) };
+    /// Unmaps the cached mappings of the chain from `c` (already off the
+    /// list) and takes them out of the counts.
+    ///
+    /// # Safety
+    /// `c` is null or a chain of this arena's cached mappings, unlisted.
+    unsafe fn unmap_cached(&self, g: &mut ArenaInner, mut c: *mut Cached) {
+        while !c.is_null() {
+            // SAFETY: per the contract.
+            let (next, len) = unsafe { ((*c).next, (*c).len) };
+            g.cached_count -= 1;
+            g.cached_bytes -= len;
+            self.counters.dirty.fetch_sub(len as u64, Ordering::Relaxed);
+            self.counters.purged.fetch_add(len as u64, Ordering::Relaxed);
+            self.counters.reserved.fetch_sub(len as u64, Ordering::Relaxed);
+            // SAFETY: a cached mapping nobody uses.
+            let _ = unsafe { mem::unmap(NonNull::new_unchecked(c.cast()), len) };
+            c = next;
+        }
+    }
+}
+
+/// Now (ms, monotonic), if a purge delay is configured.
+#[inline]
+fn delay_clock(state: &State) -> Option<u64> {
+    (state.config.purge_delay_ms > 0).then(crate::os::monotonic_ms)
+}
+
+/// The earlier of two due times (0: none).
+fn soonest(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (x, y) => x.min(y),
     }
 }
 
@@ -514,18 +723,59 @@ mod tests {
     }
 
     #[test]
-    fn cached_huge_mappings_fit_their_requests() {
+    fn cached_mappings_serve_requests_that_fit_and_grow_for_larger_ones() {
         let (state, a) = (state(), arena());
         let len = SEGMENT_SIZE;
         let m = mem::map_aligned(len, SEGMENT_SIZE).unwrap();
+        // SAFETY: our fresh mapping: a marker past the first page (the
+        // cache's own header lives in the first bytes).
+        unsafe { m.as_ptr().add(8192).write(0x5a) };
         assert!(a.keep_huge(state, m, len));
-        assert!(a.take_huge(len + 1).is_none(), "too small");
-        assert!(a.take_huge(len / 32).is_none(), "too large to pin for a small block");
-        assert_eq!(a.take_huge(len / 2), Some((m, len)));
-        assert!(a.take_huge(len / 2).is_none(), "taken once");
-        assert!(!a.keep_huge(state, m, state.config.purge_threshold + 1), "over the threshold: not kept");
-        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0);
+        assert_eq!(a.take_huge(state, len / 2), Some((m, len)), "a smaller request takes it");
+        assert!(a.take_huge(state, len / 2).is_none(), "taken once");
+        assert!(a.keep_huge(state, m, len));
+        if state.config.purge_delay_ms > 0 {
+            // A larger request grows it: the pages move along.
+            let (g, glen) = a.take_huge(state, 3 * len).unwrap();
+            assert_eq!(glen, 3 * len);
+            assert_eq!(g.as_ptr() as usize % SEGMENT_SIZE, 0);
+            // SAFETY: the grown mapping, ours.
+            unsafe {
+                assert_eq!(g.as_ptr().add(8192).read(), 0x5a, "the cached pages came along");
+                mem::unmap(g, glen).unwrap();
+            }
+        } else {
+            assert!(a.take_huge(state, 3 * len).is_none());
+            assert_eq!(a.take_huge(state, len), Some((m, len)));
+            // SAFETY: ours, unused.
+            unsafe { mem::unmap(m, len).unwrap() };
+        }
+        let bound = state.config.purge_threshold * if state.config.purge_delay_ms > 0 { 8 } else { 1 };
+        let big = mem::map_aligned(bound + SEGMENT_SIZE, SEGMENT_SIZE).unwrap();
+        assert!(!a.keep_huge(state, big, bound + SEGMENT_SIZE), "over the bound: not kept");
         // SAFETY: ours, unused.
-        unsafe { mem::unmap(m, len).unwrap() };
+        unsafe { mem::unmap(big, bound + SEGMENT_SIZE).unwrap() };
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn free_pages_wait_out_the_delay() {
+        let (state, a) = (state(), arena());
+        if state.config.purge_delay_ms == 0 {
+            return;
+        }
+        let class = class_of(20_000);
+        let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        let bytes = (page_slots(class) * SLOT_SIZE) as u64;
+        // SAFETY: a page of this arena with no block live and no heap.
+        unsafe { a.free_page(state, p) };
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), bytes, "kept committed for the delay");
+        let purged = a.counters.purged.load(Ordering::Relaxed);
+        a.tick(state);
+        assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged, "not yet");
+        std::thread::sleep(std::time::Duration::from_millis(state.config.purge_delay_ms + 20));
+        a.tick(state);
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0, "purged once the delay is over");
+        assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + bytes);
     }
 }

@@ -706,9 +706,13 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
         debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()) && (*heap).loan.page.is_null());
         (*heap).owned.store(0, Ordering::Relaxed);
         let arena = state.home_arena((*heap).node);
-        let mut g = arena.inner.lock();
-        (*heap).next_orphan = g.orphans;
-        g.orphans = heap;
+        {
+            let mut g = arena.inner.lock();
+            (*heap).next_orphan = g.orphans;
+            g.orphans = heap;
+        }
+        // What waited out its purge delay goes back now.
+        arena.tick(state);
     }
 }
 

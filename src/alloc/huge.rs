@@ -51,7 +51,7 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     let Some(total) = map_len(off, size) else { return ptr::null_mut() };
     // A cached mapping of this node (segment-aligned, so any alignment up to
     // the segment size fits at the same offset), else a fresh one.
-    let cached = if align <= SEGMENT_SIZE { arena.take_huge(total) } else { None };
+    let cached = if align <= SEGMENT_SIZE { arena.take_huge(state, total) } else { None };
     let fresh = cached.is_none();
     let (base, total) = match cached {
         Some(c) => c,

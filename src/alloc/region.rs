@@ -109,7 +109,7 @@ pub(crate) fn units_for(size: usize) -> usize {
 /// (0 for a shared space).
 pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -> Option<NonNull<Region>> {
     let arena = state.node_arena(node);
-    let cached = arena.take_huge(SEGMENT_SIZE);
+    let cached = arena.take_huge(state, SEGMENT_SIZE);
     let fresh = cached.is_none();
     let (base, len) = match cached {
         Some(c) => c,

@@ -185,6 +185,9 @@ pub(crate) struct SmallSegment {
     pub(crate) free_slots: u64,
     /// Free slots whose memory is still committed (not yet purged).
     pub(crate) dirty_slots: u64,
+    /// When (ms, monotonic) its dirty slots are due to be purged (0: none
+    /// waiting), with a purge delay. Under the arena lock.
+    pub(crate) purge_at: u64,
     /// For each slot of a page, the page's first slot.
     pub(crate) slot_page: [u8; SLOTS],
     pub(crate) pages: [Page; SLOTS],

@@ -34,7 +34,8 @@ pub enum Mode {
 /// | --- | --- | --- |
 /// | `NUMAWEAVE_MODE` | `auto`, `flat`, `per-node` | `auto` |
 /// | `NUMAWEAVE_STRICT` | `0`, `1`: bind strictly (`MPOL_BIND`), never fall back to another node | `0` |
-/// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS | `8M` |
+/// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS at once | `8M` |
+/// | `NUMAWEAVE_PURGE_DELAY` | a duration (`100ms`, `1s`, `0`): how long freed memory stays committed unused ([`Config::purge_delay`]) | `100ms` |
 /// | `NUMAWEAVE_POLICY` | the process default [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)); `none` switches policies off ([`Config::policies`]) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
 /// | `NUMAWEAVE_VERBOSE` | `1`: print the configuration and the topology at start ([`Config::verbose`]) | `0` |
@@ -46,6 +47,7 @@ pub struct Config {
     pub(crate) mode: Mode,
     pub(crate) strict: bool,
     pub(crate) purge_threshold: usize,
+    pub(crate) purge_delay_ms: u64,
     pub(crate) policy: Policy,
     pub(crate) policies: bool,
     pub(crate) verbose: bool,
@@ -59,6 +61,7 @@ impl Config {
             mode: Mode::Auto,
             strict: false,
             purge_threshold: 8 << 20,
+            purge_delay_ms: 100,
             policy: Policy::Local,
             policies: true,
             verbose: false,
@@ -120,10 +123,22 @@ impl Config {
         self
     }
 
-    /// Free page memory (per arena) kept committed for reuse before it is
-    /// returned to the OS with `MADV_DONTNEED`.
+    /// Free page memory (per arena) kept committed for reuse: past it, it is
+    /// returned to the OS with `MADV_DONTNEED` at once. Freed large mappings
+    /// are kept up to this (no purge delay) or 8 times this (a delay).
     pub const fn purge_threshold(mut self, bytes: usize) -> Self {
         self.purge_threshold = bytes;
+        self
+    }
+
+    /// How long freed memory (pages, empty segments, large mappings) stays
+    /// committed unused before it goes back to the OS (checked on the
+    /// allocator's slow paths, at thread exit and in
+    /// [`NumaAlloc::collect`](crate::NumaAlloc::collect): no thread or timer
+    /// of its own). Zero: only past the threshold, at once (the behaviour
+    /// before the delay). Default 100 ms.
+    pub const fn purge_delay(mut self, delay: core::time::Duration) -> Self {
+        self.purge_delay_ms = delay.as_millis() as u64;
         self
     }
 
@@ -159,6 +174,14 @@ impl Config {
                 Ok(p) => self.policy = p,
                 Err(e) => file::report(format_args!(
                     "numaweave: ignoring NUMAWEAVE_POLICY={v:?}: {e} (want e.g. local, bind:1, preferred:0, interleave:0-3:bytes=2M)"
+                )),
+            }
+        }
+        if let Some(v) = file::env(c"NUMAWEAVE_PURGE_DELAY") {
+            match crate::units::parse_millis(v) {
+                Some(ms) => self.purge_delay_ms = ms,
+                None => file::report(format_args!(
+                    "numaweave: ignoring NUMAWEAVE_PURGE_DELAY={v:?} (want a duration: 100ms, 1s, 0)"
                 )),
             }
         }
@@ -316,11 +339,12 @@ impl State {
         if self.config.verbose {
             let c = &self.config;
             file::write_stderr(format_args!(
-                "numaweave: mode {:?} (asked {:?}), strict {}, purge threshold {} B, policy {}{}\n{}",
+                "numaweave: mode {:?} (asked {:?}), strict {}, purge threshold {} B, purge delay {} ms, policy {}{}\n{}",
                 self.mode,
                 c.mode,
                 c.strict,
                 c.purge_threshold,
+                c.purge_delay_ms,
                 self.default_policy,
                 if self.policies { "" } else { " (policies off)" },
                 self.topology

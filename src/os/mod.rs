@@ -48,6 +48,16 @@ pub fn page_size() -> usize {
     v
 }
 
+/// A monotonic clock in milliseconds, cheap enough for slow paths
+/// (`CLOCK_MONOTONIC_COARSE`, a vDSO read: no system call).
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid `timespec` to fill; the clock id exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    // Never 0: 0 means "nothing due" to the allocator's purge bookkeeping.
+    (ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000).max(1)
+}
+
 /// The symbolic name of an errno value (`"EINVAL"`), or `"E?"` for one not listed.
 pub fn errno_name(errno: i32) -> &'static str {
     match errno {
