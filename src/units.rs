@@ -18,23 +18,6 @@ pub fn parse_bytes(s: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_sizes() {
-        assert_eq!(parse_bytes("8M"), Some(8 << 20));
-        assert_eq!(parse_bytes("512k"), Some(512 << 10));
-        assert_eq!(parse_bytes("1G"), Some(1 << 30));
-        assert_eq!(parse_bytes("4096"), Some(4096));
-        assert_eq!(parse_bytes("M"), None);
-        assert_eq!(parse_bytes("-1"), None);
-        assert_eq!(parse_bytes(""), None);
-        assert_eq!(parse_bytes("99999999999999999999G"), None);
-    }
-}
-
 /// A duration in milliseconds from its text form: `250ms`, `2s`, `1m`, or a
 /// bare number of milliseconds.
 ///
@@ -57,4 +40,21 @@ pub fn parse_millis(s: &str) -> Option<u64> {
         (s, 1)
     };
     num.trim().parse::<u64>().ok()?.checked_mul(mul)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("8M"), Some(8 << 20));
+        assert_eq!(parse_bytes("512k"), Some(512 << 10));
+        assert_eq!(parse_bytes("1G"), Some(1 << 30));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("M"), None);
+        assert_eq!(parse_bytes("-1"), None);
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("99999999999999999999G"), None);
+    }
 }
