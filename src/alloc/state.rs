@@ -10,7 +10,7 @@ use super::arena::Arena;
 use super::heap::Heap;
 use crate::os::{file, mem, thread};
 use crate::policy::Policy;
-use crate::sync::{AtomicBool, InitCell, Ordering, SpinLock};
+use crate::sync::{AtomicBool, AtomicI32, InitCell, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
 /// How arenas map to nodes, chosen once at start-up (as knfsd chose its pool
@@ -225,6 +225,8 @@ pub(crate) struct State {
     pub(crate) policies: bool,
     /// Whether the first thread's start-up work (`settle`) was done.
     settled: AtomicBool,
+    /// Where the statistics go at exit (`NUMAWEAVE_SHOW_STATS`).
+    stats_fd: AtomicI32,
 }
 
 // SAFETY: raw pointers inside are guarded by the spin locks around them.
@@ -325,6 +327,7 @@ impl State {
             default_policy,
             policies: config.policies,
             settled: AtomicBool::new(false),
+            stats_fd: AtomicI32::new(2),
         }
     }
 
@@ -350,10 +353,11 @@ impl State {
                 self.topology
             ));
         }
-        if self.config.show_stats
-            && let Err(e) = thread::at_exit(show_stats_at_exit)
-        {
-            file::report(format_args!("numaweave: NUMAWEAVE_SHOW_STATS: {e}"));
+        if self.config.show_stats {
+            self.stats_fd.store(file::stderr_copy(), Ordering::Relaxed);
+            if let Err(e) = thread::at_exit(show_stats_at_exit) {
+                file::report(format_args!("numaweave: NUMAWEAVE_SHOW_STATS: {e}"));
+            }
         }
     }
 
@@ -447,7 +451,8 @@ impl<T> RawLock for SpinLock<T> {
 
 extern "C" fn show_stats_at_exit() {
     if let Some(s) = State::try_get() {
-        super::stats::print_to_stderr(&super::stats::Stats::snapshot(s));
+        let stats = super::stats::Stats::snapshot(s);
+        file::write_fd(s.stats_fd.load(Ordering::Relaxed), format_args!("{stats}"));
     }
 }
 

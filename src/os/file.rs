@@ -152,13 +152,18 @@ pub fn report(args: fmt::Arguments<'_>) {
 /// formatter hands over goes out with its own `write(2)` (what the
 /// `Display` impls themselves do is theirs).
 pub fn write_stderr(args: fmt::Arguments<'_>) {
-    struct Stderr;
-    impl fmt::Write for Stderr {
+    write_fd(2, args);
+}
+
+/// [`write_stderr`] to the file descriptor `fd`.
+pub fn write_fd(fd: i32, args: fmt::Arguments<'_>) {
+    struct Fd(i32);
+    impl fmt::Write for Fd {
         fn write_str(&mut self, s: &str) -> fmt::Result {
             let mut b = s.as_bytes();
             while !b.is_empty() {
-                // SAFETY: writes initialised bytes of `b` to fd 2.
-                let n = unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+                // SAFETY: writes initialised bytes of `b` to the descriptor.
+                let n = unsafe { libc::write(self.0, b.as_ptr().cast(), b.len()) };
                 if n <= 0 {
                     if n < 0 && super::errno() == libc::EINTR {
                         continue;
@@ -170,7 +175,16 @@ pub fn write_stderr(args: fmt::Arguments<'_>) {
             Ok(())
         }
     }
-    let _ = fmt::write(&mut Stderr, args);
+    let _ = fmt::write(&mut Fd(fd), args);
+}
+
+/// A copy of stderr that outlives the program's own handling of it (some
+/// programs close stderr in their exit handlers, before the allocator's
+/// run), close-on-exec; stderr itself if it cannot be had.
+pub fn stderr_copy() -> i32 {
+    // SAFETY: F_DUPFD_CLOEXEC on fd 2 has no memory effects.
+    let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 100) };
+    if fd < 0 { 2 } else { fd }
 }
 
 /// File-system queries for device locality (`Topology::pci_node` and

@@ -27,7 +27,9 @@ pub(crate) struct CachePadded<T>(pub(crate) T);
 pub(crate) use loom::{
     cell::UnsafeCell,
     hint::spin_loop,
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{
+        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    },
     thread::yield_now,
 };
 
@@ -35,7 +37,9 @@ pub(crate) use loom::{
 #[allow(unused_imports)]
 pub(crate) use std::{
     hint::spin_loop,
-    sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{
+        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    },
     thread::yield_now,
 };
 
