@@ -57,6 +57,10 @@
 #[cfg(not(loom))]
 pub mod alloc;
 pub mod error;
+// The loom build models the concurrent structures, not the allocator, which
+// alone uses these checks.
+#[cfg(all(feature = "hardened", not(loom)))]
+pub(crate) mod hardened;
 pub mod os;
 pub mod policy;
 mod sets;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Real programs under five allocators, in one run.
 
-    python3 benches/programs/run.py [--quick] [--repeat N] [--out DIR]
+    python3 benches/programs/run.py [--quick] [--hardened] [--repeat N] [--out DIR]
 
 Runs allocation-heavy programs from Debian's packages, and four small C
 programs of ours (one per workload class), under glibc's malloc, jemalloc
@@ -10,7 +10,8 @@ and numaweave, each through LD_PRELOAD, repeats interleaved (every
 allocator once per round); then numaweave under process-wide interleaves
 on a synthetic two-node topology. Prints a markdown table of the medians of
 wall time and peak RSS (/usr/bin/time: the largest process of the tree) and
-their ratios, writes it to OUT/programs.md and an SVG chart of the time
+their ratios (with --hardened, also libnumaweave_hardened.so without and
+with NUMAWEAVE_CHECK=full, against numaweave), writes it to OUT/programs.md and an SVG chart of the time
 ratios to OUT/programs.svg (OUT: target/programs).
 
 Every program's allocations are checked to go through the preloaded
@@ -49,6 +50,11 @@ ALLOCATORS = {
 INTERLEAVES = {
     "interleave count=8": "interleave:0-1:count=8",
     "interleave bytes=64K": "interleave:0-1:bytes=64K",
+}
+HARDENED_LIB = ROOT / "target/hardened/release/libnumaweave_hardened.so"
+HARDENED = {
+    "hardened": {},
+    "hardened full": {"NUMAWEAVE_CHECK": "full"},
 }
 
 
@@ -277,12 +283,16 @@ def svg(rows, names, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a few programs, smaller inputs, one repeat")
+    ap.add_argument("--hardened", action="store_true", help="also the hardened library, without and with full checks")
     ap.add_argument("--repeat", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     ap.add_argument("--out", default=str(ROOT / "target/programs"))
     a = ap.parse_args()
     repeat = a.repeat or (1 if a.quick else 3)
     install()
     sh(["cargo", "build", "-q", "--release", "-p", "numaweave-capi"], cwd=ROOT)
+    if a.hardened:
+        sh(["cargo", "build", "-q", "--release", "--manifest-path", "capi/hardened/Cargo.toml",
+            "--target-dir", "target/hardened"], cwd=ROOT)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="numaweave-programs-"))
@@ -291,7 +301,8 @@ def main():
     for c in ("large", "threads", "xthread", "churn"):
         sh(["gcc", "-O2", str(HERE / f"{c}.c"), "-o", str(bins / c), "-lpthread"])
     inputs(work, a.quick)
-    names = list(ALLOCATORS) + list(INTERLEAVES)
+    names = list(ALLOCATORS) + list(INTERLEAVES) + (list(HARDENED) if a.hardened else [])
+    variants = {**INTERLEAVES, **HARDENED}
     rows = []
     for name, kind, cmd in programs(work, a.quick, bins):
         allocs = allocations(cmd, a.quick, work)
@@ -303,6 +314,8 @@ def main():
             for n in names:
                 if n in ALLOCATORS:
                     env = environment(ALLOCATORS[n])
+                elif n in HARDENED:
+                    env = dict(environment(HARDENED_LIB), **HARDENED[n])
                 else:
                     env = environment(ALLOCATORS["numaweave"], INTERLEAVES[n])
                 runs[n].append(measure(cmd, env, a.quick, work))
@@ -333,9 +346,14 @@ def main():
         gm = {n: geomean([r["rss"][n] / r["rss"]["mimalloc"] for r in sel]) for n in names}
         label = "real programs" if kind == "real" else "workload classes"
         lines.append(f"| geomean / mimalloc, {label} | | " + " | ".join(f"{gt[n]:.2f}, RSS {gm[n]:.2f}" for n in names) + " | | |")
-    il = [f"| interleave / local ({r['name']}) | | " + " | ".join(
-        (f"{r['time'][n] / r['time']['numaweave']:.2f}, RSS {r['rss'][n] / r['rss']['numaweave']:.2f}" if n in INTERLEAVES else "")
+    # The variants of numaweave (interleaves, hardened) against it.
+    il = [f"| variant / numaweave ({r['name']}) | | " + " | ".join(
+        (f"{r['time'][n] / r['time']['numaweave']:.2f}, RSS {r['rss'][n] / r['rss']['numaweave']:.2f}" if n in variants else "")
         for n in names) + " | | |" for r in rows]
+    il.append("| geomean variant / numaweave | | " + " | ".join(
+        (f"{geomean([r['time'][n] / r['time']['numaweave'] for r in rows]):.2f}, "
+         f"RSS {geomean([r['rss'][n] / r['rss']['numaweave'] for r in rows]):.2f}" if n in variants else "")
+        for n in names) + " | | |")
     table = "\n".join(lines + il)
     print("\n" + table)
     (out / "programs.md").write_text(table + "\n")

@@ -54,6 +54,15 @@ static REPORTED: AtomicBool = AtomicBool::new(false);
 #[cold]
 #[inline(never)]
 pub unsafe fn free(p: *mut c_void) {
+    // A hardened library trusts no pointer it does not own: the allocator's
+    // checked free names it (a huge block freed twice, or not ours at all).
+    #[cfg(feature = "hardened")]
+    {
+        // SAFETY: a hardened free checks ownership before reading anything.
+        unsafe { crate::A.free(p.cast()) };
+        return;
+    }
+    #[allow(unreachable_code)]
     match FREE.get() {
         Some(f) => {
             // SAFETY: the next `free`, with `free`'s signature.
@@ -78,6 +87,14 @@ pub unsafe fn free(p: *mut c_void) {
 #[cold]
 #[inline(never)]
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    #[cfg(feature = "hardened")]
+    {
+        let _ = size;
+        numaweave::alloc::report_misuse(format_args!("realloc of {p:p}, which numaweave did not allocate"));
+        crate::set_errno(libc::ENOMEM);
+        return core::ptr::null_mut();
+    }
+    #[allow(unreachable_code)]
     match REALLOC.get() {
         Some(f) => {
             // SAFETY: the next `realloc`, with `realloc`'s signature.

@@ -8,7 +8,9 @@
 //!   cbindgen): allocation on a node, the node of a pointer, a thread's
 //!   policy from its text form, node slabs, statistics;
 //! - [`foreign`]: pointers numaweave did not allocate, handed to the next
-//!   definition of `free`/`realloc`/`malloc_usable_size`.
+//!   definition of `free`/`realloc`/`malloc_usable_size` (in the hardened
+//!   library, `libnumaweave_hardened.so`, a `free` or `realloc` of one is a
+//!   misuse, reported).
 //!
 //! The fast path is the Rust one: the heap pointer is read in the
 //! initial-exec TLS model (see numaweave's `alloc/tls.rs`), so `malloc` and

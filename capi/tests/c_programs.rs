@@ -9,7 +9,9 @@
 //! - `tests/c/life.c`: a process's life under `LD_PRELOAD` (threads, fork,
 //!   dlopen/dlclose, exec, exit while threads allocate);
 //! - the fast paths of `malloc` and `free` make no `__tls_get_addr` call
-//!   (objdump).
+//!   (objdump);
+//! - `tests/c/misuse.c`: every misuse `libnumaweave_hardened.so` catches,
+//!   each aborting with its report.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -37,6 +39,26 @@ fn lib_dir(release: bool) -> PathBuf {
             let st = c.status().expect("cargo");
             assert!(st.success(), "building libnumaweave failed");
             target_root().join(if release { "release" } else { "debug" })
+        })
+        .clone()
+}
+
+/// `libnumaweave_hardened.so` (dev profile): a workspace of its own (with
+/// the plain library in one cargo run, Cargo would harden both), built into
+/// `target/hardened/`.
+fn hardened_lib() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = target_root().join("hardened");
+            let st = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+                .args(["build", "-q", "--manifest-path", "hardened/Cargo.toml", "--target-dir"])
+                .arg(&dir)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cargo");
+            assert!(st.success(), "building libnumaweave_hardened failed");
+            dir.join("debug/libnumaweave_hardened.so")
         })
         .clone()
 }
@@ -190,4 +212,76 @@ fn malloc_and_free_fast_paths_make_no_tls_call() {
         assert!(tls.is_empty(), "{f} calls __tls_get_addr (general-dynamic TLS on its path): {tls:?}");
         println!("{f}: {} instructions, no __tls_get_addr", body.len());
     }
+}
+
+#[test]
+fn the_hardened_library_reports_each_misuse_and_aborts() {
+    use std::os::unix::process::ExitStatusExt;
+    let hardened = hardened_lib();
+    let _ = lib();
+    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
+        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
+        return;
+    };
+    let dir = target_dir();
+    let exe = scratch("misuse").join("misuse");
+    // Linked with the plain library for the slab API's symbols; the
+    // hardened one, preloaded, provides every symbol first.
+    let d = dir.to_str().unwrap();
+    compile(
+        &cc,
+        &[
+            "-O0",
+            "-fno-builtin",
+            "-Wall",
+            "-Werror",
+            "-I",
+            d,
+            src("misuse.c").to_str().unwrap(),
+            "-o",
+            exe.to_str().unwrap(),
+            "-L",
+            d,
+            "-lnumaweave",
+            &format!("-Wl,-rpath,{d}"),
+            "-lpthread",
+        ],
+    );
+    let full = [("NUMAWEAVE_CHECK", "full")];
+    let cases: [(&str, &[(&str, &str)]); 11] = [
+        ("double-free", &[]),
+        ("double-free-other-thread", &[]),
+        ("double-free-huge", &[]),
+        ("double-free-slab", &[]),
+        ("overflow-24", &full),
+        ("overflow-20", &full),
+        ("write-after-free", &full),
+        ("stack-pointer", &[]),
+        ("static-pointer", &[]),
+        ("interior-pointer", &[]),
+        ("wrong-slab-cache", &[]),
+    ];
+    for (case, env) in cases {
+        let out = Command::new(&exe)
+            .arg(case)
+            .env("LD_PRELOAD", &hardened)
+            .env_remove("NUMAWEAVE_CHECK")
+            .env_remove("NUMAWEAVE_ON_ERROR")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().collect();
+        let at = lines.iter().position(|l| l.starts_with("EXPECT ")).unwrap_or_else(|| panic!("{case}: {err}"));
+        assert_eq!(lines.get(at + 1).copied(), Some(&lines[at][7..]), "{case}: stderr was\n{err}");
+        assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{case}: {:?}, stderr was\n{err}", out.status);
+    }
+    // The production switch: reported, leaked, and the program goes on.
+    let out = Command::new(&exe)
+        .arg("double-free")
+        .env("LD_PRELOAD", &hardened)
+        .env("NUMAWEAVE_ON_ERROR", "report")
+        .output()
+        .unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("survived"), "{out:?}");
 }

@@ -1,7 +1,8 @@
 //! `numaweave`: run any program on libnumaweave, and look at NUMA memory.
 //!
 //! ```text
-//! numaweave run [--policy P] [--mode M] [--strict] [--stats] [--verbose] [--lib PATH] -- PROGRAM ARGS...
+//! numaweave run [--policy P] [--mode M] [--strict] [--stats] [--verbose]
+//!               [--hardened [--check full] [--on-error report] [--guard]] [--lib PATH] -- PROGRAM ARGS...
 //! numaweave topology [--device DEV]
 //! numaweave numastat PID
 //! ```
@@ -10,7 +11,10 @@
 //! `libnumaweave.so` that sits beside this binary (or `--lib`), sets the
 //! `NUMAWEAVE_*` variables the options stand for, and `exec`s the program
 //! (so its exit status is this command's). A policy that does not parse or
-//! does not fit the topology is refused before anything starts.
+//! does not fit the topology is refused before anything starts. With
+//! `--hardened` the library is `libnumaweave_hardened.so` (misuse caught and
+//! reported): beside this binary, or where its build puts it
+//! (`target/hardened/release/` next to `target/release/`).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -52,6 +56,35 @@ fn cli() -> Command {
                         .short('v')
                         .action(ArgAction::SetTrue)
                         .help("Print the configuration and topology at start"),
+                )
+                .arg(
+                    Arg::new("hardened")
+                        .long("hardened")
+                        .action(ArgAction::SetTrue)
+                        .help("Preload libnumaweave_hardened.so: double, foreign and interior frees reported"),
+                )
+                .arg(
+                    Arg::new("check")
+                        .long("check")
+                        .value_name("LEVEL")
+                        .value_parser(["default", "full"])
+                        .requires("hardened")
+                        .help("full: red zones (overflows) and poison (writes after free) too"),
+                )
+                .arg(
+                    Arg::new("on-error")
+                        .long("on-error")
+                        .value_name("ACTION")
+                        .value_parser(["abort", "report"])
+                        .requires("hardened")
+                        .help("On a misuse: abort (default), or report, leak the block and go on"),
+                )
+                .arg(
+                    Arg::new("guard")
+                        .long("guard")
+                        .action(ArgAction::SetTrue)
+                        .requires("hardened")
+                        .help("A page no access is allowed to after every segment and huge mapping"),
                 )
                 .arg(
                     Arg::new("lib")
@@ -126,18 +159,40 @@ fn run(m: &ArgMatches) -> ExitCode {
             vars.push((var, "1".to_string()));
         }
     }
+    let hardened = m.get_flag("hardened");
+    if hardened {
+        for (opt, var) in [("check", "NUMAWEAVE_CHECK"), ("on-error", "NUMAWEAVE_ON_ERROR")] {
+            if let Some(v) = m.get_one::<String>(opt) {
+                vars.push((var, v.clone()));
+            }
+        }
+        if m.get_flag("guard") {
+            vars.push(("NUMAWEAVE_GUARD", "1".to_string()));
+        }
+    }
     let lib = match m.get_one::<PathBuf>("lib") {
         Some(l) => l.clone(),
         None => match std::env::current_exe() {
+            Ok(exe) if hardened => {
+                let beside = exe.with_file_name("libnumaweave_hardened.so");
+                // target/release/numaweave -> target/hardened/release/
+                let built = exe.parent().and_then(|d| Some(d.parent()?.join("hardened").join(d.file_name()?)));
+                match built.map(|d| d.join("libnumaweave_hardened.so")) {
+                    Some(b) if !beside.is_file() && b.is_file() => b,
+                    _ => beside,
+                }
+            }
             Ok(exe) => exe.with_file_name("libnumaweave.so"),
             Err(e) => return fail(format_args!("cannot find this binary's directory: {e}")),
         },
     };
     if !lib.is_file() {
-        return fail(format_args!(
-            "{} not found (build it with `cargo build --release --workspace`, or give --lib)",
-            lib.display()
-        ));
+        let how = if hardened {
+            "cargo build --release --manifest-path capi/hardened/Cargo.toml --target-dir target/hardened"
+        } else {
+            "cargo build --release"
+        };
+        return fail(format_args!("{} not found (build it with `{how}`, or give --lib)", lib.display()));
     }
     let lib = std::fs::canonicalize(&lib).unwrap_or(lib);
     let mut preload = lib.into_os_string();

@@ -8,6 +8,10 @@
 //! through the page's `remote_next`). The owner takes the heap's list, reads
 //! each page's link, then takes the page's blocks with their count.
 //!
+//! The links are pushed encoded (`push_by`), as a hardened build stores
+//! them (`heap::link`: the plain build's encoding is the identity), and
+//! decoded by the owner's walk.
+//!
 //! Checked: every freed block reaches the owner exactly once with the count
 //! matching the chain; a page is never on the heap's list twice; the block
 //! payloads and the page link are accessed without data races (loom cells).
@@ -70,11 +74,18 @@ fn new_block(v: usize) -> *mut Block {
     Box::into_raw(Box::new(Block { next: ptr::null_mut(), payload: UnsafeCell::new(v) }))
 }
 
+/// A page's link key (a hardened build's; the plain build's is the identity).
+const KEY: usize = 0x5a5a_0000_0000_a5a5;
+
+fn encode(p: *mut Block) -> *mut Block {
+    (p as usize ^ KEY) as *mut Block
+}
+
 /// `free_remote` in `src/alloc/mod.rs`.
 fn free_remote(w: &World, page: *mut Page, block: *mut Block) {
     // SAFETY: live page and block, handed over by the freeing thread.
     unsafe {
-        if (*page).thread_free.push(block) {
+        if (*page).thread_free.push_by(block, |b, next| (*b).next = encode(next)) {
             w.heap.remote_pages.push(page);
         }
     }
@@ -98,7 +109,7 @@ fn collect(w: &World) -> Vec<usize> {
             let mut walked = 0;
             while !b.is_null() {
                 got.push((*b).payload.with(|p| *p));
-                let nb = (*b).next;
+                let nb = encode((*b).next);
                 drop(Box::from_raw(b));
                 b = nb;
                 walked += 1;

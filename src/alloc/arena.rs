@@ -218,15 +218,20 @@ impl Arena {
     /// A fresh segment-aligned mapping of `len` bytes under this arena's
     /// policy; `None` when the OS refuses either (nothing is left mapped).
     pub(crate) fn map_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
-        let base = mem::map_aligned(len, SEGMENT_SIZE).ok()?;
+        let guard = guard_len();
+        let base = mem::map_aligned(len + guard, SEGMENT_SIZE).ok()?;
         let policy = self.policy(state);
         if policy != MemPolicy::Default {
             // SAFETY: our fresh, segment-aligned mapping.
             if unsafe { mem::bind(base, len, policy, BindFlags::NONE) }.is_err() {
                 // SAFETY: ours, unused.
-                let _ = unsafe { mem::unmap(base, len) };
+                let _ = unsafe { mem::unmap(base, len + guard) };
                 return None;
             }
+        }
+        if guard > 0 {
+            // SAFETY: the last page of our fresh mapping, past `len`.
+            let _ = unsafe { mem::protect_none(NonNull::new_unchecked(base.as_ptr().add(len)), guard) };
         }
         Some(base)
     }
@@ -252,7 +257,7 @@ impl Arena {
                 SegmentKind::Small,
                 self.node,
                 base.as_ptr(),
-                SEGMENT_SIZE,
+                SEGMENT_SIZE + guard_len(),
             ));
             (*seg).free_slots = !1u64; // slot 0 is the header
             (*seg).dirty_slots = 0;
@@ -265,7 +270,7 @@ impl Arena {
         if self.spilled(state, base) {
             self.inner.lock().exhausted = 64;
             // SAFETY: ours, unused.
-            let _ = unsafe { mem::unmap(base, SEGMENT_SIZE) };
+            let _ = unsafe { mem::unmap(base, SEGMENT_SIZE + guard_len()) };
             return None;
         }
         self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
@@ -418,7 +423,7 @@ impl Arena {
             self.counters.purged.fetch_add(dirty, Ordering::Relaxed);
             self.counters.reserved.fetch_sub(SEGMENT_SIZE as u64, Ordering::Relaxed);
             super::segmap::remove(seg.cast());
-            let _ = mem::unmap(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE);
+            let _ = mem::unmap(NonNull::new_unchecked(seg.cast()), (*seg).seg.map_len);
         }
     }
 
@@ -470,6 +475,9 @@ impl Arena {
     /// move along, only the rest is faulted in), if the address space can be
     /// had.
     pub(crate) fn take_huge(&self, state: &State, len: usize) -> Option<(NonNull<u8>, usize)> {
+        if guard_len() > 0 {
+            return None;
+        }
         let mut g = self.inner.lock();
         let fits = |l: usize| l >= len && (l <= len.saturating_mul(4) || l <= len + SEGMENT_SIZE);
         let mut best: *mut *mut Cached = ptr::null_mut();
@@ -533,6 +541,11 @@ impl Arena {
     /// 8 mappings and `purge_threshold` bytes; with one, up to 8 times that
     /// (oldest dropped first), each for the delay.
     pub(crate) fn keep_huge(&self, state: &State, base: NonNull<u8>, len: usize) -> bool {
+        if guard_len() > 0 {
+            // Guarded mappings end in a page no access is allowed to: not
+            // reused, not grown.
+            return false;
+        }
         let now = delay_clock(state);
         let (bound, count) = match now {
             None => (state.config.purge_threshold, CACHED_MAX),
@@ -590,6 +603,17 @@ impl Arena {
             c = next;
         }
     }
+}
+
+/// Bytes of the guard page after every mapping (`NUMAWEAVE_GUARD=1` in a
+/// hardened build), else 0.
+#[inline]
+pub(crate) fn guard_len() -> usize {
+    #[cfg(feature = "hardened")]
+    if crate::hardened::guards() {
+        return crate::os::page_size();
+    }
+    0
 }
 
 /// Now (ms, monotonic), if a purge delay is configured.
@@ -658,6 +682,11 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         (*page).info.node = (*seg).seg.arena;
         (*page).info.start = start;
         (*page).info.heap.store(heap, Ordering::Relaxed);
+        #[cfg(feature = "hardened")]
+        {
+            (*page).info.key = crate::hardened::page_key(page.cast());
+            (*page).info.inv = u64::MAX / bs as u64 + 1;
+        }
         NonNull::new_unchecked(page)
     }
 }
@@ -696,7 +725,10 @@ mod tests {
             assert!(seen.iter().all(|&(s, e)| end <= s || start >= e), "pages overlap");
             seen.push((start, end));
         }
-        assert_eq!(a.counters.pages_in_use.load(Ordering::Relaxed) as usize, seen.iter().map(|(s, e)| e - s).sum());
+        assert_eq!(
+            a.counters.pages_in_use.load(Ordering::Relaxed) as usize,
+            seen.iter().map(|(s, e)| e - s).sum::<usize>()
+        );
     }
 
     #[test]
@@ -724,6 +756,15 @@ mod tests {
 
     #[test]
     fn cached_mappings_serve_requests_that_fit_and_grow_for_larger_ones() {
+        if guard_len() > 0 {
+            // Guard pages (hardened, NUMAWEAVE_GUARD=1) turn the cache off:
+            // a mapping's guard must follow the block it holds.
+            let m = mem::map_aligned(SEGMENT_SIZE, SEGMENT_SIZE).unwrap();
+            assert!(!arena().keep_huge(state(), m, SEGMENT_SIZE));
+            // SAFETY: our mapping, refused by the cache.
+            let _ = unsafe { mem::unmap(m, SEGMENT_SIZE) };
+            return;
+        }
         let (state, a) = (state(), arena());
         let len = SEGMENT_SIZE;
         let m = mem::map_aligned(len, SEGMENT_SIZE).unwrap();

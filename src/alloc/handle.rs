@@ -46,17 +46,20 @@ impl Placer {
             return Err(AllocError);
         }
         let state = self.state;
-        let class = class_for(size, align);
+        let want = super::padded(size);
+        let class = class_for(want, align);
         let p = match &self.place {
             Place::Node(n) => match class {
                 Some(c) => placement::alloc_on_node(state, c, *n),
-                None => huge::alloc_on(state, *n, size, align, false),
+                None => huge::alloc_on(state, *n, want, align, false),
             },
-            Place::Interleave(il) => interleave::handle_alloc(il, state, size, align, |node| {
+            Place::Interleave(il) => interleave::handle_alloc(il, state, want, align, |node| {
                 let c = class.filter(|&c| c < PAGE_CLASS)?;
                 Some(placement::alloc_on_node(state, c, node))
             }),
         };
+        // SAFETY: a block just handed out for `size` bytes.
+        unsafe { super::handed_out_for(p, size) };
         NonNull::new(p).map(|p| NonNull::slice_from_raw_parts(p, size)).ok_or(AllocError)
     }
 }

@@ -138,11 +138,13 @@ impl Heap {
             if block.is_null() {
                 return ptr::null_mut();
             }
+            #[cfg(feature = "hardened")]
+            crate::hardened::handing_out(block.cast(), || kind_of(page));
             debug_assert!(
                 Heap::is_lent(heap, class) || (in_page(page, block.cast()) && usize::from((*page).info.class) == class),
                 "a direct page of another class, or a free list that left its page"
             );
-            (*page).free = (*block).next;
+            (*page).free = next_of(page, block);
             (*page).used += 1;
             bump(&(*heap).counters.allocs, 1);
             bump(&(*heap).counters.bytes_alloc, u64::from((*page).info.block_size));
@@ -240,7 +242,9 @@ impl Heap {
             debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
             let block = (*page).free;
             debug_assert!(!block.is_null());
-            (*page).free = (*block).next;
+            #[cfg(feature = "hardened")]
+            crate::hardened::handing_out(block.cast(), || kind_of(page));
+            (*page).free = next_of(page, block);
             (*page).used += 1;
             bump(&(*heap).counters.allocs, 1);
             bump(&(*heap).counters.bytes_alloc, u64::from((*page).info.block_size));
@@ -309,7 +313,7 @@ impl Heap {
         unsafe {
             debug_assert!((*page).used > 0, "free of a block of a page with none in use");
             debug_assert!(in_page(page, block.cast()) && (*page).info.heap.load(Ordering::Relaxed) == heap);
-            (*block).next = (*page).free;
+            (*block).next = link(page, (*page).free);
             (*page).free = block;
             (*page).used -= 1;
             bump(&(*heap).counters.frees, 1);
@@ -410,14 +414,20 @@ impl Heap {
             if head.is_null() {
                 return;
             }
+            // The chain's links are stored as the page's own (`free_remote`):
+            // spliced as it is, walked only to reach its tail.
             if (*page).free.is_null() {
                 (*page).free = head;
             } else {
                 let mut tail = head;
-                while !(*tail).next.is_null() {
-                    tail = (*tail).next;
+                loop {
+                    let next = next_of(page, tail);
+                    if next.is_null() {
+                        break;
+                    }
+                    tail = next;
                 }
-                (*tail).next = (*page).free;
+                (*tail).next = link(page, (*page).free);
                 (*page).free = head;
             }
             let n = n as u32;
@@ -621,6 +631,69 @@ fn in_page(page: *mut Page, p: *const u8) -> bool {
     (start..start + slots * super::segment::SLOT_SIZE).contains(&(p as usize))
 }
 
+/// The link a free block of `page` stores to the next one: encoded in a
+/// hardened build, plain otherwise.
+#[inline(always)]
+pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
+    #[cfg(feature = "hardened")]
+    // SAFETY: the caller passes a live page.
+    return crate::hardened::encode(next, unsafe { (*page).info.key });
+    #[cfg(not(feature = "hardened"))]
+    {
+        let _ = page;
+        next
+    }
+}
+
+/// The block a free block of `page` links to (see [`link`]); a hardened
+/// build checks it lies in the page (a corrupted list is reported).
+#[inline(always)]
+unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
+    // SAFETY: the caller passes a free block of the page.
+    let stored = unsafe { (*block).next };
+    #[cfg(feature = "hardened")]
+    // SAFETY: as above.
+    unsafe {
+        let next = crate::hardened::decode(stored, (*page).info.key);
+        let (start, slots) = ((*page).info.start as usize, usize::from((*page).info.slots));
+        // In the page, as mimalloc checks: a link overwritten by a stray
+        // write decodes to anywhere at all. (Its alignment to a block would
+        // cost a division on every pop.)
+        let bad = !next.is_null()
+            && slots != 0
+            && !(start..start + slots * super::segment::SLOT_SIZE).contains(&(next as usize));
+        if bad {
+            crate::hardened::misuse(format_args!(
+                "corrupted free list in the {}-byte page at {:p} (node {}): a free block links to {next:p}",
+                (*page).info.block_size,
+                (*page).info.start,
+                (*page).info.node
+            ));
+            return ptr::null_mut();
+        }
+        next
+    }
+    #[cfg(not(feature = "hardened"))]
+    {
+        let _ = page;
+        stored
+    }
+}
+
+/// What a page's blocks are, for hardened reports and checks: a pool's page
+/// (no slots of its own) lends region blocks.
+#[cfg(feature = "hardened")]
+///
+/// # Safety
+/// `page` is live.
+#[inline(always)]
+unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::Block) {
+    // SAFETY: per the contract.
+    let (bs, node, slots) =
+        unsafe { ((*page).info.block_size as usize, usize::from((*page).info.node), (*page).info.slots) };
+    (bs, if slots == 0 { crate::hardened::Block::Region(bs, node) } else { crate::hardened::Block::Sized(bs, node) })
+}
+
 /// The node (arena) of one of the heap's pages.
 #[inline(always)]
 unsafe fn node_of(page: *mut Page) -> usize {
@@ -734,7 +807,12 @@ unsafe fn carve(page: *mut Page) {
         );
         for i in 0..n as usize {
             let b = first.add(i * bs).cast::<Block>();
-            (*b).next = if i + 1 < n as usize { first.add((i + 1) * bs).cast() } else { (*page).free };
+            let next = if i + 1 < n as usize { first.add((i + 1) * bs).cast() } else { (*page).free };
+            (*b).next = link(page, next);
+            // A fresh block carries no freed mark (a page's memory may hold
+            // an earlier class's stale one).
+            #[cfg(feature = "hardened")]
+            b.cast::<usize>().add(1).write(0);
         }
         (*page).free = first.cast();
         (*page).carved += n;

@@ -29,11 +29,17 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
 }
 
 fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
-    if align <= SEGMENT_SIZE {
-        mem::map_aligned(total, SEGMENT_SIZE).ok()
+    let guard = super::arena::guard_len();
+    let base = if align <= SEGMENT_SIZE {
+        mem::map_aligned(total + guard, SEGMENT_SIZE).ok()
     } else {
-        mem::map_aligned_at(total, align, offset).ok()
+        mem::map_aligned_at(total + guard, align, offset).ok()
+    }?;
+    if guard > 0 {
+        // SAFETY: the last page of our fresh reservation, past the block's.
+        let _ = unsafe { mem::protect_none(NonNull::new_unchecked(base.as_ptr().add(total)), guard) };
     }
+    Some(base)
 }
 
 /// Allocates a huge block on `node` (its arena; the home arena of a node
@@ -86,6 +92,10 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     // SAFETY: inside the mapping, which holds `off + size` bytes.
     unsafe {
         let p = base.as_ptr().add(off);
+        #[cfg(feature = "hardened")]
+        {
+            (*h).block = p;
+        }
         if zero && !fresh {
             ptr::write_bytes(p, 0, size);
         }
@@ -105,6 +115,9 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     c.huge_live.fetch_sub(1, Ordering::Relaxed);
     c.huge_bytes.fetch_sub(len as u64, Ordering::Relaxed);
     c.huge_frees.fetch_add(1, Ordering::Relaxed);
+    #[cfg(feature = "hardened")]
+    super::segmap::remove_huge(base);
+    #[cfg(not(feature = "hardened"))]
     super::segmap::remove(base);
     // SAFETY: the whole mapping of a block nobody uses any more.
     let base = unsafe { NonNull::new_unchecked(base) };
@@ -114,8 +127,8 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     }
     c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
     c.purged.fetch_add(len as u64, Ordering::Relaxed);
-    // SAFETY: as above.
-    let _ = unsafe { mem::unmap(base, len) };
+    // SAFETY: as above, with its guard page if it has one.
+    let _ = unsafe { mem::unmap(base, len + super::arena::guard_len()) };
 }
 
 /// Resizes the huge block `p` (aligned to `align`) to `new_size` (> SMALL_MAX)
@@ -130,6 +143,10 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
     let off = p as usize - base as usize;
     let Some(total) = map_len(off, new_size) else { return ptr::null_mut() };
+    if super::arena::guard_len() > 0 {
+        // A guard page ends the mapping: the caller moves the block.
+        return ptr::null_mut();
+    }
     let c = &state.arenas[arena].counters;
     // SAFETY: `base` is the start of our whole mapping.
     let old = unsafe { NonNull::new_unchecked(base) };
@@ -167,6 +184,10 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
         let h = b.as_ptr().cast::<Segment>();
         (*h).map_base = b.as_ptr();
         (*h).map_len = total;
+        #[cfg(feature = "hardened")]
+        {
+            (*h).block = b.as_ptr().add(off);
+        }
     }
     if total >= len {
         c.reserved.fetch_add((total - len) as u64, Ordering::Relaxed);
@@ -214,7 +235,8 @@ mod tests {
                 // place is not moved here (the caller copies).
                 let q = realloc(state, p, align, 40 << 20);
                 if q.is_null() {
-                    assert!(align > SEGMENT_SIZE);
+                    // (With guard pages no block grows in place.)
+                    assert!(align > SEGMENT_SIZE || super::super::arena::guard_len() > 0);
                     free(state, segment_of(p));
                     continue;
                 }

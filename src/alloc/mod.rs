@@ -49,6 +49,8 @@
 //! alignments above [`MAX_ALIGN`] (1 GiB).
 
 mod arena;
+#[cfg(feature = "hardened")]
+mod checked;
 mod handle;
 mod heap;
 mod huge;
@@ -65,6 +67,10 @@ mod tls;
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
+#[cfg(feature = "hardened")]
+pub use checked::report_misuse;
+#[cfg(feature = "hardened")]
+use checked::{alloc_red_zoned, handed_out};
 pub use handle::{InterleaveHandle, NodeHandle};
 pub(crate) use heap::for_each_heap;
 pub use huge::MAX_ALIGN;
@@ -73,6 +79,8 @@ pub use size_class::SMALL_MAX;
 pub use state::{Config, Mode};
 
 use crate::error::{Error, Result};
+#[cfg(feature = "hardened")]
+use crate::hardened;
 use heap::Heap;
 use segment::{Block, SegmentKind, SmallSegment, page_of, segment_of};
 use size_class::{class_for, class_of, class_size};
@@ -139,10 +147,13 @@ impl NumaAlloc {
         if align > MAX_ALIGN || size > isize::MAX as usize / 2 {
             return Err(Error::LayoutTooLarge { size, align });
         }
-        let p = match class_for(size, align) {
+        let want = padded(size);
+        let p = match class_for(want, align) {
             Some(c) => placement::alloc_on_node(state, c, node),
-            None => huge::alloc_on(state, node, size, align, false),
+            None => huge::alloc_on(state, node, want, align, false),
         };
+        // SAFETY: a block just handed out for `size` bytes.
+        unsafe { handed_out_for(p, size) };
         NonNull::new(p).ok_or(Error::NodeOutOfMemory { node })
     }
 
@@ -250,7 +261,20 @@ impl NumaAlloc {
             }
             (None, Some(il)) if interleave::region_serves(size, align) => il.alloc_block(size, align),
             // Fresh huge mappings are zero already: zeroed inside if reused.
-            (None, _) => return huge::alloc_on(state, placement::large_node(state, size), size, align, zero),
+            (None, _) => {
+                let p = huge::alloc_on(state, placement::large_node(state, size), size, align, zero);
+                #[cfg(feature = "hardened")]
+                // SAFETY: a block just handed out.
+                unsafe {
+                    handed_out(p)
+                };
+                return p;
+            }
+        };
+        #[cfg(feature = "hardened")]
+        // SAFETY: a block just handed out.
+        unsafe {
+            handed_out(p)
         };
         if zero && !p.is_null() {
             // SAFETY: a block of at least `size` bytes.
@@ -287,12 +311,25 @@ unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
 /// is found from the pointer alone.
 #[inline(always)]
 unsafe fn free(p: *mut u8) {
+    // A hardened build checks the pointer first (`checked`); a misuse
+    // reported without aborting leaks the block.
+    #[cfg(feature = "hardened")]
+    if !segmap::contains(p) {
+        // SAFETY: nothing of `p` is read.
+        unsafe { checked::foreign(p) };
+        return;
+    }
     let seg = segment_of(p);
     // SAFETY: `p` is a live block (caller's contract), so its segment header
-    // is live, and for a small segment the slot belongs to a page.
+    // is live, and for a small segment the slot belongs to a page. (A
+    // hardened build checks the slot before it trusts it.)
     unsafe {
         match (*seg).kind {
             SegmentKind::Small => {
+                #[cfg(feature = "hardened")]
+                if !checked::small(seg.cast::<SmallSegment>(), p) {
+                    return;
+                }
                 let page = page_of(seg.cast::<SmallSegment>(), p);
                 let heap = heap::current();
                 if (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
@@ -301,14 +338,54 @@ unsafe fn free(p: *mut u8) {
                     free_remote(page, p.cast::<Block>());
                 }
             }
-            SegmentKind::Region => free_region(seg, p),
+            SegmentKind::Region => {
+                #[cfg(feature = "hardened")]
+                if !checked::region(seg, p) {
+                    return;
+                }
+                free_region(seg, p)
+            }
             SegmentKind::Huge => {
+                #[cfg(feature = "hardened")]
+                if !checked::huge(seg, p) {
+                    return;
+                }
                 if let Some(state) = State::try_get() {
                     huge::free(state, seg);
                 }
             }
         }
     }
+}
+
+/// The bytes to set aside for a block of `size` bytes asked by an explicit
+/// API (a hardened build under `NUMAWEAVE_CHECK=full` adds a red zone).
+#[inline(always)]
+pub(crate) fn padded(size: usize) -> usize {
+    #[cfg(feature = "hardened")]
+    if hardened::full() {
+        return size + hardened::PAD;
+    }
+    size
+}
+
+/// A block of an explicit API just handed out for `size` bytes (asked for
+/// [`padded`]`(size)`): in hardened builds its freed mark cleared and, under
+/// `NUMAWEAVE_CHECK=full`, its red zone set. Nothing otherwise.
+///
+/// # Safety
+/// `p` is null or such a block.
+#[inline(always)]
+pub(crate) unsafe fn handed_out_for(p: *mut u8, size: usize) {
+    #[cfg(feature = "hardened")]
+    // SAFETY: per the contract.
+    unsafe {
+        checked::handed_out(p);
+        if hardened::full() && !p.is_null() {
+            hardened::set_red_zone(p, size, raw_usable_size(p));
+        }
+    }
+    let _ = (p, size);
 }
 
 /// A region block (an interleaved I/O buffer): its owner's interleaver, if
@@ -329,15 +406,30 @@ unsafe fn free_remote(page: *mut segment::Page, block: *mut Block) {
     // outlive it (heaps are never freed, pages not reassigned while they hold
     // a live block).
     unsafe {
-        if (*page).remote.thread_free.push(block) {
+        // (A hardened build stores the link encoded, as in the page's own
+        // list: the owner then takes the chain without walking it.)
+        if (*page).remote.thread_free.push_by(block, |b, next| (*b).next = heap::link(page, next)) {
             let heap = (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed);
             (*heap).remote_pages.0.push(page);
         }
     }
 }
 
-/// The usable size of the live block at `p`.
+/// The usable size of the live block at `p` (under `NUMAWEAVE_CHECK=full`
+/// in a hardened build, the size it was asked for: the rest is red zone).
 unsafe fn usable_size(p: *const u8) -> usize {
+    // SAFETY: forwarded contract.
+    let bs = unsafe { raw_usable_size(p) };
+    #[cfg(feature = "hardened")]
+    if hardened::full() {
+        // SAFETY: a live block, handed out with its red zone.
+        return unsafe { hardened::asked_size(p, bs) };
+    }
+    bs
+}
+
+/// The size of the live block at `p`, whole.
+unsafe fn raw_usable_size(p: *const u8) -> usize {
     let seg = segment_of(p);
     // SAFETY: per the caller's contract the segment header is live.
     unsafe {
@@ -357,6 +449,60 @@ unsafe fn usable_size(p: *const u8) -> usize {
 unsafe impl GlobalAlloc for NumaAlloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        #[cfg(feature = "hardened")]
+        if hardened::full() {
+            // SAFETY: forwarded contract.
+            return unsafe { alloc_red_zoned(self, layout, false) };
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_plain(layout) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
+        // SAFETY: forwarded contract: `p` is a live block of this allocator.
+        unsafe { free(p) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        #[cfg(feature = "hardened")]
+        if hardened::full() {
+            // SAFETY: forwarded contract.
+            return unsafe { alloc_red_zoned(self, layout, true) };
+        }
+        // Small blocks are cleared; fresh huge mappings are zero already.
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_slow(layout.size(), layout.align(), true) }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        #[cfg(feature = "hardened")]
+        if hardened::full() {
+            // Every size change moves the block: its red zone follows the size.
+            // SAFETY: forwarded contract; `new_size` with the old alignment
+            // is a valid layout.
+            unsafe {
+                let q = self.alloc(Layout::from_size_align_unchecked(new_size, layout.align()));
+                if !q.is_null() {
+                    ptr::copy_nonoverlapping(p, q, usable_size(p).min(new_size));
+                    free(p);
+                }
+                return q;
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.realloc_plain(p, layout, new_size) }
+    }
+}
+
+impl NumaAlloc {
+    /// `GlobalAlloc::alloc` without a red zone. (`#[inline]`, not
+    /// `always`: so the default build's `malloc` is the very code it was
+    /// before the hardened build shared this; the hardened one needs it
+    /// inlined.)
+    #[cfg_attr(not(feature = "hardened"), inline)]
+    #[cfg_attr(feature = "hardened", inline(always))]
+    unsafe fn alloc_plain(&self, layout: Layout) -> *mut u8 {
         let size = layout.size();
         if layout.align() <= size_class::MIN_BLOCK && size <= SMALL_MAX {
             let heap = heap::current();
@@ -369,18 +515,8 @@ unsafe impl GlobalAlloc for NumaAlloc {
         unsafe { self.alloc_slow(size, layout.align(), false) }
     }
 
-    #[inline]
-    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
-        // SAFETY: forwarded contract: `p` is a live block of this allocator.
-        unsafe { free(p) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract.
-        unsafe { self.alloc_slow(layout.size(), layout.align(), true) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+    /// `GlobalAlloc::realloc` without red zones.
+    unsafe fn realloc_plain(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let align = layout.align();
         let seg = segment_of(p);
         // SAFETY: `p` is a live block (caller's contract).

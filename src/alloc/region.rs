@@ -113,7 +113,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -
     let fresh = cached.is_none();
     let (base, len) = match cached {
         Some(c) => c,
-        None => (arena.map_bound(state, SEGMENT_SIZE)?, SEGMENT_SIZE),
+        None => (arena.map_bound(state, SEGMENT_SIZE)?, SEGMENT_SIZE + super::arena::guard_len()),
     };
     debug_assert_eq!(base.as_ptr() as usize % SEGMENT_SIZE, 0);
     let r = base.as_ptr().cast::<Region>();

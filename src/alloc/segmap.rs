@@ -24,6 +24,15 @@ static MAP: [AtomicU64; WORDS] = {
     [Z; WORDS]
 };
 
+/// Hardened builds: chunks that held a huge block freed since (a second
+/// free of it is a double free, not a foreign pointer).
+#[cfg(feature = "hardened")]
+static FREED_HUGE: [AtomicU64; WORDS] = {
+    #[allow(clippy::declare_interior_mutable_const)]
+    const Z: AtomicU64 = AtomicU64::new(0);
+    [Z; WORDS]
+};
+
 /// The bit of the chunk at `base` (a segment's header), if it is covered.
 #[inline(always)]
 fn slot(base: usize) -> Option<(&'static AtomicU64, u64)> {
@@ -37,7 +46,26 @@ pub(crate) fn insert(base: *const u8) {
     if let Some((w, b)) = slot(base as usize) {
         let old = w.fetch_or(b, Ordering::Relaxed);
         debug_assert_eq!(old & b, 0, "a segment marked twice");
+        #[cfg(feature = "hardened")]
+        FREED_HUGE[(base as usize >> SEGMENT_SHIFT) / 64].fetch_and(!b, Ordering::Relaxed);
     }
+}
+
+/// Hardened builds: unmarks the chunk of a huge block being freed, and
+/// remembers it was one.
+#[cfg(feature = "hardened")]
+pub(crate) fn remove_huge(base: *const u8) {
+    remove(base);
+    if let Some((_, b)) = slot(base as usize) {
+        FREED_HUGE[(base as usize >> SEGMENT_SHIFT) / 64].fetch_or(b, Ordering::Relaxed);
+    }
+}
+
+/// Hardened builds: whether `p`'s chunk held a huge block freed since.
+#[cfg(feature = "hardened")]
+pub(crate) fn was_freed_huge(p: *const u8) -> bool {
+    let base = segment_of(p) as usize;
+    slot(base).is_some_and(|(_, b)| FREED_HUGE[(base >> SEGMENT_SHIFT) / 64].load(Ordering::Relaxed) & b != 0)
 }
 
 /// Unmarks the chunk at `base` (its segment is going away).

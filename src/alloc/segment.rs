@@ -52,6 +52,10 @@ pub(crate) struct Segment {
     pub(crate) map_len: usize,
     /// Small: link in the arena's segment list (under the arena lock).
     pub(crate) next: *mut SmallSegment,
+    /// Hardened builds, huge: where the block starts (an interior pointer
+    /// is told from it).
+    #[cfg(feature = "hardened")]
+    pub(crate) block: *mut u8,
 }
 
 impl Segment {
@@ -60,7 +64,15 @@ impl Segment {
     pub(crate) fn new(kind: SegmentKind, node: usize, map_base: *mut u8, map_len: usize) -> Self {
         debug_assert!(node < crate::topology::MAX_NODES);
         debug_assert!(map_len >= crate::os::page_size() && map_base as usize % crate::os::page_size() == 0);
-        Self { kind, arena: node as u8, map_base, map_len, next: ptr::null_mut() }
+        Self {
+            kind,
+            arena: node as u8,
+            map_base,
+            map_len,
+            next: ptr::null_mut(),
+            #[cfg(feature = "hardened")]
+            block: ptr::null_mut(),
+        }
     }
 }
 
@@ -125,6 +137,13 @@ pub(crate) struct Info {
     /// The segment's arena (node), copied here so a policy's slow-path check
     /// reads the line it already has.
     pub(crate) node: u8,
+    /// Hardened builds: the key its free-list links are encoded with.
+    #[cfg(feature = "hardened")]
+    pub(crate) key: usize,
+    /// Hardened builds: `ceil(2^64 / block_size)`, so that a free finds a
+    /// pointer's block by a multiplication, not a division.
+    #[cfg(feature = "hardened")]
+    pub(crate) inv: u64,
 }
 
 /// The part of a page other threads write.
@@ -169,6 +188,10 @@ impl Page {
                 slots: 0,
                 first_slot: 0,
                 node: 0,
+                #[cfg(feature = "hardened")]
+                key: 0,
+                #[cfg(feature = "hardened")]
+                inv: 0,
             },
             remote: Remote { thread_free: CountedStack::new(), remote_next: ptr::null_mut() },
         }

@@ -40,6 +40,9 @@ pub enum Mode {
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
 /// | `NUMAWEAVE_VERBOSE` | `1`: print the configuration and the topology at start ([`Config::verbose`]) | `0` |
 /// | `NUMAWEAVE_SHOW_STATS` | `1`: print the per-node statistics at exit ([`Config::show_stats`]) | `0` |
+/// | `NUMAWEAVE_CHECK` | hardened builds (feature `hardened`): `full` adds red zones and poison | `default` |
+/// | `NUMAWEAVE_ON_ERROR` | hardened builds: `report` leaks a misused block and goes on | `abort` |
+/// | `NUMAWEAVE_GUARD` | hardened builds: `1` puts a page no access is allowed to after every segment and huge mapping | `0` |
 ///
 /// An invalid value is reported once on stderr and the configured value kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,6 +281,8 @@ impl State {
             file::report(format_args!("numaweave: no fork handlers ({e}): fork() from a threaded program may hang"));
         }
         let config = config.apply_env();
+        #[cfg(feature = "hardened")]
+        crate::hardened::init();
         let topology = allocator_topology();
         let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
         let mode = match config.mode {

@@ -148,6 +148,19 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull
     Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
 }
 
+/// Makes `[ptr, ptr+len)` inaccessible (`mprotect(PROT_NONE)`): a guard
+/// page, whose access faults.
+///
+/// # Safety
+/// The range must be mapped by this crate, page-aligned, and unused.
+pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    if unsafe { libc::mprotect(ptr.as_ptr().cast(), len, libc::PROT_NONE) } != 0 {
+        return Err(Error::last_os("mprotect"));
+    }
+    Ok(())
+}
+
 /// Unmaps `[ptr, ptr+len)`.
 ///
 /// # Safety

@@ -58,6 +58,14 @@ pub fn monotonic_ms() -> u64 {
     (ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000).max(1)
 }
 
+/// 64 random bits from the kernel (`getrandom`), if it gives them.
+pub fn random_u64() -> Option<u64> {
+    let mut v = 0u64;
+    // SAFETY: writes at most 8 bytes into `v`; GRND_NONBLOCK never waits.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    (n == 8).then_some(v)
+}
+
 /// The symbolic name of an errno value (`"EINVAL"`), or `"E?"` for one not listed.
 pub fn errno_name(errno: i32) -> &'static str {
     match errno {

@@ -250,6 +250,11 @@ fn alloc_raw<const RAW: bool>(core: &Arc<Core>, start: Start, on_empty: OnEmpty)
     if let Start::Default = start
         && let Some(p) = thread::alloc_fast(core, None)
     {
+        #[cfg(feature = "hardened")]
+        // SAFETY: just taken from the cache.
+        unsafe {
+            core.handing_out(p)
+        };
         if RAW && core.zero {
             // SAFETY: a fresh object of `size` bytes, ours.
             unsafe { p.as_ptr().write_bytes(0, core.size) };
@@ -268,6 +273,11 @@ fn alloc_raw_slow(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<N
     let p = match thread::alloc_fast(core, node) {
         Some(p) => p,
         None => thread::alloc_slow(core, start, on_empty)?,
+    };
+    #[cfg(feature = "hardened")]
+    // SAFETY: just taken from the cache.
+    unsafe {
+        core.handing_out(p)
     };
     if core.zero {
         // SAFETY: a fresh object of `size` bytes, ours.
@@ -293,7 +303,13 @@ fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
         // Whole runs straight out of the thread's magazine; the slow path
         // refills it a magazine at a time (one depot or slab lock round trip
         // per `rounds` objects).
-        i += thread::alloc_fast_many(core, &mut out[i..]);
+        let got = thread::alloc_fast_many(core, &mut out[i..]);
+        #[cfg(feature = "hardened")]
+        for &p in &out[i..i + got] {
+            // SAFETY: just taken from the cache (non-null).
+            unsafe { core.handing_out(NonNull::new_unchecked(p)) };
+        }
+        i += got;
         if i == out.len() {
             break;
         }
@@ -657,11 +673,20 @@ impl RawCache {
     /// # Safety
     /// `obj` came from an allocation of a numaweave slab cache, has not been
     /// freed since, and is not used afterwards. (An object of *another*
-    /// cache, or a pointer into the middle of one, is caught with a panic.)
+    /// cache, or a pointer into the middle of one, is caught with a panic;
+    /// hardened builds also catch a double free and a pointer into no slab,
+    /// and report them as the allocator's other misuses.)
     #[inline]
     pub unsafe fn free(&self, obj: NonNull<u8>) {
         // SAFETY: per the contract, `obj` lies in a slab.
-        unsafe { self.core.check_owner(obj) };
+        if !unsafe { self.core.check_owner(obj) } {
+            return;
+        }
+        #[cfg(feature = "hardened")]
+        // SAFETY: checked to be an object of this cache.
+        if !unsafe { self.core.freeing(obj) } {
+            return;
+        }
         // SAFETY: checked to be ours; the caller gives it up.
         unsafe { thread::free(Arc::as_ptr(&self.core), obj) };
     }
@@ -672,12 +697,26 @@ impl RawCache {
     /// # Safety
     /// As [`free`](Self::free), for each object (no duplicates).
     pub unsafe fn free_bulk(&self, objs: &[NonNull<u8>]) {
-        for &o in objs {
-            // SAFETY: per the contract.
-            unsafe { self.core.check_owner(o) };
+        #[cfg(not(feature = "hardened"))]
+        {
+            for &o in objs {
+                // SAFETY: per the contract (a wrong one panics).
+                unsafe { self.core.check_owner(o) };
+            }
+            // SAFETY: checked; the caller gives them up.
+            unsafe { thread::free_bulk(&self.core, objs) };
         }
-        // SAFETY: checked; the caller gives them up.
-        unsafe { thread::free_bulk(&self.core, objs) };
+        // Under `NUMAWEAVE_ON_ERROR=report` the objects found wrong are left
+        // out (leaked), the others freed.
+        #[cfg(feature = "hardened")]
+        {
+            // SAFETY: per the contract each lies in a slab; checked to be
+            // this cache's before its mark is looked at.
+            let ok: Vec<_> =
+                objs.iter().copied().filter(|&o| unsafe { self.core.check_owner(o) && self.core.freeing(o) }).collect();
+            // SAFETY: checked; the caller gives them up.
+            unsafe { thread::free_bulk(&self.core, &ok) };
+        }
     }
 
     /// The node of `obj`'s memory.

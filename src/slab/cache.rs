@@ -30,14 +30,29 @@ const MIN_OBJECTS: usize = 8;
 /// Full magazines a node's depot keeps before frees go back to the slabs.
 const DEPOT_MAX_FULL: usize = 32;
 
-/// Every slab's range, in debug builds, so that a pointer from another cache
-/// (whose slab alignment may differ) is named rather than followed blindly.
-#[cfg(debug_assertions)]
+/// Every slab's range, in debug and hardened builds, so that a pointer from
+/// another cache (whose slab alignment may differ) or from no cache at all
+/// is named rather than followed blindly.
+#[cfg(any(debug_assertions, feature = "hardened"))]
 static SLAB_RANGES: Mutex<std::collections::BTreeMap<usize, usize>> = Mutex::new(std::collections::BTreeMap::new());
 
-#[cfg(debug_assertions)]
+#[cfg(any(debug_assertions, feature = "hardened"))]
 fn ranges() -> MutexGuard<'static, std::collections::BTreeMap<usize, usize>> {
     SLAB_RANGES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A wrong pointer handed to a cache's free: a panic, or in hardened builds
+/// the allocator's misuse report (abort, or false to leak it and go on).
+#[cold]
+#[inline(never)]
+fn reject(what: core::fmt::Arguments<'_>) -> bool {
+    #[cfg(feature = "hardened")]
+    {
+        crate::hardened::misuse(what);
+        false
+    }
+    #[cfg(not(feature = "hardened"))]
+    panic!("numaweave: {what}")
 }
 
 /// A constructor for raw objects.
@@ -269,6 +284,9 @@ pub(crate) struct Core {
     pub(crate) nodes: Box<[NodeSlabs]>,
     /// The handle was dropped: no more depot caching, empty slabs go at once.
     pub(crate) dead: AtomicBool,
+    /// Where objects keep their misuse checks.
+    #[cfg(feature = "hardened")]
+    pub(crate) check: super::hardened::Check,
 }
 
 /// What an allocation may do when its node has nothing.
@@ -290,8 +308,13 @@ impl Core {
         let align = spec.align.max(core::mem::align_of::<*mut u8>());
         // With a constructor the object's state must survive being free, so
         // the link lives after it (as SLUB does); otherwise in its first word.
-        let link = if spec.ctor.is_some() { size.next_multiple_of(8) } else { 0 };
-        let stride = (link + 8).max(size).next_multiple_of(align);
+        #[cfg(not(feature = "hardened"))]
+        let (link, stride) = {
+            let link = if spec.ctor.is_some() { size.next_multiple_of(8) } else { 0 };
+            (link, (link + 8).max(size).next_multiple_of(align))
+        };
+        #[cfg(feature = "hardened")]
+        let (link, stride, check) = super::hardened::Check::layout(size, align, spec.ctor.is_some());
         let first = core::mem::size_of::<Slab>().next_multiple_of(align);
         if first + 2 * stride > MAX_SLAB {
             return Err(Error::LayoutTooLarge { size, align });
@@ -351,6 +374,8 @@ impl Core {
             topo,
             nodes,
             dead: AtomicBool::new(false),
+            #[cfg(feature = "hardened")]
+            check,
         })
     }
 
@@ -370,42 +395,57 @@ impl Core {
         unsafe { (*self.slab_of(obj)).node }
     }
 
-    /// Panics unless `obj` is the start of an object of this cache.
+    /// Whether `obj` is the start of an object of this cache. If not: a
+    /// panic, or in hardened builds a misuse report (then false under
+    /// `NUMAWEAVE_ON_ERROR=report`: the caller leaks the object).
     ///
     /// # Safety
     /// `obj` lies in memory some numaweave cache mapped (any cache: a foreign
     /// object is what this catches), or the slab-aligned address below it is
-    /// readable.
-    pub(crate) unsafe fn check_owner(&self, obj: NonNull<u8>) {
-        #[cfg(not(debug_assertions))]
+    /// readable. (Debug and hardened builds need neither: they look the slab
+    /// up in the registry of slabs.)
+    pub(crate) unsafe fn check_owner(&self, obj: NonNull<u8>) -> bool {
+        #[cfg(not(any(debug_assertions, feature = "hardened")))]
         let s = self.slab_of(obj);
-        // Debug builds find the slab from the registry: an object of a cache
-        // with another slab size is then named, not misread.
-        #[cfg(debug_assertions)]
+        // Found from the registry, an object of a cache with another slab
+        // size is named, not misread, and a pointer into no slab at all (a
+        // stack address) is never followed.
+        #[cfg(any(debug_assertions, feature = "hardened"))]
         let s = {
             let a = obj.as_ptr() as usize;
             match ranges().range(..=a).next_back() {
                 Some((&start, &len)) if a < start + len => start as *mut Slab,
-                _ => panic!("numaweave: {obj:p} freed into slab cache \"{}\" is not in any slab", self.name),
+                _ => return reject(format_args!("{obj:p} freed into slab cache \"{}\" is not in any slab", self.name)),
             }
         };
         // SAFETY: per the contract the header address is readable.
         let (magic, owner) = unsafe { ((*s).magic, (*s).core) };
         if magic != SLAB_MAGIC {
-            panic!("numaweave: {obj:p} freed into slab cache \"{}\" is not an object of any slab cache", self.name);
+            return reject(format_args!(
+                "{obj:p} freed into slab cache \"{}\" is not an object of any slab cache",
+                self.name
+            ));
         }
         if !ptr::eq(owner, self) {
             // SAFETY: a slab with a valid magic points at its live cache (the
             // slab holds a reference to it).
             let other = unsafe { &(*owner).name };
-            panic!("numaweave: object {obj:p} of slab cache \"{other}\" freed into slab cache \"{}\"", self.name);
+            return reject(format_args!(
+                "object {obj:p} of slab cache \"{other}\" freed into slab cache \"{}\"",
+                self.name
+            ));
         }
-        // Debug builds also check the offset (a division: kept off release
-        // builds' free path).
+        // Debug and hardened builds also check the offset (a division: kept
+        // off the default release build's free path).
         let off = obj.as_ptr() as usize - s as usize;
-        if off < self.first || (cfg!(debug_assertions) && (off - self.first) % self.stride != 0) {
-            panic!("numaweave: {obj:p} is inside an object of slab cache \"{}\", not at its start", self.name);
+        let checked = cfg!(any(debug_assertions, feature = "hardened"));
+        if off < self.first || (checked && (off - self.first) % self.stride != 0) {
+            return reject(format_args!(
+                "{obj:p} is inside an object of slab cache \"{}\", not at its start",
+                self.name
+            ));
         }
+        true
     }
 
     /// The default node for a thread on `thread_node`.
@@ -500,6 +540,11 @@ impl Core {
             }
             let obj = slab.cast::<u8>().wrapping_add(self.first + st.carved as usize * self.stride);
             st.carved += 1;
+            #[cfg(feature = "hardened")]
+            // SAFETY: a fresh slot of this cache.
+            unsafe {
+                self.carved(obj)
+            };
             if let Some(ctor) = &self.ctor {
                 // SAFETY: a fresh slot of `stride` bytes inside the slab.
                 ctor(unsafe { NonNull::new_unchecked(obj) });
@@ -569,7 +614,7 @@ impl Core {
                 },
             });
             s.empty.push(slab, ListId::Empty);
-            #[cfg(debug_assertions)]
+            #[cfg(any(debug_assertions, feature = "hardened"))]
             ranges().insert(slab as usize, len);
             // Each slab keeps the cache alive (see `Core`).
             Arc::increment_strong_count(self);
@@ -593,7 +638,7 @@ impl Core {
         };
         s.capacity -= cap;
         s.mapped -= len;
-        #[cfg(debug_assertions)]
+        #[cfg(any(debug_assertions, feature = "hardened"))]
         ranges().remove(&(slab as usize));
         // SAFETY: no object of an empty slab is in use; the mapping is ours.
         let _ = unsafe { mem::unmap(NonNull::new_unchecked(slab.cast()), len) };

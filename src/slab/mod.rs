@@ -54,6 +54,8 @@ pub mod magazine;
 
 #[cfg(not(loom))]
 mod cache;
+#[cfg(all(feature = "hardened", not(loom)))]
+mod hardened;
 #[cfg(not(loom))]
 mod stats;
 #[cfg(not(loom))]

@@ -151,11 +151,22 @@ impl<T: Linked> CountedStack<T> {
     /// and the stack must hold fewer than 65535 nodes.
     #[inline]
     pub unsafe fn push(&self, node: *mut T) -> bool {
+        // SAFETY: per the contract; the node's link is ours until taken.
+        unsafe { self.push_by(node, |n, next| *T::next_ptr(n) = next) }
+    }
+
+    /// [`push`](Self::push), with `link(node, head)` making `node` point at
+    /// the current head (called again if another push got in first): a
+    /// hardened allocator stores its links encoded.
+    ///
+    /// # Safety
+    /// As [`push`](Self::push); `link` may write only `node`'s link.
+    #[inline]
+    pub unsafe fn push_by(&self, node: *mut T, mut link: impl FnMut(*mut T, *mut T)) -> bool {
         debug_assert_eq!(node as usize & !PTR_MASK, 0, "address above 2^48");
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
-            // SAFETY: the caller hands us the node; its link is ours until taken.
-            unsafe { *T::next_ptr(node) = (head & PTR_MASK) as *mut T };
+            link(node, (head & PTR_MASK) as *mut T);
             let count = (head >> PTR_BITS) + 1;
             let new = (count << PTR_BITS) | node as usize;
             // AcqRel for the same reasons as `AtomicStack::push`.

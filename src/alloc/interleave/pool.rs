@@ -90,6 +90,19 @@ impl Pool {
         let page = self.page.get();
         // SAFETY: the pool's own page, not lent now (no pool is open).
         unsafe {
+            #[cfg(feature = "hardened")]
+            {
+                // The heap pops with the page's key: encode the links. (The
+                // node is for reports.)
+                (*page).info.key = crate::hardened::page_key(page.cast());
+                (*page).info.node = (*crate::alloc::segment::segment_of(list.cast())).arena;
+                let mut b = list;
+                while !b.is_null() {
+                    let next = (*b).next;
+                    (*b).next = crate::hardened::encode(next, (*page).info.key);
+                    b = next;
+                }
+            }
             (*page).free = list;
             (*page).info.block_size = size as u32;
             self.used0.set((*page).used);
@@ -113,6 +126,16 @@ impl Pool {
         unsafe {
             let taken = (*page).used.wrapping_sub(self.used0.get()) as usize;
             let rest = core::mem::replace(&mut (*page).free, ptr::null_mut());
+            #[cfg(feature = "hardened")]
+            {
+                // Plain links again, for the region's lists.
+                let mut b = rest;
+                while !b.is_null() {
+                    let next = crate::hardened::decode((*b).next, (*page).info.key);
+                    (*b).next = next;
+                    b = next;
+                }
+            }
             (taken, self.allowance0.get() - self.allowance.get(), rest)
         }
     }
@@ -136,7 +159,14 @@ impl Pool {
         let b = p.cast::<Block>();
         // SAFETY: per the contract; the page's free list is this thread's.
         unsafe {
-            (*b).next = (*page).free;
+            #[cfg(feature = "hardened")]
+            {
+                (*b).next = crate::hardened::encode((*page).free, (*page).info.key);
+            }
+            #[cfg(not(feature = "hardened"))]
+            {
+                (*b).next = (*page).free;
+            }
             (*page).free = b;
         }
         true

@@ -1,0 +1,230 @@
+//! What a hardened build checks on the allocator's own paths (the
+//! mechanisms, keys and reports are in [`hardened`](super::hardened)):
+//! every free, by kind of block, before anything of the block is trusted,
+//! and every block handed out by another path than a heap page's pop.
+//!
+//! The checks of a small block's free sit inline in `free`, where the
+//! segment and page are found anyway: a few loads, a multiplication and a
+//! store. The reports are out of line.
+
+use core::alloc::Layout;
+use core::ptr;
+
+use super::segment::{self, Segment, SegmentKind, SmallSegment, page_of, segment_of};
+use super::{NumaAlloc, huge, raw_usable_size, region, segmap};
+use crate::hardened::{self, Block as B, misuse};
+
+/// Reports a misuse found by a caller of the allocator (the C library's
+/// `realloc` of a pointer that is not ours) as the allocator's own: one
+/// line on stderr, then `abort()` unless `NUMAWEAVE_ON_ERROR=report`.
+#[doc(hidden)]
+pub fn report_misuse(what: core::fmt::Arguments<'_>) {
+    misuse(what);
+}
+
+/// A free of a pointer in no segment of ours: a huge block freed already,
+/// or not ours at all. Reported.
+///
+/// # Safety
+/// None: nothing of `p` is read.
+#[cold]
+#[inline(never)]
+pub(super) unsafe fn foreign(p: *mut u8) {
+    if segmap::was_freed_huge(p) {
+        misuse(format_args!("double free of {p:p} (huge block)"));
+    } else {
+        misuse(format_args!("free of {p:p}, which numaweave did not allocate"));
+    }
+}
+
+/// Whether `p`, in the small segment `small`, may be freed: the start of a
+/// block of a live page, not free already. Then marked freed (under
+/// `NUMAWEAVE_CHECK=full` its red zone checked and its body poisoned).
+/// False after a report that did not abort: the caller leaks the block.
+///
+/// # Safety
+/// `small` is a live small segment (the segment map says so) holding `p`.
+#[inline(always)]
+pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> bool {
+    // SAFETY: the segment header is live; the page and the block's two first
+    // words are read only once the slot is known to be a live page's and
+    // `p` a block's start.
+    unsafe {
+        let slot = (p as usize - small as usize) >> segment::SLOT_SHIFT;
+        let first = usize::from(*(*small).slot_page.get_unchecked(slot));
+        if slot == 0 || (*small).free_slots & (1 << first) != 0 {
+            return small_misuse(small, p, Why::NoPage);
+        }
+        let page = page_of(small, p);
+        let (start, bs) = ((*page).info.start as usize, (*page).info.block_size as usize);
+        let off = (p as usize).wrapping_sub(start);
+        // off / bs, exact for any offset inside a segment.
+        let q = ((off as u128 * u128::from((*page).info.inv)) >> 64) as usize;
+        debug_assert!(off >= 1 << 32 || q == off / bs);
+        if q >= (*page).info.capacity as usize || q * bs != off {
+            return small_misuse(small, p, Why::Interior);
+        }
+        // The mark computed once (the secret is an atomic: never merged).
+        let mark = hardened::freed_mark(p);
+        let word = p.cast::<usize>().add(1);
+        if word.read() == mark {
+            return small_misuse(small, p, Why::Double);
+        }
+        if hardened::full_now() && !full_free(p, bs, B::Sized(bs, usize::from((*small).seg.arena))) {
+            return false;
+        }
+        word.write(mark);
+    }
+    true
+}
+
+/// What is wrong with a small block's free.
+#[derive(Clone, Copy)]
+enum Why {
+    NoPage,
+    Interior,
+    Double,
+}
+
+/// Reports a small block's bad free; false (the block is leaked).
+#[cold]
+#[inline(never)]
+unsafe fn small_misuse(small: *mut SmallSegment, p: *mut u8, why: Why) -> bool {
+    // SAFETY: as for `small`, which found what is read here valid.
+    unsafe {
+        let node = (*small).seg.arena;
+        match why {
+            Why::NoPage if (p as usize - small as usize) >> segment::SLOT_SHIFT == 0 => {
+                misuse(format_args!("free of {p:p}, inside a segment's header (node {node}): not a block"))
+            }
+            Why::NoPage => misuse(format_args!("double free of {p:p} (node {node}): its page was freed already")),
+            Why::Interior => {
+                let page = page_of(small, p);
+                let (start, bs) = ((*page).info.start as usize, (*page).info.block_size as usize);
+                let q = (p as usize).wrapping_sub(start) / bs;
+                if p < (*page).info.start || q >= (*page).info.capacity as usize {
+                    misuse(format_args!("free of {p:p}, outside the blocks of a {bs}-byte page (node {node})"));
+                } else {
+                    let b = (start + q * bs) as *const u8;
+                    misuse(format_args!("free of {p:p}, inside the {bs}-byte block at {b:p} (node {node})"));
+                }
+            }
+            Why::Double => {
+                let bs = (*page_of(small, p)).info.block_size;
+                misuse(format_args!("double free of {p:p} ({bs}-byte block, node {node})"));
+            }
+        }
+    }
+    false
+}
+
+/// `NUMAWEAVE_CHECK=full` on a free: the red zone checked, the body
+/// poisoned; false if the red zone was overwritten (reported; leaked).
+///
+/// # Safety
+/// `p` is a live block of `bs` bytes, handed out with its red zone.
+#[inline(never)]
+unsafe fn full_free(p: *mut u8, bs: usize, what: B) -> bool {
+    // SAFETY: per the contract.
+    unsafe {
+        if !hardened::check_red_zone(p, bs, what) {
+            return false;
+        }
+        hardened::poison(p, bs);
+    }
+    true
+}
+
+/// As [`small`], for a region block (an interleaved I/O buffer).
+///
+/// # Safety
+/// `seg` is a live region segment (the segment map says so) holding `p`.
+#[inline(never)]
+pub(super) unsafe fn region(seg: *mut Segment, p: *mut u8) -> bool {
+    // SAFETY: the region is live; the block's words are read only once the
+    // region's map says `p` starts a block, or the unit it starts is ours.
+    unsafe {
+        let node = (*seg).arena;
+        let bs = region::usable_size(seg, p);
+        if bs == 0 {
+            if p as usize % region::UNIT == 0 && hardened::is_marked_freed(p) {
+                misuse(format_args!("double free of {p:p} (interleaved block, node {node})"));
+            } else {
+                misuse(format_args!("free of {p:p}, not the start of an interleaved block (node {node})"));
+            }
+            return false;
+        }
+        let what = B::Region(bs, usize::from(node));
+        if hardened::is_marked_freed(p) {
+            misuse(format_args!("double free of {p:p} ({what})"));
+            return false;
+        }
+        if hardened::full_now() && !full_free(p, bs, what) {
+            return false;
+        }
+        hardened::mark_freed(p);
+    }
+    true
+}
+
+/// As [`small`], for a huge block (a double free of one is caught before:
+/// its segment is gone from the map, see [`foreign`]).
+///
+/// # Safety
+/// `seg` is a live huge segment (the segment map says so) holding `p`.
+#[inline(never)]
+pub(super) unsafe fn huge(seg: *mut Segment, p: *mut u8) -> bool {
+    // SAFETY: the segment is live; its block's red zone lies in it.
+    unsafe {
+        if (*seg).block != p {
+            misuse(format_args!("free of {p:p}, inside the huge block at {:p} (node {})", (*seg).block, (*seg).arena));
+            return false;
+        }
+        !hardened::full_now() || hardened::check_red_zone(p, huge::usable_size(seg, p), B::Huge)
+    }
+}
+
+/// A block handed out another way than a heap page's pop (a region's, a
+/// huge mapping's; the pop did it already): its freed mark cleared (its
+/// poison checked, under `NUMAWEAVE_CHECK=full`).
+///
+/// # Safety
+/// `p` is null or a block just handed out, at least 16 bytes.
+pub(super) unsafe fn handed_out(p: *mut u8) {
+    if p.is_null() {
+        return;
+    }
+    let seg = segment_of(p);
+    // SAFETY: a live block of ours.
+    unsafe {
+        match (*seg).kind {
+            SegmentKind::Region => hardened::handing_out(p, || {
+                let bs = region::usable_size(seg, p);
+                (bs, B::Region(bs, usize::from((*seg).arena)))
+            }),
+            // A reused mapping may hold anything: no poison to check.
+            SegmentKind::Huge => p.cast::<usize>().add(1).write(0),
+            SegmentKind::Small => {}
+        }
+    }
+}
+
+/// `NUMAWEAVE_CHECK=full`: `layout` with the red zone's bytes more; the
+/// block gets its red zone.
+///
+/// # Safety
+/// As `GlobalAlloc::alloc` (`alloc_zeroed` with `zero`).
+#[cold]
+#[inline(never)]
+pub(super) unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) -> *mut u8 {
+    let Some(size) = layout.size().checked_add(hardened::PAD) else { return ptr::null_mut() };
+    let Ok(padded) = Layout::from_size_align(size, layout.align()) else { return ptr::null_mut() };
+    // SAFETY: a valid layout; the block is ours until returned.
+    unsafe {
+        let p = if zero { a.alloc_slow(size, padded.align(), true) } else { a.alloc_plain(padded) };
+        if !p.is_null() {
+            hardened::set_red_zone(p, layout.size(), raw_usable_size(p));
+        }
+        p
+    }
+}

@@ -1,0 +1,364 @@
+//! Hardened builds (`--features hardened`): every misuse the issue lists is
+//! caught with its exact one-line report, then `abort()`. Each misuse runs in
+//! a child process (this test binary again, told the case by an environment
+//! variable); the child prints the report it expects, computed from the
+//! addresses it got, before committing the misuse, and the parent compares.
+
+#![cfg(feature = "hardened")]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::process::Command;
+use std::ptr::NonNull;
+
+use numaweave::NumaAlloc;
+use numaweave::slab::RawCache;
+
+#[global_allocator]
+static A: NumaAlloc = NumaAlloc::new();
+
+const CASE: &str = "NUMAWEAVE_TEST_MISUSE";
+
+/// Tells the parent which report must follow.
+fn expect(line: String) {
+    eprintln!("EXPECT {line}");
+}
+
+fn layout(size: usize, align: usize) -> Layout {
+    Layout::from_size_align(size, align).unwrap()
+}
+
+/// The misuses, by name; each ends in the report (and abort) or returns.
+fn misuse(case: &str) {
+    // SAFETY: deliberate misuse of blocks of this allocator, which a
+    // hardened build must catch before touching anything it should not.
+    unsafe {
+        match case {
+            "double-free-local" => {
+                let p = A.alloc(layout(64, 8));
+                A.dealloc(p, layout(64, 8));
+                expect(format!("numaweave: double free of {p:p} (64-byte block, node 0)"));
+                A.dealloc(p, layout(64, 8));
+            }
+            "double-free-other-thread" => {
+                let p = A.alloc(layout(64, 8));
+                let q = p as usize;
+                std::thread::spawn(move || A.dealloc(q as *mut u8, layout(64, 8))).join().unwrap();
+                expect(format!("numaweave: double free of {p:p} (64-byte block, node 0)"));
+                A.dealloc(p, layout(64, 8));
+            }
+            "double-free-huge" => {
+                let l = layout(64 << 20, 8);
+                let p = A.alloc(l);
+                A.dealloc(p, l);
+                expect(format!("numaweave: double free of {p:p} (huge block)"));
+                A.dealloc(p, l);
+            }
+            "double-free-interleaved" => {
+                let l = layout(8192, 4096);
+                let p = A.alloc(l);
+                let node = A.node_of(p);
+                A.dealloc(p, l);
+                expect(format!("numaweave: double free of {p:p} (8192-byte interleaved block, node {node})"));
+                A.dealloc(p, l);
+            }
+            "double-free-slab" => {
+                let c = RawCache::builder("sense", 96).build().unwrap();
+                let p = c.alloc().unwrap();
+                c.free(p);
+                expect(format!("numaweave: double free of {p:p} (slab cache \"sense\", node 0)"));
+                c.free(p);
+            }
+            "overflow-24" => {
+                let p = A.alloc(layout(24, 8));
+                p.add(24).write(1);
+                expect(format!(
+                    "numaweave: write past the end of {p:p} (32-byte block, node 0): the red zone after it was overwritten"
+                ));
+                A.dealloc(p, layout(24, 8));
+            }
+            "overflow-20" => {
+                let p = A.alloc(layout(20, 4));
+                p.add(21).write(1);
+                expect(format!(
+                    "numaweave: write past the end of {p:p} (32-byte block, node 0, 20 bytes asked): byte 1 after its end changed"
+                ));
+                A.dealloc(p, layout(20, 4));
+            }
+            "write-after-free" => {
+                let p = A.alloc(layout(64, 8));
+                A.dealloc(p, layout(64, 8));
+                p.add(40).write(7);
+                expect(format!(
+                    "numaweave: write after free into {p:p} (80-byte block, node 0): byte 40 changed (to 0x07)"
+                ));
+                let q = A.alloc(layout(64, 8));
+                // The block comes back first (LIFO): the report is above.
+                eprintln!("not reported; got {q:p}");
+            }
+            "stack-pointer" => {
+                let x = 5u64;
+                let p = &x as *const u64 as *mut u8;
+                expect(format!("numaweave: free of {p:p}, which numaweave did not allocate"));
+                A.free(p);
+            }
+            "interior-pointer" => {
+                let p = A.alloc(layout(64, 8));
+                let i = p.add(16);
+                expect(format!("numaweave: free of {i:p}, inside the 64-byte block at {p:p} (node 0)"));
+                A.free(i);
+            }
+            "wrong-slab-cache" => {
+                let a = RawCache::builder("io_cmd", 256).build().unwrap();
+                let b = RawCache::builder("sense_buf", 96).build().unwrap();
+                let p = a.alloc().unwrap();
+                expect(format!("numaweave: object {p:p} of slab cache \"io_cmd\" freed into slab cache \"sense_buf\""));
+                b.free(p);
+            }
+            "slab-stack-pointer" => {
+                let b = RawCache::builder("sense_buf", 96).build().unwrap();
+                let mut x = [0u8; 96];
+                let p = NonNull::new(x.as_mut_ptr()).unwrap();
+                expect(format!("numaweave: {p:p} freed into slab cache \"sense_buf\" is not in any slab"));
+                b.free(p);
+            }
+            "slab-overflow" => {
+                let c = RawCache::builder("sense", 96).build().unwrap();
+                let p = c.alloc().unwrap();
+                p.as_ptr().add(96).write(1);
+                expect(format!(
+                    "numaweave: write past the end of {p:p} (slab cache \"sense\", 96-byte objects): byte 0 after its end changed"
+                ));
+                c.free(p);
+            }
+            "slab-write-after-free" => {
+                let c = RawCache::builder("sense", 96).build().unwrap();
+                let p = c.alloc().unwrap();
+                c.free(p);
+                p.as_ptr().add(50).write(1);
+                expect(format!(
+                    "numaweave: write after free into {p:p} (slab cache \"sense\", 96-byte objects): byte 50 changed (to 0x01)"
+                ));
+                let _q = c.alloc().unwrap();
+            }
+            "report-and-go-on" => {
+                // NUMAWEAVE_ON_ERROR=report: each misuse is reported, the
+                // block leaked, and the heap stays sound.
+                let p = A.alloc(layout(64, 8));
+                A.dealloc(p, layout(64, 8));
+                expect(format!("numaweave: double free of {p:p} (64-byte block, node 0)"));
+                A.dealloc(p, layout(64, 8));
+                let c = RawCache::builder("sense", 96).build().unwrap();
+                let o = c.alloc().unwrap();
+                c.free(o);
+                expect(format!("numaweave: double free of {o:p} (slab cache \"sense\", node 0)"));
+                c.free(o);
+                // The double frees did not put the blocks on a list twice:
+                // live blocks never share an address.
+                let mut seen = std::collections::HashSet::new();
+                let blocks: Vec<_> = (0..10_000).map(|_| A.alloc(layout(64, 8))).collect();
+                assert!(blocks.iter().all(|&b| seen.insert(b as usize)));
+                let objs: Vec<_> = (0..1000).map(|_| c.alloc().unwrap()).collect();
+                assert!(objs.iter().all(|&o| seen.insert(o.as_ptr() as usize)));
+                eprintln!("went on");
+            }
+            "none" => busy(),
+            other => panic!("unknown misuse {other}"),
+        }
+    }
+}
+
+/// Correct use, busy: sizes from 1 B to 1 MiB, reallocs, slab objects,
+/// what is left freed on another thread; every byte checked before a free.
+fn busy() {
+    let c = RawCache::builder("sense", 96).build().unwrap();
+    let check = |p: usize, n: usize, v: u8| {
+        // SAFETY: a live block of at least `n` bytes.
+        assert!((0..n).all(|k| unsafe { *(p as *const u8).add(k) } == v), "block {p:#x} changed");
+    };
+    let left: Vec<_> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let c = &c;
+                s.spawn(move || {
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
+                    let mut rng = move || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x
+                    };
+                    let mut live: Vec<(usize, usize, u8)> = Vec::new();
+                    let mut objs: Vec<(usize, usize, u8)> = Vec::new();
+                    for i in 0..20_000u32 {
+                        let r = rng();
+                        let size = ((1usize << (r % 21)) + (r >> 32) as usize % 64).min(1 << 20);
+                        let v = (i % 251) as u8;
+                        // SAFETY: blocks of this allocator, used within their sizes.
+                        unsafe {
+                            let p = A.alloc(layout(size, 8));
+                            assert!(!p.is_null());
+                            p.write_bytes(v, size);
+                            live.push((p as usize, size, v));
+                            if live.len() > 64 {
+                                let (q, n, w) = live.swap_remove((r >> 8) as usize % live.len());
+                                check(q, n, w);
+                                if r & 1 == 0 {
+                                    let m = n / 2 + 1;
+                                    let q2 = A.realloc(q as *mut u8, layout(n, 8), m);
+                                    check(q2 as usize, m.min(n), w);
+                                    A.dealloc(q2, layout(m, 8));
+                                } else {
+                                    A.dealloc(q as *mut u8, layout(n, 8));
+                                }
+                            }
+                            let o = c.alloc().unwrap();
+                            o.as_ptr().write_bytes(v, 96);
+                            objs.push((o.as_ptr() as usize, 96, v));
+                            if objs.len() > 32 {
+                                let (o, n, w) = objs.swap_remove(0);
+                                check(o, n, w);
+                                c.free(NonNull::new(o as *mut u8).unwrap());
+                            }
+                        }
+                    }
+                    (live, objs)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (live, objs) in left {
+        for (p, n, v) in live {
+            check(p, n, v);
+            // SAFETY: a live block of this allocator.
+            unsafe { A.dealloc(p as *mut u8, layout(n, 8)) };
+        }
+        for (o, n, v) in objs {
+            check(o, n, v);
+            // SAFETY: a live object of `c`.
+            unsafe { c.free(NonNull::new(o as *mut u8).unwrap()) };
+        }
+    }
+}
+
+/// Runs `case` in a child; returns its stderr and whether it aborted.
+fn run(case: &str, env: &[(&str, &str)]) -> (String, bool) {
+    use std::os::unix::process::ExitStatusExt;
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(CASE, case)
+        .env_remove("NUMAWEAVE_CHECK")
+        .env_remove("NUMAWEAVE_GUARD")
+        .env_remove("NUMAWEAVE_ON_ERROR")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (err, out.status.signal() == Some(libc::SIGABRT))
+}
+
+/// The child's side: commits the misuse named in the environment.
+#[test]
+fn child() {
+    if let Ok(case) = std::env::var(CASE) {
+        misuse(&case);
+    }
+}
+
+/// Checks that `case` aborts right after its expected report.
+fn aborts_with_report(case: &str, env: &[(&str, &str)]) {
+    let (err, aborted) = run(case, env);
+    let lines: Vec<&str> = err.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("EXPECT "))
+        .unwrap_or_else(|| panic!("{case}: no expectation in\n{err}"));
+    let want = &lines[at][7..];
+    assert_eq!(lines.get(at + 1).copied(), Some(want), "{case}: stderr was\n{err}");
+    assert!(aborted, "{case}: did not abort; stderr was\n{err}");
+}
+
+#[test]
+fn double_free_local() {
+    aborts_with_report("double-free-local", &[]);
+}
+
+#[test]
+fn double_free_from_another_thread() {
+    aborts_with_report("double-free-other-thread", &[]);
+}
+
+#[test]
+fn double_free_huge() {
+    aborts_with_report("double-free-huge", &[]);
+}
+
+#[test]
+fn double_free_interleaved() {
+    aborts_with_report(
+        "double-free-interleaved",
+        &[
+            ("NUMAWEAVE_TOPOLOGY", "fake:2"),
+            ("NUMAWEAVE_MODE", "per-node"),
+            ("NUMAWEAVE_POLICY", "interleave:0-1:count=1"),
+        ],
+    );
+}
+
+#[test]
+fn double_free_slab() {
+    aborts_with_report("double-free-slab", &[]);
+}
+
+#[test]
+fn overflow_by_one_byte() {
+    aborts_with_report("overflow-24", &[("NUMAWEAVE_CHECK", "full")]);
+    aborts_with_report("overflow-20", &[("NUMAWEAVE_CHECK", "full")]);
+}
+
+#[test]
+fn write_after_free() {
+    aborts_with_report("write-after-free", &[("NUMAWEAVE_CHECK", "full")]);
+}
+
+#[test]
+fn free_of_a_stack_pointer() {
+    aborts_with_report("stack-pointer", &[]);
+    aborts_with_report("slab-stack-pointer", &[]);
+}
+
+#[test]
+fn free_of_an_interior_pointer() {
+    aborts_with_report("interior-pointer", &[]);
+}
+
+#[test]
+fn free_into_the_wrong_slab_cache() {
+    aborts_with_report("wrong-slab-cache", &[]);
+}
+
+#[test]
+fn raw_cache_red_zone_and_poison() {
+    aborts_with_report("slab-overflow", &[("NUMAWEAVE_CHECK", "full")]);
+    aborts_with_report("slab-write-after-free", &[("NUMAWEAVE_CHECK", "full")]);
+}
+
+#[test]
+fn report_mode_leaks_and_goes_on() {
+    let (err, aborted) = run("report-and-go-on", &[("NUMAWEAVE_ON_ERROR", "report")]);
+    assert!(!aborted, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let expected: Vec<_> = lines.iter().enumerate().filter(|(_, l)| l.starts_with("EXPECT ")).collect();
+    assert_eq!(expected.len(), 2, "{err}");
+    for (i, l) in expected {
+        assert_eq!(lines.get(i + 1).copied(), Some(&l[7..]), "{err}");
+    }
+    assert!(err.contains("went on"), "{err}");
+}
+
+#[test]
+fn without_misuse_nothing_is_reported() {
+    // Every check on, on a busy workload: not one false report.
+    let (err, aborted) = run("none", &[("NUMAWEAVE_CHECK", "full")]);
+    assert!(!aborted && !err.contains("numaweave:"), "{err}");
+}
