@@ -67,6 +67,9 @@ struct Cached {
 
 /// Without a purge delay (the behaviour before it): at most this many
 /// cached mappings, and `purge_threshold` bytes of them.
+/// Empty segments an arena keeps mapped past the purge delay (their pages
+/// lazily freed); more are unmapped. An explicit purge keeps one.
+const KEPT_EMPTY: usize = 4;
 const CACHED_MAX: usize = 8;
 
 /// With a purge delay: the bytes of cached mappings an arena keeps, as a
@@ -323,9 +326,17 @@ impl Arena {
             // Memory came back: give the home node another chance.
             g.exhausted = 0;
         }
-        if dirty as usize > state.config.purge_threshold {
+        // With a delay, the threshold bounds what waits (times the factor
+        // cached mappings get): a burst of frees past the threshold alone
+        // (a garbage collector's sweep) is taken again moments later.
+        let now = delay_clock(state);
+        let bound = match now {
+            Some(_) => state.config.purge_threshold.saturating_mul(CACHED_BYTES_FACTOR),
+            None => state.config.purge_threshold,
+        };
+        if dirty as usize > bound {
             self.purge(&mut g);
-        } else if let Some(now) = delay_clock(state) {
+        } else if let Some(now) = now {
             // SAFETY: segment fields are guarded by the arena lock.
             unsafe {
                 if (*seg).purge_at == 0 {
@@ -346,7 +357,10 @@ impl Arena {
             return;
         }
         let mut next = 0;
-        let mut kept_empty = false;
+        // Empty segments kept mapped (their pages lazily freed): a program
+        // that frees a burst and allocates again (a garbage collector's
+        // sweep) finds them without a `mmap` and a fault per page.
+        let mut kept_empty = 0;
         let mut link: *mut *mut SmallSegment = &mut g.segments;
         // SAFETY: the list and its segments are guarded by the lock we hold.
         unsafe {
@@ -354,16 +368,18 @@ impl Arena {
                 let seg = *link;
                 let due = (*seg).purge_at;
                 if due != 0 && due <= now {
-                    if (*seg).free_slots == !1u64 && kept_empty {
+                    if (*seg).free_slots == !1u64 && kept_empty >= KEPT_EMPTY {
                         *link = (*seg).seg.next;
                         self.unmap_segment(seg);
                         continue;
                     }
-                    self.decommit_dirty(seg);
+                    // Lazily: memory a delay has aged may be wanted again,
+                    // and a lazily freed page comes back without a fault.
+                    self.decommit_dirty(seg, true);
                 } else if due != 0 {
                     next = soonest(next, due);
                 }
-                kept_empty |= (*seg).free_slots == !1u64;
+                kept_empty += usize::from((*seg).free_slots == !1u64);
                 link = &mut (*seg).seg.next;
             }
         }
@@ -386,11 +402,12 @@ impl Arena {
         g.purge_at = next;
     }
 
-    /// Returns a segment's free committed slots to the OS.
+    /// Returns a segment's free committed slots to the OS: at once, or with
+    /// `lazy` when the kernel needs them (`MADV_FREE`).
     ///
     /// # Safety
     /// `seg` is a segment of this arena; the caller holds the lock.
-    unsafe fn decommit_dirty(&self, seg: *mut SmallSegment) {
+    unsafe fn decommit_dirty(&self, seg: *mut SmallSegment, lazy: bool) {
         // SAFETY: per the contract.
         unsafe {
             let mut d = (*seg).dirty_slots;
@@ -398,7 +415,9 @@ impl Arena {
                 let start = d.trailing_zeros() as usize;
                 let run = (d >> start).trailing_ones() as usize;
                 let p = NonNull::new_unchecked(seg.cast::<u8>().add(start * SLOT_SIZE));
-                if mem::decommit(p, run * SLOT_SIZE).is_ok() {
+                let done =
+                    if lazy { mem::decommit_lazy(p, run * SLOT_SIZE) } else { mem::decommit(p, run * SLOT_SIZE) };
+                if done.is_ok() {
                     let b = (run * SLOT_SIZE) as u64;
                     self.counters.dirty.fetch_sub(b, Ordering::Relaxed);
                     self.counters.purged.fetch_add(b, Ordering::Relaxed);
@@ -450,7 +469,7 @@ impl Arena {
                     continue;
                 }
                 kept_empty |= (*seg).free_slots == !1u64;
-                self.decommit_dirty(seg);
+                self.decommit_dirty(seg, false);
                 link = &mut (*seg).seg.next;
             }
         }

@@ -34,7 +34,7 @@ pub enum Mode {
 /// | --- | --- | --- |
 /// | `NUMAWEAVE_MODE` | `auto`, `flat`, `per-node` | `auto` |
 /// | `NUMAWEAVE_STRICT` | `0`, `1`: bind strictly (`MPOL_BIND`), never fall back to another node | `0` |
-/// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS at once | `8M` |
+/// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS at once (8 times that with a purge delay) | `8M` |
 /// | `NUMAWEAVE_PURGE_DELAY` | a duration (`100ms`, `1s`, `0`): how long freed memory stays committed unused ([`Config::purge_delay`]) | `100ms` |
 /// | `NUMAWEAVE_POLICY` | the process default [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)); `none` switches policies off ([`Config::policies`]) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
@@ -127,8 +127,9 @@ impl Config {
     }
 
     /// Free page memory (per arena) kept committed for reuse: past it, it is
-    /// returned to the OS with `MADV_DONTNEED` at once. Freed large mappings
-    /// are kept up to this (no purge delay) or 8 times this (a delay).
+    /// returned to the OS with `MADV_DONTNEED` at once. With a purge delay
+    /// the bound is 8 times this (free pages and freed large mappings each),
+    /// and what stays under it goes back once it has waited out the delay.
     pub const fn purge_threshold(mut self, bytes: usize) -> Self {
         self.purge_threshold = bytes;
         self
@@ -138,8 +139,12 @@ impl Config {
     /// committed unused before it goes back to the OS (checked on the
     /// allocator's slow paths, at thread exit and in
     /// [`NumaAlloc::collect`](crate::NumaAlloc::collect): no thread or timer
-    /// of its own). Zero: only past the threshold, at once (the behaviour
-    /// before the delay). Default 100 ms.
+    /// of its own). Pages that waited it out are freed lazily
+    /// (`MADV_FREE`: the kernel takes them when it needs memory; until then
+    /// a reuse costs no fault), and four empty segments per arena stay
+    /// mapped; past the bound (see [`purge_threshold`](Self::purge_threshold))
+    /// memory goes back at once. Zero: only past the threshold, at once (the
+    /// behaviour before the delay). Default 100 ms.
     pub const fn purge_delay(mut self, delay: core::time::Duration) -> Self {
         self.purge_delay_ms = delay.as_millis() as u64;
         self

@@ -251,6 +251,25 @@ pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
     Ok(())
 }
 
+/// Lets the kernel take the pages of `[ptr, ptr+len)` when it needs memory
+/// (`MADV_FREE`): until then they stay resident and a write takes one back
+/// without a fault; once taken, reads give zeroes and the next touch faults a
+/// fresh page. Falls back to [`decommit`] where the kernel has no `MADV_FREE`
+/// (before 4.5). For memory freed a while ago that may well be wanted again:
+/// jemalloc's "muzzy" pages, mimalloc's reset.
+///
+/// # Safety
+/// As [`decommit`]; and the contents must not be relied on afterwards (they
+/// may read as the old data or as zeroes).
+pub unsafe fn decommit_lazy(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    if unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_FREE) } == 0 {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    unsafe { decommit(ptr, len) }
+}
+
 /// Asks for (`MADV_HUGEPAGE`) or against (`MADV_NOHUGEPAGE`) transparent huge
 /// pages on `[ptr, ptr+len)`. Fails with `EINVAL` where THP is not built in.
 ///
