@@ -18,7 +18,8 @@ pub struct NodeStats {
     pub committed: u64,
     /// Bytes of live blocks (size-class bytes, plus huge mappings).
     pub in_use: u64,
-    /// Bytes returned to the OS with `MADV_DONTNEED` or unmapping (cumulative).
+    /// Bytes returned to the OS with `MADV_DONTNEED`, `MADV_FREE` or unmapping
+    /// (cumulative).
     pub returned: u64,
     /// Allocations and frees served (cumulative).
     pub allocs: u64,
