@@ -99,6 +99,55 @@ pub fn read_str<'a>(path: &CStr, buf: &'a mut [u8]) -> Result<&'a str> {
     core::str::from_utf8(&buf[..n]).map(str::trim).map_err(|_| Error::Os { call: "read", errno: libc::EILSEQ })
 }
 
+/// Calls `f` with the name of each entry of the directory at `path` (not
+/// `.` or `..`), in the kernel's order. For the small sysfs directories
+/// whose entries name what they hold (`hugepages-2048kB`). Reads with
+/// `getdents64` into a stack buffer: unlike `opendir`, it never allocates, so
+/// it may run inside the allocator's start-up.
+pub fn for_each_entry(path: &CStr, mut f: impl FnMut(&str)) -> Result<()> {
+    // SAFETY: `path` is NUL-terminated; flags are valid.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("open"));
+    }
+    // Records are 8-byte aligned `linux_dirent64`s: d_ino (8), d_off (8),
+    // d_reclen (2), d_type (1), then the NUL-terminated name.
+    #[repr(C, align(8))]
+    struct Buf([u8; 2048]);
+    let mut buf = Buf([0; 2048]);
+    let res = loop {
+        // SAFETY: the kernel writes at most the buffer's length into it.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.0.as_mut_ptr(), buf.0.len()) };
+        if n < 0 {
+            if super::errno() == libc::EINTR {
+                continue;
+            }
+            break Err(Error::last_os("getdents64"));
+        }
+        if n == 0 {
+            break Ok(());
+        }
+        let mut at = 0;
+        while at + 19 < n as usize {
+            let reclen = usize::from(u16::from_ne_bytes([buf.0[at + 16], buf.0[at + 17]]));
+            if reclen == 0 || at + reclen > n as usize {
+                break;
+            }
+            let name = CStr::from_bytes_until_nul(&buf.0[at + 19..at + reclen]).ok().and_then(|c| c.to_str().ok());
+            if let Some(name) = name
+                && name != "."
+                && name != ".."
+            {
+                f(name);
+            }
+            at += reclen;
+        }
+    };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    res
+}
+
 /// Whether `path` exists (`access(F_OK)`).
 pub fn exists(path: &CStr) -> bool {
     // SAFETY: `path` is NUL-terminated.

@@ -92,6 +92,25 @@ impl fmt::Display for Topology {
         if self.allowed != self.with_memory {
             writeln!(f, "(! = this process may not allocate there: Mems_allowed)")?;
         }
+        // Huge pages are the real nodes' (a synthetic topology's nodes share
+        // theirs): one line per real node that has pools.
+        let mut shown = crate::sets::NodeSet::new();
+        for n in self.online.iter() {
+            let phys = self.physical_node(n);
+            let Ok(pools) = self.huge_pages(n) else { continue };
+            if shown.contains(phys) || pools.iter().count() == 0 {
+                continue;
+            }
+            shown.insert(phys);
+            write!(f, "huge pages on {}node {phys}:", if synthetic { "real " } else { "" })?;
+            for p in pools.iter() {
+                write!(f, "  {}: {} free of {}", human_bytes(p.page_size as u64), p.free, p.total)?;
+                if p.surplus > 0 {
+                    write!(f, " (+{} surplus)", p.surplus)?;
+                }
+            }
+            writeln!(f)?;
+        }
         Ok(())
     }
 }

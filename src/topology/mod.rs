@@ -270,6 +270,25 @@ impl Topology {
         nodes.iter().map(|n| self.physical_node(n)).collect()
     }
 
+    /// The huge-page pools (hugetlbfs) of `node` as the kernel reports them
+    /// now: pages of each size reserved, free and surplus, smallest size
+    /// first; empty where the kernel has none. Read from sysfs at each call
+    /// (the pools change as programs take pages), so not for hot paths. A
+    /// synthetic topology's node reports the pools of the real node under it
+    /// (nodes laid over one real node share them).
+    ///
+    /// ```
+    /// use numaweave::Topology;
+    /// let t = Topology::detect().unwrap();
+    /// for pool in t.huge_pages(t.default_node()).unwrap().iter() {
+    ///     println!("{} KiB pages: {} free of {}", pool.page_size >> 10, pool.free, pool.total);
+    /// }
+    /// ```
+    pub fn huge_pages(&self, node: usize) -> Result<HugePages> {
+        self.check_node(node)?;
+        sysfs::huge_pages(self.physical_node(node))
+    }
+
     /// The logical node for a kernel node id (the lowest logical node laid
     /// over it), as used to translate a device's `numa_node`.
     pub fn logical_node(&self, physical: usize) -> Option<usize> {
@@ -402,6 +421,50 @@ fn parse_spec(s: &str) -> core::result::Result<Spec, &'static str> {
         };
     }
     Err("unknown topology source")
+}
+
+/// One size of huge pages on a node: the kernel's hugetlb pool
+/// (`/sys/devices/system/node/nodeN/hugepages/hugepages-<size>kB`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HugePool {
+    /// Bytes per page (2 MiB, 1 GiB on x86-64).
+    pub page_size: usize,
+    /// Pages in the pool (`nr_hugepages`: reserved at boot or through sysfs).
+    pub total: u64,
+    /// Pages nobody has taken (`free_hugepages`).
+    pub free: u64,
+    /// Pages beyond the pool, allocated on demand (`surplus_hugepages`).
+    pub surplus: u64,
+}
+
+/// A node's huge-page pools, smallest page size first; from
+/// [`Topology::huge_pages`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HugePages {
+    pools: [HugePool; Self::MAX_SIZES],
+    len: usize,
+}
+
+impl HugePages {
+    /// Sizes kept (x86-64 has two, arm64 up to four).
+    pub const MAX_SIZES: usize = 4;
+
+    fn push(&mut self, p: HugePool) {
+        if self.len < Self::MAX_SIZES {
+            self.pools[self.len] = p;
+            self.len += 1;
+        }
+    }
+
+    /// The pools.
+    pub fn iter(&self) -> core::slice::Iter<'_, HugePool> {
+        self.pools[..self.len].iter()
+    }
+
+    /// The pool of pages of `page_size` bytes, if the kernel has one.
+    pub fn get(&self, page_size: usize) -> Option<HugePool> {
+        self.iter().find(|p| p.page_size == page_size).copied()
+    }
 }
 
 #[cfg(test)]

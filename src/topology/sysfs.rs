@@ -3,7 +3,9 @@
 
 use core::fmt::Write;
 
-use super::{LOCAL_DISTANCE, MAX_CPUS, MAX_NODES, NO_NODE, NodeSet, REMOTE_DISTANCE, Source, Topology};
+use super::{
+    HugePages, HugePool, LOCAL_DISTANCE, MAX_CPUS, MAX_NODES, NO_NODE, NodeSet, REMOTE_DISTANCE, Source, Topology,
+};
 use crate::error::{Error, Result};
 use crate::os::file::{self, PathBuf};
 
@@ -141,6 +143,51 @@ fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The page size a sysfs huge-page directory is named for
+/// (`hugepages-2048kB` → 2 MiB).
+fn huge_dir_size(name: &str) -> Option<usize> {
+    let kb: usize = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Kernel node `n`'s huge-page pools now, smallest page first; none where
+/// the kernel has no hugetlb support or no such node.
+pub(super) fn huge_pages(n: usize) -> Result<HugePages> {
+    let mut out = HugePages::default();
+    let dir = path(format_args!("{NODE_DIR}/node{n}/hugepages"));
+    let mut sizes = [0usize; HugePages::MAX_SIZES];
+    let mut len = 0;
+    match file::for_each_entry(dir.as_cstr(), |name| {
+        if let Some(size) = huge_dir_size(name)
+            && len < sizes.len()
+        {
+            sizes[len] = size;
+            len += 1;
+        }
+    }) {
+        Ok(()) => {}
+        Err(Error::Os { errno: libc::ENOENT, .. }) => return Ok(out),
+        Err(e) => return Err(e),
+    }
+    sizes[..len].sort_unstable();
+    let mut buf = [0u8; 64];
+    for &size in &sizes[..len] {
+        let mut count = |what: &str| -> Result<u64> {
+            let p = path(format_args!("{}/hugepages-{}kB/{what}", dir.as_str(), size / 1024));
+            let s = file::read_str(p.as_cstr(), &mut buf)?;
+            s.parse().map_err(|_| Error::Os { call: "read", errno: libc::EINVAL })
+        };
+        let pool = HugePool {
+            page_size: size,
+            total: count("nr_hugepages")?,
+            free: count("free_hugepages")?,
+            surplus: count("surplus_hugepages")?,
+        };
+        out.push(pool);
+    }
+    Ok(out)
+}
+
 /// `Mems_allowed_list` from `/proc/self/status`; `None` when the kernel does not
 /// report it (no cpusets).
 fn read_mems_allowed() -> Result<Option<NodeSet>> {
@@ -178,6 +225,39 @@ pub fn node_of_frame(pfn: u64) -> Result<Option<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_page_directories_name_their_size() {
+        assert_eq!(huge_dir_size("hugepages-2048kB"), Some(2 << 20));
+        assert_eq!(huge_dir_size("hugepages-1048576kB"), Some(1 << 30));
+        assert_eq!(huge_dir_size("hugepages-64kB"), Some(64 << 10));
+        assert_eq!(huge_dir_size("hugepages-2048"), None);
+        assert_eq!(huge_dir_size("demote"), None);
+    }
+
+    #[test]
+    fn huge_pages_agree_with_sysfs_files() {
+        let t = detect().unwrap();
+        for n in t.nodes().iter() {
+            let pools = huge_pages(n).unwrap();
+            let dir = format!("{NODE_DIR}/node{n}/hugepages");
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                assert_eq!(pools.iter().count(), 0);
+                continue;
+            };
+            let mut sizes: Vec<usize> = entries.filter_map(|e| huge_dir_size(e.ok()?.file_name().to_str()?)).collect();
+            sizes.sort_unstable();
+            assert_eq!(pools.iter().map(|p| p.page_size).collect::<Vec<_>>(), sizes);
+            for p in pools.iter() {
+                let read = |f: &str| -> u64 {
+                    let s = std::fs::read_to_string(format!("{dir}/hugepages-{}kB/{f}", p.page_size / 1024));
+                    s.unwrap().trim().parse().unwrap()
+                };
+                assert_eq!(p.total, read("nr_hugepages"));
+                assert!(p.free <= p.total + p.surplus);
+            }
+        }
+    }
 
     #[test]
     fn meminfo_parsing() {
