@@ -117,6 +117,7 @@ fn main() {
             policy_preferred_falls_back_by_distance_from_its_node,
         ),
         ("slab_remote_frees_go_home_to_their_node", slab_remote_frees_go_home_to_their_node),
+        ("slab_chunks_scale_and_stay_on_their_node", slab_chunks_scale_and_stay_on_their_node),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, check) in checks {
@@ -576,6 +577,63 @@ fn slab_objects_land_on_the_cache_node(t: &Topology, _: Option<&Guest>) -> Outco
     })
     .join()
     .unwrap();
+    Outcome::Pass
+}
+
+fn mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().count()
+}
+
+/// 1 GiB of 4 KiB buffers (8,456 slabs of 128 KiB) homed on the last node:
+/// a few chunk mappings, not one per slab, and every buffer on the node.
+fn slab_chunks_scale_and_stay_on_their_node(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let node = t.memory_nodes().iter().last().unwrap();
+    let phys = t.physical_node(node);
+    let cache = RawCache::builder("vm_dma_4k", 4096).align(4096).node(node).build().unwrap();
+    let before = mappings();
+    let mut objs = vec![std::ptr::null_mut(); (1 << 30) / 4096];
+    for part in objs.chunks_mut(4096) {
+        cache.alloc_bulk(part).unwrap();
+    }
+    let st = cache.stats().total();
+    let grown = mappings().saturating_sub(before);
+    assert!(
+        st.chunks <= 64 && grown <= st.chunks + 16,
+        "{grown} new mappings, {} chunks, {} slabs",
+        st.chunks,
+        st.slabs
+    );
+    // Every 97th buffer touched and located (a sample across all chunks).
+    let mut bad = Vec::new();
+    for (i, &o) in objs.iter().enumerate().step_by(97) {
+        let got = touch_and_locate(o, 4096);
+        if !got.iter().all(|&g| g == Some(phys)) {
+            bad.push((i, o, got));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} sampled buffers of a cache homed on {node} elsewhere, first {:?}, last {:?}",
+        bad.len(),
+        objs.len() / 97,
+        bad.first(),
+        bad.last()
+    );
+    let objs: Vec<_> = objs.into_iter().map(|p| std::ptr::NonNull::new(p).unwrap()).collect();
+    // A free writes the object's link word (touching its page): 16 MiB at a
+    // time, each batch's emptied slabs given back before the next.
+    for batch in objs.chunks(4096) {
+        // SAFETY: objects of `cache`, each freed once.
+        unsafe { cache.free_bulk(batch) };
+        cache.shrink();
+    }
+    assert_eq!(cache.stats().total().chunks, 0);
+    println!(
+        "\n  {} buffers of 4 KiB on node {node}: {} slabs in {} chunks ({grown} new mappings), sampled pages all on node {node}",
+        objs.len(),
+        st.slabs,
+        st.chunks
+    );
     Outcome::Pass
 }
 

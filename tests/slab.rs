@@ -349,3 +349,42 @@ fn slab_box_is_send_and_sync_when_t_is() {
     assert_send_sync::<SlabCache<std::rc::Rc<u8>>>();
     assert_send_sync::<RawCache>();
 }
+
+fn mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().count()
+}
+
+/// A large cache of 4 KiB I/O buffers takes a few hundred mappings, not one
+/// per slab: the kernel's `vm.max_map_count` (65,530 by default) would cap a
+/// cache of one mapping per 128 KiB slab near 8 GiB.
+#[test]
+fn a_32_gib_cache_of_4_kib_buffers_needs_few_mappings() {
+    // Hardened builds write a mark into every object they hand out, so the
+    // buffers would be touched: a smaller cache there (the slabs, not their
+    // contents, are what counts).
+    let total: usize = if cfg!(feature = "hardened") { 512 << 20 } else { 32 << 30 };
+    let cache = RawCache::builder("dma_4k", 4096).align(4096).build().unwrap();
+    let before = mappings();
+    let mut objs = vec![std::ptr::null_mut(); total / 4096];
+    for chunk in objs.chunks_mut(4096) {
+        cache.alloc_bulk(chunk).unwrap();
+    }
+    let st = cache.stats().total();
+    let grown = mappings().saturating_sub(before);
+    assert!(st.slabs * 4096 * cache.stats().objects_per_slab >= total, "{st:?}");
+    assert!(st.chunks <= 300, "{} chunks for {} slabs", st.chunks, st.slabs);
+    // Other tests of this process map memory meanwhile: a margin for theirs.
+    assert!(grown <= st.chunks + 100, "{grown} new mappings for {} chunks", st.chunks);
+    // A free writes the object's link word, touching its page: free 128 MiB
+    // at a time and shrink, so that the emptied slabs' pages go back before
+    // the next batch (the test would otherwise touch all 32 GiB).
+    let objs: Vec<NonNull<u8>> = objs.into_iter().map(|p| NonNull::new(p).unwrap()).collect();
+    for batch in objs.chunks(32 << 10) {
+        // SAFETY: objects of `cache`, each freed once.
+        unsafe { cache.free_bulk(batch) };
+        cache.shrink();
+    }
+    let st = cache.stats().total();
+    assert_eq!((st.active, st.slabs, st.chunks), (0, 0, 0), "{st:?}");
+    assert!(mappings() <= before + 100, "chunks left mapped after shrink");
+}

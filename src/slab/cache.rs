@@ -1,9 +1,9 @@
 //! A cache's shared state: object layout, and per node the slabs, the depot
 //! and the remote-free list; the slow paths that move objects between them.
 //!
-//! A *slab* is one node-bound mapping (`mmap` + `mbind`), aligned to its size
-//! so that `object & !(slab_bytes - 1)` finds its header, carved lazily into
-//! objects of one stride. Under a node's mutex, slabs sit on one of three
+//! A *slab* is a slot of a node-bound chunk ([`chunk`](super::chunk)),
+//! aligned to its size so that `object & !(slab_bytes - 1)` finds its
+//! header, carved lazily into objects of one stride. Under a node's mutex, slabs sit on one of three
 //! lists by how many of their objects are out (`partial`, `full`, `empty`);
 //! the thread magazines and the depot in front of them (see
 //! [`magazine`](super::magazine)) take and return objects in batches.
@@ -12,9 +12,9 @@ use core::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use super::chunk::Chunks;
 use super::magazine::{Depot, Magazine, RemoteList};
 use crate::error::{Error, Result};
-use crate::os::mem::{self, BindFlags, MemPolicy};
 use crate::sync::CachePadded;
 use crate::topology::{MAX_NODES, Topology};
 
@@ -23,7 +23,7 @@ const SLAB_MAGIC: usize = 0x6e75_6d61_736c_6162; // "numaslab"
 
 /// Largest slab; objects must fit at least twice.
 pub(crate) const MAX_SLAB: usize = 4 << 20;
-/// Smallest slab (fewer, larger mappings: one `mmap` per slab).
+/// Smallest slab (fewer slabs to walk and relist per object).
 const MIN_SLAB: usize = 16 << 10;
 /// Objects a slab aims to hold at least.
 const MIN_OBJECTS: usize = 8;
@@ -148,8 +148,10 @@ pub(crate) struct Slabs {
     pub(crate) capacity: usize,
     /// Objects out of the slabs.
     pub(crate) active: usize,
-    /// Bytes mapped for slabs.
+    /// Bytes of the slabs (their slots' used part).
     pub(crate) mapped: usize,
+    /// The chunks the slabs are slots of.
+    pub(crate) chunks: Chunks,
 }
 
 // SAFETY: the raw slab pointers are only followed under the node mutex.
@@ -205,6 +207,7 @@ impl NodeSlabs {
                 capacity: 0,
                 active: 0,
                 mapped: 0,
+                chunks: Chunks::new(),
             }),
             wait_lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -587,14 +590,11 @@ impl Core {
         };
         let page = crate::os::page_size();
         let len = (self.first + cap * self.stride).next_multiple_of(page);
-        let p = mem::map_aligned(len, self.slab_bytes).map_err(|_| Error::NodeOutOfMemory { node })?;
-        let phys = self.topo.physical_node(node);
-        // SAFETY: a fresh mapping of ours, not yet touched.
-        if let Err(e) = unsafe { mem::bind(p, len, MemPolicy::Preferred(phys), BindFlags::NONE) } {
-            // SAFETY: the mapping was made above and nothing points into it.
-            let _ = unsafe { mem::unmap(p, len) };
-            return Err(e);
-        }
+        debug_assert!(len <= self.slab_bytes);
+        let p = s.chunks.take(self.slab_bytes, self.topo.physical_node(node)).map_err(|e| match e {
+            Error::NodeOutOfMemory { .. } => Error::NodeOutOfMemory { node },
+            e => e,
+        })?;
         let slab = p.as_ptr().cast::<Slab>();
         // SAFETY: the mapping is writable and at least one header long.
         unsafe {
@@ -640,8 +640,8 @@ impl Core {
         s.mapped -= len;
         #[cfg(any(debug_assertions, feature = "hardened"))]
         ranges().remove(&(slab as usize));
-        // SAFETY: no object of an empty slab is in use; the mapping is ours.
-        let _ = unsafe { mem::unmap(NonNull::new_unchecked(slab.cast()), len) };
+        // SAFETY: no object of an empty slab is in use; its slot is ours.
+        unsafe { s.chunks.give(NonNull::new_unchecked(slab.cast()), self.slab_bytes, len) };
         self.nodes[node].counters.slabs_released.fetch_add(1, Ordering::Relaxed);
         1
     }

@@ -21,9 +21,10 @@
 //!
 //! # Design
 //!
-//! * **Slabs** are node-bound mappings (`mmap` + `mbind` to the node, as
-//!   `MPOL_PREFERRED`), carved lazily into objects; one mutex per cache and
-//!   node guards them.
+//! * **Slabs** are slots of node-bound chunks (`mmap` + `mbind` to the node,
+//!   as `MPOL_PREFERRED`; a chunk as large as what the node holds, up to
+//!   256 MiB, so a cache of tens of GiB needs a few hundred mappings),
+//!   carved lazily into objects; one mutex per cache and node guards them.
 //! * **Magazines** (Bonwick and Adams 2001; DPDK's per-lcore cache): each
 //!   thread keeps two small stacks of object pointers per cache and node, so
 //!   an allocation or free is a pop or push on thread-private memory. A
@@ -54,6 +55,8 @@ pub mod magazine;
 
 #[cfg(not(loom))]
 mod cache;
+#[cfg(not(loom))]
+mod chunk;
 #[cfg(all(feature = "hardened", not(loom)))]
 mod hardened;
 #[cfg(not(loom))]

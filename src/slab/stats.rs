@@ -25,6 +25,9 @@ pub struct NodeCacheStats {
     pub slabs: usize,
     /// Bytes mapped for those slabs.
     pub bytes: usize,
+    /// Mappings the slabs are slots of (kernel VMAs: each counts against
+    /// `vm.max_map_count`).
+    pub chunks: usize,
     /// Objects freed by threads on other nodes and sent home (cumulative).
     pub remote_frees: u64,
     /// Times an `alloc_wait` had to wait (cumulative).
@@ -47,6 +50,7 @@ impl NodeCacheStats {
         self.in_depot += o.in_depot;
         self.slabs += o.slabs;
         self.bytes += o.bytes;
+        self.chunks += o.chunks;
         self.remote_frees += o.remote_frees;
         self.waits += o.waits;
         self.limit_hits += o.limit_hits;
@@ -104,6 +108,7 @@ impl CacheStats {
                 in_depot: 0,
                 slabs: s.slabs(),
                 bytes: s.mapped,
+                chunks: s.chunks.count(),
                 remote_frees: c.remote_frees.load(Ordering::Relaxed),
                 waits: c.waits.load(Ordering::Relaxed),
                 limit_hits: c.limit_hits.load(Ordering::Relaxed),

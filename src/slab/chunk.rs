@@ -1,0 +1,201 @@
+//! Node-bound chunks that a cache's slabs are carved from, per node.
+//!
+//! A slab of its own mapping costs a kernel VMA each: 4 GiB of 4 KiB objects
+//! (128 KiB slabs) took 33,827 mappings, and the kernel's default
+//! `vm.max_map_count` (65,530) capped a cache near 8 GiB where storage
+//! servers keep tens of GiB of I/O buffers. So slabs are *slots* of large
+//! chunks instead: one `mmap` + `mbind` per chunk, slots aligned to the slab
+//! size (the slab header is still found by masking an object's address).
+//! A chunk's length doubles with what the node already holds, from eight
+//! slots up to [`MAX_CHUNK`]: a small cache maps little, a 32 GiB one about
+//! 130 chunks.
+//!
+//! A slab given back has its pages returned to the OS at once
+//! (`MADV_DONTNEED`: what `shrink` promises) and its slot kept for the next
+//! slab; a chunk whose last slab goes is unmapped. Slots are taken lowest
+//! chunk first, so that chunks empty out and go once a cache shrinks.
+//!
+//! Everything here runs under the node's slab mutex.
+
+use core::ptr::NonNull;
+
+use crate::error::{Error, Result};
+use crate::os::mem::{self, BindFlags, MemPolicy};
+
+/// Largest chunk. Address space only until slabs are touched.
+pub(crate) const MAX_CHUNK: usize = 256 << 20;
+/// A transparent huge page (x86-64, and arm64 with 4 KiB pages).
+const THP_SIZE: usize = 2 << 20;
+/// Slots in a node's first chunk.
+const MIN_SLOTS: usize = 8;
+
+/// One mapping, carved into slots of one size.
+struct Chunk {
+    base: usize,
+    len: usize,
+    /// Slots handed out at least once (the rest are untouched).
+    carved: usize,
+    /// Slots holding a slab.
+    used: usize,
+    /// Slots given back, their pages returned.
+    free: Vec<usize>,
+}
+
+impl Chunk {
+    fn has_room(&self, slot: usize) -> bool {
+        !self.free.is_empty() || (self.carved + 1) * slot <= self.len
+    }
+}
+
+/// A node's chunks for one cache, sorted by address.
+pub(crate) struct Chunks {
+    list: Vec<Chunk>,
+    /// No chunk below this index has room.
+    first_room: usize,
+}
+
+impl Chunks {
+    pub(crate) const fn new() -> Self {
+        Self { list: Vec::new(), first_room: 0 }
+    }
+
+    /// Mappings held.
+    pub(crate) fn count(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Bytes of address space held.
+    pub(crate) fn reserved(&self) -> usize {
+        self.list.iter().map(|c| c.len).sum()
+    }
+
+    /// A slot of `slot` bytes (a power of two), aligned to `slot`, on
+    /// physical node `phys`: from a chunk with room, else from a new one.
+    pub(crate) fn take(&mut self, slot: usize, phys: usize) -> Result<NonNull<u8>> {
+        debug_assert!(slot.is_power_of_two());
+        while self.first_room < self.list.len() && !self.list[self.first_room].has_room(slot) {
+            self.first_room += 1;
+        }
+        if self.first_room == self.list.len() {
+            self.grow(slot, phys)?;
+        }
+        let c = &mut self.list[self.first_room];
+        let p = match c.free.pop() {
+            Some(p) => p,
+            None => {
+                c.carved += 1;
+                c.base + (c.carved - 1) * slot
+            }
+        };
+        c.used += 1;
+        debug_assert!(p >= c.base && p + slot <= c.base + c.len && p % slot == 0);
+        // SAFETY: inside a live mapping, which is never at address 0.
+        Ok(unsafe { NonNull::new_unchecked(p as *mut u8) })
+    }
+
+    /// Maps a new chunk, as long as what the node holds (at least
+    /// `MIN_SLOTS` slots, at most `MAX_CHUNK`), halving on failure down to
+    /// one slot; inserts it in address order and points `first_room` at it.
+    fn grow(&mut self, slot: usize, phys: usize) -> Result<()> {
+        let mut len = self.reserved().max(MIN_SLOTS * slot).next_power_of_two().clamp(slot, MAX_CHUNK.max(slot));
+        let base = loop {
+            match Self::map(len, slot, phys) {
+                Ok(p) => break p.as_ptr() as usize,
+                Err(e) if len == slot => return Err(e),
+                Err(_) => len /= 2,
+            }
+        };
+        let at = self.list.partition_point(|c| c.base < base);
+        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new() });
+        self.first_room = at;
+        Ok(())
+    }
+
+    fn map(len: usize, slot: usize, phys: usize) -> Result<NonNull<u8>> {
+        let p = mem::map_aligned(len, slot).map_err(|_| Error::NodeOutOfMemory { node: phys })?;
+        // SAFETY: a fresh mapping of ours, not yet touched.
+        if let Err(e) = unsafe { mem::bind(p, len, MemPolicy::Preferred(phys), BindFlags::NONE) } {
+            // SAFETY: the mapping was made above and nothing points into it.
+            let _ = unsafe { mem::unmap(p, len) };
+            return Err(e);
+        }
+        // With THP set to `always`, a slab's first touch (its header) would
+        // commit the whole 2 MiB huge page around it, holding other slabs'
+        // untouched objects: in a 2-node guest 1 GiB of 4 KiB buffers
+        // committed 1 GiB and spilled off its node. Slabs smaller than a huge
+        // page opt out (as they did as mappings of their own); larger ones
+        // keep the system's setting. Failure (THP not built in) is harmless.
+        if slot < THP_SIZE {
+            // SAFETY: our fresh mapping.
+            let _ = unsafe { mem::set_hugepages(p, len, false) };
+        }
+        Ok(p)
+    }
+
+    /// Gives back the slot at `p` (of `slot` bytes, of which the first
+    /// `touched` may hold data): its pages go back to the OS now, and its
+    /// chunk is unmapped when no other slot of it is in use.
+    ///
+    /// # Safety
+    /// `p` came from [`take`](Self::take) with the same `slot` and nothing
+    /// uses its memory any more.
+    pub(crate) unsafe fn give(&mut self, p: NonNull<u8>, slot: usize, touched: usize) {
+        let a = p.as_ptr() as usize;
+        let i = self.list.partition_point(|c| c.base <= a) - 1;
+        let c = &mut self.list[i];
+        debug_assert!(a >= c.base && a + slot <= c.base + c.len && c.used > 0);
+        c.used -= 1;
+        if c.used == 0 {
+            let (base, len) = (c.base, c.len);
+            self.list.remove(i);
+            // SAFETY: per the contract no slot of the chunk is in use; the
+            // mapping is ours.
+            let _ = unsafe { mem::unmap(NonNull::new_unchecked(base as *mut u8), len) };
+        } else {
+            // SAFETY: per the contract the slot's memory is unused; it is
+            // page-aligned (slots are at least a page) and mapped.
+            let _ = unsafe { mem::decommit(p, touched.min(slot)) };
+            c.free.push(a);
+        }
+        self.first_room = self.first_room.min(i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_aligned_disjoint_reused_and_chunks_go_with_their_last_slot() {
+        let slot = 64 << 10;
+        let mut c = Chunks::new();
+        let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0).unwrap()).collect();
+        let mut addrs: Vec<usize> = got.iter().map(|p| p.as_ptr() as usize).collect();
+        addrs.sort_unstable();
+        assert!(addrs.iter().all(|a| a % slot == 0));
+        assert!(addrs.windows(2).all(|w| w[1] - w[0] >= slot), "overlapping slots");
+        // 8, 8, 16, 32, 64 slots: five mappings for 100 slabs, not 100.
+        assert!(c.count() <= 5, "{} chunks", c.count());
+        for p in &got {
+            // SAFETY: a slot of ours, in use by nobody but this test.
+            unsafe { p.as_ptr().write_bytes(0xab, 4096) };
+        }
+        // A slot given back has its pages returned; the next slab finds room
+        // without a new mapping.
+        let back = got.pop().unwrap();
+        let chunks = c.count();
+        // SAFETY: taken above, no longer used.
+        unsafe { c.give(back, slot, 4096) };
+        let again = c.take(slot, 0).unwrap();
+        assert_eq!(c.count(), chunks);
+        // SAFETY: a live slot of ours.
+        assert_eq!(unsafe { *again.as_ptr() }, 0, "a slot handed out again keeps old data");
+        got.push(again);
+        for p in got {
+            // SAFETY: taken above, no longer used.
+            unsafe { c.give(p, slot, 4096) };
+        }
+        assert_eq!(c.count(), 0);
+        assert_eq!(c.reserved(), 0);
+    }
+}
