@@ -75,4 +75,5 @@ pub mod units;
 #[cfg(not(loom))]
 pub use alloc::{Config, InterleaveHandle, Mode, NodeHandle, NumaAlloc, PolicyGuard, with_policy};
 pub use error::{Error, Result};
+pub use os::mem::Huge;
 pub use topology::Topology;

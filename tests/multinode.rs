@@ -118,6 +118,7 @@ fn main() {
         ),
         ("slab_remote_frees_go_home_to_their_node", slab_remote_frees_go_home_to_their_node),
         ("slab_chunks_scale_and_stay_on_their_node", slab_chunks_scale_and_stay_on_their_node),
+        ("slab_hugetlb_pages_are_on_the_node_and_contiguous", slab_hugetlb_pages_are_on_the_node_and_contiguous),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, check) in checks {
@@ -633,6 +634,69 @@ fn slab_chunks_scale_and_stay_on_their_node(t: &Topology, _: Option<&Guest>) -> 
         objs.len(),
         st.slabs,
         st.chunks
+    );
+    Outcome::Pass
+}
+
+fn reserve_huge_pages(phys: usize, pages: usize) -> bool {
+    let f = format!("/sys/devices/system/node/node{phys}/hugepages/hugepages-2048kB/nr_hugepages");
+    std::fs::write(&f, pages.to_string()).is_ok()
+        && std::fs::read_to_string(&f).is_ok_and(|s| s.trim().parse::<usize>() == Ok(pages))
+}
+
+/// A cache of 4 KiB buffers on hugetlb pages reserved on the last node (the
+/// guest's sysfs, as an administrator would): every chunk on huge pages,
+/// every buffer on the node, each 2 MiB page physically contiguous; a node
+/// with no reservation falls back to base pages, counted, still on its node.
+fn slab_hugetlb_pages_are_on_the_node_and_contiguous(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let node = t.memory_nodes().iter().last().unwrap();
+    let other = t.memory_nodes().iter().next().unwrap();
+    let (phys, other_phys) = (t.physical_node(node), t.physical_node(other));
+    if node == other || !reserve_huge_pages(phys, 16) {
+        return Outcome::Skip("no second node, or no hugetlb pages to reserve");
+    }
+    let cache =
+        RawCache::builder("vm_huge_4k", 4096).align(4096).node(node).huge(numaweave::Huge::Hugetlb).build().unwrap();
+    let objs: Vec<_> = (0..3072).map(|_| cache.alloc().unwrap()).collect();
+    let st = cache.stats().total();
+    assert!(st.chunks > 0 && st.huge_chunks == st.chunks && st.huge_fallbacks == 0, "{st:?}");
+    let mut runs = HashSet::new();
+    for &o in &objs {
+        let p = o.as_ptr();
+        let got = touch_and_locate(p, 4096);
+        assert!(got.iter().all(|&g| g == Some(phys)), "hugetlb buffer of node {node}: pages on {got:?}");
+        let base = (p as usize) & !((2 << 20) - 1);
+        let (f, fb) = (os::mem::page_frame(p).unwrap(), os::mem::page_frame(base as *const u8).unwrap());
+        let (Some(f), Some(fb)) = (f, fb) else { panic!("no frame for {p:p}") };
+        assert_eq!(f - fb, ((p as usize - base) / 4096) as u64, "{p:p} not contiguous with its huge page");
+        runs.insert(base);
+    }
+    // SAFETY: objects of `cache`, each freed once.
+    unsafe { cache.free_bulk(&objs) };
+    cache.shrink();
+    // Nothing reserved on the other node: base pages there, counted.
+    reserve_huge_pages(other_phys, 0);
+    let plain = RawCache::builder("vm_huge_fallback", 4096)
+        .align(4096)
+        .node(other)
+        .huge(numaweave::Huge::Hugetlb)
+        .build()
+        .unwrap();
+    let o = plain.alloc().unwrap();
+    let st2 = plain.stats().total();
+    assert!(st2.huge_fallbacks >= 1 && st2.huge_chunks == 0, "{st2:?}");
+    let got = touch_and_locate(o.as_ptr(), 4096);
+    assert!(got.iter().all(|&g| g == Some(other_phys)), "fallback buffer of node {other}: pages on {got:?}");
+    // SAFETY: allocated above from `plain`, freed once.
+    unsafe { plain.free(o) };
+    plain.shrink();
+    drop(cache);
+    reserve_huge_pages(phys, 0);
+    println!(
+        "\n  3072 buffers of 4 KiB on hugetlb pages of node {node}: {} chunks, {} huge pages used, each one physical run; node {other} without a reservation fell back ({} counted)",
+        st.chunks,
+        runs.len(),
+        st2.huge_fallbacks
     );
     Outcome::Pass
 }

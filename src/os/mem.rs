@@ -79,6 +79,89 @@ impl MemPolicy {
     }
 }
 
+/// The pages that back memory asked for with a [`Huge`] choice.
+///
+/// ```
+/// use numaweave::os::mem::Huge;
+/// assert_eq!("hugetlb".parse::<Huge>(), Ok(Huge::Hugetlb));
+/// assert!("1G".parse::<Huge>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Huge {
+    /// Base pages; transparent huge pages refused where one would commit
+    /// memory nobody touched.
+    #[default]
+    Off,
+    /// Transparent huge pages asked for (`MADV_HUGEPAGE`) on ranges aligned
+    /// to [`HUGE_PAGE`]: the kernel gives them when it can, lazily.
+    Thp,
+    /// Pages of [`HUGE_PAGE`] from the kernel's hugetlb pool (`MAP_HUGETLB`),
+    /// committed at once; base pages where the node's pool has too few free.
+    Hugetlb,
+}
+
+impl core::str::FromStr for Huge {
+    type Err = &'static str;
+
+    /// `off`, `thp` or `hugetlb` (`NUMAWEAVE_HUGE`'s values).
+    fn from_str(s: &str) -> core::result::Result<Self, Self::Err> {
+        match s.trim() {
+            "off" | "" => Ok(Huge::Off),
+            "thp" => Ok(Huge::Thp),
+            "hugetlb" => Ok(Huge::Hugetlb),
+            _ => Err("huge pages: off, thp or hugetlb"),
+        }
+    }
+}
+
+/// The huge page [`Huge`] asks for: 2 MiB (x86-64; arm64 with 4 KiB pages).
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Maps `len` bytes (a multiple of [`HUGE_PAGE`]) of hugetlb pages aligned to
+/// `align` (a power of two, at least [`HUGE_PAGE`]): the pages are reserved
+/// from the kernel's pool now (`ENOMEM` when it has too few) and taken at
+/// the first touch, under the range's policy.
+pub fn map_hugetlb(len: usize, align: usize) -> Result<NonNull<u8>> {
+    if len == 0 || len % HUGE_PAGE != 0 || !align.is_power_of_two() || align < HUGE_PAGE {
+        return Err(Error::LayoutTooLarge { size: len, align });
+    }
+    // The kernel aligns hugetlb mappings to their page; a larger alignment
+    // over-maps by the difference and trims whole pages.
+    let extra = align - HUGE_PAGE;
+    let total = len.checked_add(extra).ok_or(Error::LayoutTooLarge { size: len, align })?;
+    // MAP_HUGE_2MB: log2(2 MiB) in the bits above MAP_HUGE_SHIFT.
+    let size_flag = (HUGE_PAGE.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT;
+    // SAFETY: an anonymous mapping at an address of the kernel's choosing
+    // cannot alias anything.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | size_flag,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::last_os("mmap(MAP_HUGETLB)"));
+    }
+    let start = p as usize;
+    let aligned = start.next_multiple_of(align);
+    let (head, tail) = (aligned - start, total - (aligned - start) - len);
+    // SAFETY: both trims are whole huge pages of the mapping just made,
+    // outside the range returned.
+    unsafe {
+        if head > 0 {
+            libc::munmap(p, head);
+        }
+        if tail > 0 {
+            libc::munmap((aligned + len) as *mut libc::c_void, tail);
+        }
+    }
+    NonNull::new(aligned as *mut u8).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
+}
+
 fn check_len(len: usize) -> Result<usize> {
     let page = page_size();
     if len == 0 || len > isize::MAX as usize - page {

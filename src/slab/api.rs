@@ -14,6 +14,7 @@ use super::magazine::MAG_MAX;
 use super::stats::{CacheStats, register};
 use super::thread::{self, Start};
 use crate::error::{DeviceKind, Error, Result};
+use crate::os::mem::Huge;
 use crate::topology::Topology;
 
 /// A cache line, for [`CacheBuilder::hwcache_align`] (`SLAB_HWCACHE_ALIGN`).
@@ -47,6 +48,7 @@ pub struct CacheBuilder<K> {
     magazine: Option<usize>,
     ctor: Option<Ctor>,
     zero: bool,
+    huge: Option<Huge>,
     _kind: PhantomData<K>,
 }
 
@@ -61,6 +63,7 @@ impl<K> CacheBuilder<K> {
             magazine: None,
             ctor: None,
             zero: false,
+            huge: None,
             _kind: PhantomData,
         }
     }
@@ -144,6 +147,28 @@ impl<K> CacheBuilder<K> {
         self
     }
 
+    /// Slabs on huge pages: [`Huge::Thp`] (transparent, given lazily when
+    /// the kernel can) or [`Huge::Hugetlb`] (the node's reserved pool,
+    /// committed as slabs are needed; base pages where the pool is short,
+    /// counted in [`NodeCacheStats::huge_fallbacks`](super::NodeCacheStats)).
+    /// Fewer TLB misses and physically contiguous 2 MiB runs for I/O
+    /// buffers; the cost is memory: a huge-page chunk keeps its pages until
+    /// all its slabs are gone. Default: `NUMAWEAVE_HUGE` (`off`, `thp`,
+    /// `hugetlb`), else off.
+    ///
+    /// ```
+    /// use numaweave::Huge;
+    /// use numaweave::slab::RawCache;
+    /// let bufs = RawCache::builder("dma_buf", 4096).align(4096).huge(Huge::Thp).build().unwrap();
+    /// let b = bufs.alloc().unwrap();
+    /// // SAFETY: allocated above from `bufs`, freed once.
+    /// unsafe { bufs.free(b) };
+    /// ```
+    pub fn huge(mut self, huge: Huge) -> Self {
+        self.huge = Some(huge);
+        self
+    }
+
     fn resolve_home(&self, topo: &Topology) -> Result<Home> {
         match &self.home {
             HomeSpec::Local => Ok(Home::Local),
@@ -176,6 +201,13 @@ impl<K> CacheBuilder<K> {
         {
             return Err(Error::InvalidCache { reason: "magazine rounds must be 1..=64" });
         }
+        let huge = match self.huge {
+            Some(h) => h,
+            None => crate::os::file::env(c"NUMAWEAVE_HUGE")
+                .unwrap_or("off")
+                .parse()
+                .map_err(|_| Error::InvalidCache { reason: "NUMAWEAVE_HUGE must be off, thp or hugetlb" })?,
+        };
         let topo = Topology::global();
         let home = self.resolve_home(topo)?;
         let spec = Spec {
@@ -187,6 +219,7 @@ impl<K> CacheBuilder<K> {
             magazine: self.magazine,
             ctor: self.ctor,
             zero: self.zero,
+            huge,
         };
         register(|index| Core::new(spec, index, topo))
     }
@@ -237,6 +270,7 @@ impl<K> fmt::Debug for CacheBuilder<K> {
             .field("magazine", &self.magazine)
             .field("constructor", &self.ctor.is_some())
             .field("zero", &self.zero)
+            .field("huge", &self.huge)
             .finish()
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! A *slab* is a slot of a node-bound chunk ([`chunk`](super::chunk)),
 //! aligned to its size so that `object & !(slab_bytes - 1)` finds its
-//! header, carved lazily into objects of one stride. Under a node's mutex, slabs sit on one of three
-//! lists by how many of their objects are out (`partial`, `full`, `empty`);
+//! header, carved lazily into objects of one stride. Under a node's mutex,
+//! slabs sit on one of three lists by how many of their objects are out
+//! (`partial`, `full`, `empty`);
 //! the thread magazines and the depot in front of them (see
 //! [`magazine`](super::magazine)) take and return objects in batches.
 
@@ -15,6 +16,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use super::chunk::Chunks;
 use super::magazine::{Depot, Magazine, RemoteList};
 use crate::error::{Error, Result};
+use crate::os::mem::Huge;
 use crate::sync::CachePadded;
 use crate::topology::{MAX_NODES, Topology};
 
@@ -252,6 +254,7 @@ pub(crate) struct Spec {
     pub(crate) magazine: Option<usize>,
     pub(crate) ctor: Option<Ctor>,
     pub(crate) zero: bool,
+    pub(crate) huge: Huge,
 }
 
 /// The shared state of one cache. Kept alive by the cache handle, by every
@@ -283,6 +286,8 @@ pub(crate) struct Core {
     pub(crate) limit: Option<usize>,
     pub(crate) rounds: usize,
     pub(crate) ctor: Option<Ctor>,
+    /// Which pages the chunks are on.
+    pub(crate) huge: Huge,
     pub(crate) topo: &'static Topology,
     pub(crate) nodes: Box<[NodeSlabs]>,
     /// The handle was dropped: no more depot caching, empty slabs go at once.
@@ -371,6 +376,7 @@ impl Core {
             rounds,
             ctor: spec.ctor,
             zero: spec.zero,
+            huge: spec.huge,
             multi_node: topo.node_count() > 1,
             limited: spec.limit.is_some(),
             first_node: topo.nodes().first().unwrap_or(0),
@@ -591,7 +597,7 @@ impl Core {
         let page = crate::os::page_size();
         let len = (self.first + cap * self.stride).next_multiple_of(page);
         debug_assert!(len <= self.slab_bytes);
-        let p = s.chunks.take(self.slab_bytes, self.topo.physical_node(node)).map_err(|e| match e {
+        let p = s.chunks.take(self.slab_bytes, self.topo.physical_node(node), self.huge).map_err(|e| match e {
             Error::NodeOutOfMemory { .. } => Error::NodeOutOfMemory { node },
             e => e,
         })?;

@@ -15,17 +15,24 @@
 //! slab; a chunk whose last slab goes is unmapped. Slots are taken lowest
 //! chunk first, so that chunks empty out and go once a cache shrinks.
 //!
+//! Huge pages, when a cache asks ([`Huge`]): a chunk aligned to and sized
+//! in 2 MiB pages, with `MADV_HUGEPAGE` (THP) or from the node's hugetlb
+//! pool (committed at once and checked to be on the node; where the pool
+//! has too few free pages, base pages instead, counted). A huge chunk keeps
+//! its pages until the chunk goes: returning a slab's part would split a
+//! transparent huge page, and a hugetlb page cannot be returned in part.
+//!
 //! Everything here runs under the node's slab mutex.
 
 use core::ptr::NonNull;
 
 use crate::error::{Error, Result};
-use crate::os::mem::{self, BindFlags, MemPolicy};
+use crate::os::mem::{self, BindFlags, HUGE_PAGE, Huge, MemPolicy};
 
 /// Largest chunk. Address space only until slabs are touched.
 pub(crate) const MAX_CHUNK: usize = 256 << 20;
-/// A transparent huge page (x86-64, and arm64 with 4 KiB pages).
-const THP_SIZE: usize = 2 << 20;
+/// Largest hugetlb chunk: its pages are committed when it is mapped.
+const MAX_HUGETLB_CHUNK: usize = 32 << 20;
 /// Slots in a node's first chunk.
 const MIN_SLOTS: usize = 8;
 
@@ -37,8 +44,10 @@ struct Chunk {
     carved: usize,
     /// Slots holding a slab.
     used: usize,
-    /// Slots given back, their pages returned.
+    /// Slots given back (their pages returned unless `huge`).
     free: Vec<usize>,
+    /// On huge pages, as asked.
+    huge: bool,
 }
 
 impl Chunk {
@@ -52,16 +61,23 @@ pub(crate) struct Chunks {
     list: Vec<Chunk>,
     /// No chunk below this index has room.
     first_room: usize,
+    /// Chunks that asked for hugetlb pages and got base pages (cumulative).
+    pub(crate) huge_fallbacks: u64,
 }
 
 impl Chunks {
     pub(crate) const fn new() -> Self {
-        Self { list: Vec::new(), first_room: 0 }
+        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0 }
     }
 
     /// Mappings held.
     pub(crate) fn count(&self) -> usize {
         self.list.len()
+    }
+
+    /// Of those, mappings on huge pages.
+    pub(crate) fn huge(&self) -> usize {
+        self.list.iter().filter(|c| c.huge).count()
     }
 
     /// Bytes of address space held.
@@ -70,14 +86,15 @@ impl Chunks {
     }
 
     /// A slot of `slot` bytes (a power of two), aligned to `slot`, on
-    /// physical node `phys`: from a chunk with room, else from a new one.
-    pub(crate) fn take(&mut self, slot: usize, phys: usize) -> Result<NonNull<u8>> {
+    /// physical node `phys`: from a chunk with room, else from a new one
+    /// backed as `huge` asks.
+    pub(crate) fn take(&mut self, slot: usize, phys: usize, huge: Huge) -> Result<NonNull<u8>> {
         debug_assert!(slot.is_power_of_two());
         while self.first_room < self.list.len() && !self.list[self.first_room].has_room(slot) {
             self.first_room += 1;
         }
         if self.first_room == self.list.len() {
-            self.grow(slot, phys)?;
+            self.grow(slot, phys, huge)?;
         }
         let c = &mut self.list[self.first_room];
         let p = match c.free.pop() {
@@ -94,25 +111,51 @@ impl Chunks {
     }
 
     /// Maps a new chunk, as long as what the node holds (at least
-    /// `MIN_SLOTS` slots, at most `MAX_CHUNK`), halving on failure down to
-    /// one slot; inserts it in address order and points `first_room` at it.
-    fn grow(&mut self, slot: usize, phys: usize) -> Result<()> {
-        let mut len = self.reserved().max(MIN_SLOTS * slot).next_power_of_two().clamp(slot, MAX_CHUNK.max(slot));
+    /// `MIN_SLOTS` slots, at most `MAX_CHUNK`; whole huge pages when asked),
+    /// halving on failure down to one slot; inserts it in address order and
+    /// points `first_room` at it.
+    fn grow(&mut self, slot: usize, phys: usize, huge: Huge) -> Result<()> {
+        let unit = if huge == Huge::Off { slot } else { slot.max(HUGE_PAGE) };
+        let most = if huge == Huge::Hugetlb { MAX_HUGETLB_CHUNK } else { MAX_CHUNK };
+        let mut len = self.reserved().max(MIN_SLOTS * slot).next_power_of_two().clamp(unit, most.max(unit));
+        if huge == Huge::Hugetlb {
+            // A pool too short for the chunk may still hold a smaller one.
+            let mut l = len;
+            loop {
+                if let Ok(p) = Self::map_hugetlb(l, slot, phys) {
+                    self.insert(p.as_ptr() as usize, l, true);
+                    return Ok(());
+                }
+                if l == unit {
+                    break;
+                }
+                l /= 2;
+            }
+            self.huge_fallbacks += 1;
+        }
+        let thp = huge == Huge::Thp;
         let base = loop {
-            match Self::map(len, slot, phys) {
+            match Self::map(len, slot, phys, thp) {
                 Ok(p) => break p.as_ptr() as usize,
-                Err(e) if len == slot => return Err(e),
+                Err(e) if len == unit => return Err(e),
                 Err(_) => len /= 2,
             }
         };
-        let at = self.list.partition_point(|c| c.base < base);
-        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new() });
-        self.first_room = at;
+        self.insert(base, len, thp);
         Ok(())
     }
 
-    fn map(len: usize, slot: usize, phys: usize) -> Result<NonNull<u8>> {
-        let p = mem::map_aligned(len, slot).map_err(|_| Error::NodeOutOfMemory { node: phys })?;
+    fn insert(&mut self, base: usize, len: usize, huge: bool) {
+        let at = self.list.partition_point(|c| c.base < base);
+        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge });
+        self.first_room = at;
+    }
+
+    /// A bound mapping of `len` bytes aligned to `slot` (and to a huge page
+    /// with `thp`, which asks for transparent huge pages).
+    fn map(len: usize, slot: usize, phys: usize, thp: bool) -> Result<NonNull<u8>> {
+        let align = if thp { slot.max(HUGE_PAGE) } else { slot };
+        let p = mem::map_aligned(len, align).map_err(|_| Error::NodeOutOfMemory { node: phys })?;
         // SAFETY: a fresh mapping of ours, not yet touched.
         if let Err(e) = unsafe { mem::bind(p, len, MemPolicy::Preferred(phys), BindFlags::NONE) } {
             // SAFETY: the mapping was made above and nothing points into it.
@@ -122,12 +165,49 @@ impl Chunks {
         // With THP set to `always`, a slab's first touch (its header) would
         // commit the whole 2 MiB huge page around it, holding other slabs'
         // untouched objects: in a 2-node guest 1 GiB of 4 KiB buffers
-        // committed 1 GiB and spilled off its node. Slabs smaller than a huge
-        // page opt out (as they did as mappings of their own); larger ones
-        // keep the system's setting. Failure (THP not built in) is harmless.
-        if slot < THP_SIZE {
+        // committed 1 GiB and spilled off its node. Unless huge pages were
+        // asked for, slabs smaller than a huge page opt out (as they did as
+        // mappings of their own); larger ones keep the system's setting.
+        // Failure (THP not built in) is harmless.
+        if thp || slot < HUGE_PAGE {
             // SAFETY: our fresh mapping.
-            let _ = unsafe { mem::set_hugepages(p, len, false) };
+            let _ = unsafe { mem::set_hugepages(p, len, thp) };
+        }
+        Ok(p)
+    }
+
+    /// Hugetlb pages for a chunk, bound to `phys`, committed now and checked
+    /// to be there: a node whose pool is short would otherwise be served
+    /// from another node's pool.
+    fn map_hugetlb(len: usize, slot: usize, phys: usize) -> Result<NonNull<u8>> {
+        let p = mem::map_hugetlb(len, slot.max(HUGE_PAGE))?;
+        let unmap = |e| {
+            // SAFETY: the mapping was made above and nothing points into it.
+            let _ = unsafe { mem::unmap(p, len) };
+            Err(e)
+        };
+        // SAFETY: a fresh mapping of ours, not yet touched.
+        if let Err(e) = unsafe { mem::bind(p, len, MemPolicy::Preferred(phys), BindFlags::NONE) } {
+            return unmap(e);
+        }
+        const PAGES: usize = MAX_HUGETLB_CHUNK / HUGE_PAGE;
+        let mut pages = [core::ptr::null::<u8>(); PAGES];
+        let n = len / HUGE_PAGE;
+        debug_assert!(n <= PAGES && super::cache::MAX_SLAB <= MAX_HUGETLB_CHUNK);
+        for (i, page) in pages[..n].iter_mut().enumerate() {
+            // SAFETY: inside the mapping; a write commits the page from the
+            // pool reserved for it at `mmap`, under the policy just set.
+            unsafe {
+                *page = p.as_ptr().add(i * HUGE_PAGE);
+                page.cast_mut().write_volatile(0);
+            }
+        }
+        let mut status = [0i32; PAGES];
+        if let Err(e) = mem::page_nodes(&pages[..n], &mut status[..n]) {
+            return unmap(e);
+        }
+        if status[..n].iter().any(|&s| s != phys as i32) {
+            return unmap(Error::NodeOutOfMemory { node: phys });
         }
         Ok(p)
     }
@@ -152,12 +232,22 @@ impl Chunks {
             // mapping is ours.
             let _ = unsafe { mem::unmap(NonNull::new_unchecked(base as *mut u8), len) };
         } else {
-            // SAFETY: per the contract the slot's memory is unused; it is
-            // page-aligned (slots are at least a page) and mapped.
-            let _ = unsafe { mem::decommit(p, touched.min(slot)) };
+            if !c.huge {
+                // SAFETY: per the contract the slot's memory is unused; it
+                // is page-aligned (slots are at least a page) and mapped.
+                let _ = unsafe { mem::decommit(p, touched.min(slot)) };
+            }
             c.free.push(a);
         }
         self.first_room = self.first_room.min(i);
+    }
+}
+
+impl Drop for Chunks {
+    fn drop(&mut self) {
+        // Every slab holds a reference to its cache, so a cache's chunks are
+        // all unmapped (with their last slab) before its state is dropped.
+        debug_assert!(std::thread::panicking() || self.list.is_empty(), "a cache dropped with chunks mapped");
     }
 }
 
@@ -169,7 +259,7 @@ mod tests {
     fn slots_are_aligned_disjoint_reused_and_chunks_go_with_their_last_slot() {
         let slot = 64 << 10;
         let mut c = Chunks::new();
-        let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0).unwrap()).collect();
+        let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0, Huge::Off).unwrap()).collect();
         let mut addrs: Vec<usize> = got.iter().map(|p| p.as_ptr() as usize).collect();
         addrs.sort_unstable();
         assert!(addrs.iter().all(|a| a % slot == 0));
@@ -186,7 +276,7 @@ mod tests {
         let chunks = c.count();
         // SAFETY: taken above, no longer used.
         unsafe { c.give(back, slot, 4096) };
-        let again = c.take(slot, 0).unwrap();
+        let again = c.take(slot, 0, Huge::Off).unwrap();
         assert_eq!(c.count(), chunks);
         // SAFETY: a live slot of ours.
         assert_eq!(unsafe { *again.as_ptr() }, 0, "a slot handed out again keeps old data");
@@ -197,5 +287,37 @@ mod tests {
         }
         assert_eq!(c.count(), 0);
         assert_eq!(c.reserved(), 0);
+    }
+
+    #[test]
+    fn huge_chunks_are_whole_huge_pages_or_counted_fallbacks() {
+        let slot = 128 << 10;
+        for huge in [Huge::Thp, Huge::Hugetlb] {
+            let mut c = Chunks::new();
+            let got: Vec<NonNull<u8>> = (0..40).map(|_| c.take(slot, 0, huge).unwrap()).collect();
+            for p in &got {
+                // SAFETY: a slot of ours.
+                unsafe { p.as_ptr().write_bytes(0x5a, slot) };
+            }
+            // Hugetlb here has pages only where the machine reserved some:
+            // each chunk is on them, or counted as having fallen back.
+            let on_huge = c.huge();
+            assert_eq!(on_huge as u64 + c.huge_fallbacks, c.count() as u64, "{huge:?}");
+            if huge == Huge::Thp {
+                assert_eq!(on_huge, c.count());
+            }
+            for ch in &c.list {
+                if ch.huge {
+                    assert_eq!((ch.base % HUGE_PAGE, ch.len % HUGE_PAGE), (0, 0), "{huge:?}");
+                }
+            }
+            for p in got {
+                // SAFETY: a live slot of ours, written above.
+                assert_eq!(unsafe { *p.as_ptr().add(slot - 1) }, 0x5a);
+                // SAFETY: taken above, no longer used.
+                unsafe { c.give(p, slot, slot) };
+            }
+            assert_eq!(c.count(), 0);
+        }
     }
 }

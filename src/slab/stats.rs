@@ -28,6 +28,11 @@ pub struct NodeCacheStats {
     /// Mappings the slabs are slots of (kernel VMAs: each counts against
     /// `vm.max_map_count`).
     pub chunks: usize,
+    /// Of those, chunks on huge pages (as the cache asked).
+    pub huge_chunks: usize,
+    /// Chunks that asked for hugetlb pages and got base pages: the node's
+    /// pool had too few free (cumulative).
+    pub huge_fallbacks: u64,
     /// Objects freed by threads on other nodes and sent home (cumulative).
     pub remote_frees: u64,
     /// Times an `alloc_wait` had to wait (cumulative).
@@ -51,6 +56,8 @@ impl NodeCacheStats {
         self.slabs += o.slabs;
         self.bytes += o.bytes;
         self.chunks += o.chunks;
+        self.huge_chunks += o.huge_chunks;
+        self.huge_fallbacks += o.huge_fallbacks;
         self.remote_frees += o.remote_frees;
         self.waits += o.waits;
         self.limit_hits += o.limit_hits;
@@ -109,6 +116,8 @@ impl CacheStats {
                 slabs: s.slabs(),
                 bytes: s.mapped,
                 chunks: s.chunks.count(),
+                huge_chunks: s.chunks.huge(),
+                huge_fallbacks: s.chunks.huge_fallbacks,
                 remote_frees: c.remote_frees.load(Ordering::Relaxed),
                 waits: c.waits.load(Ordering::Relaxed),
                 limit_hits: c.limit_hits.load(Ordering::Relaxed),
