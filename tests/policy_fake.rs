@@ -29,6 +29,9 @@ fn child(test: &str, policy: Option<&str>) -> String {
     if let Some(p) = policy {
         c.env("NUMAWEAVE_POLICY", p);
     }
+    if test.contains("hugetlb") {
+        c.env("NUMAWEAVE_HUGE", "hugetlb");
+    }
     let out = c.output().unwrap();
     let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     print!("{o}");
@@ -562,4 +565,46 @@ fn a_shared_interleave_handle_under_contention() {
     // Handle and blocks gone: every region given back.
     assert_eq!(A.stats().total().regions, regions_before, "regions outlived their blocks");
     println!("contention checked");
+}
+
+/// `NUMAWEAVE_HUGE=hugetlb`: interleave regions come from the hugetlb pool
+/// where the machine reserved pages, else from base pages, counted; either
+/// way the buffers are whole and on their turn's node. (The guests of
+/// `.ci/vm-tests` reserve pages and check that each 2 MiB turn is one
+/// physical run.)
+#[test]
+fn interleave_regions_on_hugetlb_pages_or_counted_fallback() {
+    if !in_child() {
+        assert!(child("interleave_regions_on_hugetlb_pages_or_counted_fallback", None).contains("hugetlb checked"));
+        return;
+    }
+    on_node0();
+    let before = A.stats().total();
+    let nodes: NodeSet = "0-1".parse().unwrap();
+    let layout = Layout::from_size_align(64 << 10, 4096).unwrap();
+    let mut bufs: Vec<*mut u8> = Vec::with_capacity(64);
+    let g = with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Bytes(2 << 20)).unwrap())).unwrap();
+    for i in 0..64 {
+        // SAFETY: a valid layout; freed below.
+        let p = unsafe { A.alloc(layout) };
+        assert!(!p.is_null());
+        // SAFETY: a live block of 64 KiB.
+        unsafe { p.write_bytes(i as u8, layout.size()) };
+        bufs.push(p);
+    }
+    drop(g);
+    // Bytes(2 MiB): 32 buffers of 64 KiB per turn, node 0 then node 1.
+    let got: Vec<usize> = bufs.iter().map(|&p| node_of(p)).collect();
+    assert_eq!(got, (0..64).map(|i| i / 32).collect::<Vec<_>>());
+    let after = A.stats().total();
+    let (huge, fell) = (after.huge_regions - before.huge_regions, after.huge_fallbacks - before.huge_fallbacks);
+    assert!(huge + fell >= 2, "one region per node asked for hugetlb pages: {after:?}");
+    for (i, &p) in bufs.iter().enumerate() {
+        // SAFETY: live blocks of 64 KiB written above.
+        let b = unsafe { std::slice::from_raw_parts(p, layout.size()) };
+        assert!(b.iter().all(|&x| x == i as u8), "buffer {i} overwritten");
+        // SAFETY: allocated above with `layout`, freed once.
+        unsafe { A.dealloc(p, layout) };
+    }
+    println!("hugetlb checked: {huge} regions on hugetlb pages, {fell} on base pages");
 }

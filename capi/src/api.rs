@@ -435,6 +435,10 @@ pub struct numaweave_node_stats {
     pub huge_live: u64,
     /// Interleave regions mapped.
     pub regions: u64,
+    /// Regions mapped on hugetlb pages (cumulative).
+    pub huge_regions: u64,
+    /// Regions that asked for hugetlb pages and got base pages (cumulative).
+    pub huge_fallbacks: u64,
 }
 
 /// Fills `out[node]` for every node below `max` (nodes the allocator does
@@ -462,6 +466,8 @@ pub unsafe extern "C" fn numaweave_stats(out: *mut numaweave_node_stats, max: c_
                 fallbacks: p.fallbacks,
                 huge_live: p.huge_live,
                 regions: p.regions,
+                huge_regions: p.huge_regions,
+                huge_fallbacks: p.huge_fallbacks,
             })
         };
     }

@@ -1,7 +1,7 @@
 //! `numaweave`: run any program on libnumaweave, and look at NUMA memory.
 //!
 //! ```text
-//! numaweave run [--policy P] [--mode M] [--strict] [--stats] [--verbose]
+//! numaweave run [--policy P] [--mode M] [--huge H] [--strict] [--stats] [--verbose]
 //!               [--hardened [--check full] [--on-error report] [--guard]] [--lib PATH] -- PROGRAM ARGS...
 //! numaweave topology [--device DEV]
 //! numaweave numastat PID
@@ -42,6 +42,13 @@ fn cli() -> Command {
                         .value_name("MODE")
                         .value_parser(["auto", "flat", "per-node"])
                         .help("Arenas: auto (per-node on several nodes), flat, per-node"),
+                )
+                .arg(
+                    Arg::new("huge")
+                        .long("huge")
+                        .value_name("PAGES")
+                        .value_parser(["off", "thp", "hugetlb"])
+                        .help("Interleave regions on huge pages: off, thp, hugetlb (the nodes' reserved pools)"),
                 )
                 .arg(Arg::new("strict").long("strict").action(ArgAction::SetTrue).help("Never fall back to another node"))
                 .arg(
@@ -151,6 +158,9 @@ fn run(m: &ArgMatches) -> ExitCode {
     }
     if let Some(mode) = m.get_one::<String>("mode") {
         vars.push(("NUMAWEAVE_MODE", mode.clone()));
+    }
+    if let Some(huge) = m.get_one::<String>("huge") {
+        vars.push(("NUMAWEAVE_HUGE", huge.clone()));
     }
     for (flag, var) in
         [("strict", "NUMAWEAVE_STRICT"), ("stats", "NUMAWEAVE_SHOW_STATS"), ("verbose", "NUMAWEAVE_VERBOSE")]
@@ -323,5 +333,8 @@ mod tests {
         let (_, r) = m.subcommand().unwrap();
         let cmd: Vec<_> = r.get_many::<OsString>("command").unwrap().collect();
         assert_eq!(cmd, ["ls", "-l"]);
+        let m = cli().try_get_matches_from(["numaweave", "run", "--huge", "hugetlb", "--", "ls"]).unwrap();
+        assert_eq!(m.subcommand().unwrap().1.get_one::<String>("huge").map(String::as_str), Some("hugetlb"));
+        assert!(cli().try_get_matches_from(["numaweave", "run", "--huge", "1G", "--", "ls"]).is_err());
     }
 }

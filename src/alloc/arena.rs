@@ -35,6 +35,10 @@ pub(crate) struct ArenaCounters {
     pub(crate) huge_frees: AtomicU64,
     /// Bump regions (interleave, per-call handles) mapped and not yet released.
     pub(crate) region_live: AtomicU64,
+    /// Regions mapped on hugetlb pages, and those that asked and got base
+    /// pages (the node's pool was short) (cumulative).
+    pub(crate) huge_regions: AtomicU64,
+    pub(crate) huge_fallbacks: AtomicU64,
 }
 
 pub(crate) struct ArenaInner {
@@ -114,6 +118,8 @@ impl Arena {
                 huge_bytes: AtomicU64::new(0),
                 huge_allocs: AtomicU64::new(0),
                 huge_frees: AtomicU64::new(0),
+                huge_regions: AtomicU64::new(0),
+                huge_fallbacks: AtomicU64::new(0),
                 region_live: AtomicU64::new(0),
             },
         }
@@ -235,6 +241,42 @@ impl Arena {
         if guard > 0 {
             // SAFETY: the last page of our fresh mapping, past `len`.
             let _ = unsafe { mem::protect_none(NonNull::new_unchecked(base.as_ptr().add(len)), guard) };
+        }
+        Some(base)
+    }
+
+    /// A fresh segment-aligned mapping of `len` bytes (whole huge pages) from
+    /// the hugetlb pool under this arena's policy, committed now and checked
+    /// to be on the arena's node (a node whose pool is short would be served
+    /// from another's); `None` when the pool has too few pages or they are
+    /// elsewhere (nothing is left mapped). No guard page: it would cost a
+    /// whole huge page.
+    pub(crate) fn map_hugetlb_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
+        const PAGES: usize = SEGMENT_SIZE / mem::HUGE_PAGE;
+        debug_assert!(len <= SEGMENT_SIZE && len % mem::HUGE_PAGE == 0);
+        let base = mem::map_hugetlb(len, SEGMENT_SIZE).ok()?;
+        let policy = self.policy(state);
+        let mut pages = [ptr::null::<u8>(); PAGES];
+        let n = len / mem::HUGE_PAGE;
+        // SAFETY: our fresh mapping: bound, then each huge page committed by
+        // a write of the zero it holds (from the pool reserved at `mmap`, so
+        // the fault cannot fail).
+        let ok = unsafe {
+            (policy == MemPolicy::Default || mem::bind(base, len, policy, BindFlags::NONE).is_ok()) && {
+                for (i, p) in pages[..n].iter_mut().enumerate() {
+                    *p = base.as_ptr().add(i * mem::HUGE_PAGE);
+                    p.cast_mut().write_volatile(0);
+                }
+                let mut status = [0i32; PAGES];
+                let want = self.bind_to.map(|p| p as i32);
+                mem::page_nodes(&pages[..n], &mut status[..n]).is_ok()
+                    && status[..n].iter().all(|&s| s >= 0 && want.is_none_or(|w| s == w))
+            }
+        };
+        if !ok {
+            // SAFETY: ours, unused.
+            let _ = unsafe { mem::unmap(base, len) };
+            return None;
         }
         Some(base)
     }

@@ -35,7 +35,7 @@ use core::ptr::{self, NonNull};
 
 use super::segment::{Block, SEGMENT_SIZE, Segment, SegmentKind};
 use super::state::State;
-use crate::os::mem;
+use crate::os::mem::{self, Huge};
 use crate::sync::{AtomicUsize, Ordering, RetireCount, UnitMap};
 
 /// A region's unit of carving (the smallest page size).
@@ -109,11 +109,31 @@ pub(crate) fn units_for(size: usize) -> usize {
 /// (0 for a shared space).
 pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -> Option<NonNull<Region>> {
     let arena = state.node_arena(node);
-    let cached = arena.take_huge(state, SEGMENT_SIZE);
+    let huge = state.config.huge;
+    // Hugetlb pages first when asked (a cached mapping is of base pages); a
+    // node whose pool is short gets base pages, counted.
+    let hugetlb = if huge == Huge::Hugetlb {
+        let got = arena.map_hugetlb_bound(state, SEGMENT_SIZE);
+        let c = if got.is_some() { &arena.counters.huge_regions } else { &arena.counters.huge_fallbacks };
+        c.fetch_add(1, Ordering::Relaxed);
+        got
+    } else {
+        None
+    };
+    let cached = if hugetlb.is_some() { None } else { arena.take_huge(state, SEGMENT_SIZE) };
     let fresh = cached.is_none();
-    let (base, len) = match cached {
-        Some(c) => c,
-        None => (arena.map_bound(state, SEGMENT_SIZE)?, SEGMENT_SIZE + super::arena::guard_len()),
+    let (base, len) = match (hugetlb, cached) {
+        (Some(b), _) => (b, SEGMENT_SIZE),
+        (None, Some(c)) => c,
+        (None, None) => {
+            let b = arena.map_bound(state, SEGMENT_SIZE)?;
+            if huge == Huge::Thp {
+                // SAFETY: our fresh segment-aligned mapping. Failure (THP not
+                // built in) leaves base pages.
+                let _ = unsafe { mem::set_hugepages(b, SEGMENT_SIZE, true) };
+            }
+            (b, SEGMENT_SIZE + super::arena::guard_len())
+        }
     };
     debug_assert_eq!(base.as_ptr() as usize % SEGMENT_SIZE, 0);
     let r = base.as_ptr().cast::<Region>();
@@ -124,6 +144,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -
             r.cast::<u8>().write_bytes(0, FIRST * UNIT);
         }
         ptr::addr_of_mut!((*r).seg).write(Segment::new(SegmentKind::Region, arena.node, base.as_ptr(), len));
+        (*r).seg.hugetlb = hugetlb.is_some();
         (*r).live.reset(references);
         (*r).credit.set(if owner != 0 { references } else { 0 });
         (*r).owner.store(owner, Ordering::Relaxed);
@@ -508,14 +529,17 @@ pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
 /// Retired with no live block: nobody else can reach `r`.
 unsafe fn unmap(r: *mut Region) {
     // SAFETY: per the contract the header is ours.
-    let (node, base, len) = unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len) };
+    let (node, base, len, hugetlb) =
+        unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len, (*r).seg.hugetlb) };
     super::segmap::remove(base);
     // SAFETY: the region's own mapping.
     let base = unsafe { NonNull::new_unchecked(base) };
     if let Some(state) = State::try_get() {
         let a = state.node_arena(node);
         a.counters.region_live.fetch_sub(1, Ordering::Relaxed);
-        if a.keep_huge(state, base, len) {
+        // A hugetlb mapping goes back to the pool: as a cached mapping it
+        // could be reused as a huge block, which `mremap` cannot resize.
+        if !hugetlb && a.keep_huge(state, base, len) {
             return;
         }
         a.counters.reserved.fetch_sub(len as u64, Ordering::Relaxed);

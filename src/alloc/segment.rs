@@ -46,6 +46,9 @@ pub(crate) struct Segment {
     pub(crate) kind: SegmentKind,
     /// The arena (logical node index) that owns the segment.
     pub(crate) arena: u8,
+    /// On hugetlb pages (a region mapped with `Huge::Hugetlb`): never cached
+    /// for reuse as another kind, never remapped.
+    pub(crate) hugetlb: bool,
     /// The mapping's start and length (for a huge block the usable size is
     /// what lies between the block and the mapping's end).
     pub(crate) map_base: *mut u8,
@@ -67,6 +70,7 @@ impl Segment {
         Self {
             kind,
             arena: node as u8,
+            hugetlb: false,
             map_base,
             map_len,
             next: ptr::null_mut(),

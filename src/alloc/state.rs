@@ -8,6 +8,7 @@ use core::ptr::{self, NonNull};
 
 use super::arena::Arena;
 use super::heap::Heap;
+use crate::os::mem::Huge;
 use crate::os::{file, mem, thread};
 use crate::policy::Policy;
 use crate::sync::{AtomicBool, AtomicI32, InitCell, Ordering, SpinLock};
@@ -38,6 +39,7 @@ pub enum Mode {
 /// | `NUMAWEAVE_PURGE_DELAY` | a duration (`100ms`, `1s`, `0`): how long freed memory stays committed unused ([`Config::purge_delay`]) | `100ms` |
 /// | `NUMAWEAVE_POLICY` | the process default [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)); `none` switches policies off ([`Config::policies`]) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
+/// | `NUMAWEAVE_HUGE` | `off`, `thp`, `hugetlb`: interleave regions (and slab caches built without a choice) on huge pages ([`Config::huge`]) | `off` |
 /// | `NUMAWEAVE_VERBOSE` | `1`: print the configuration and the topology at start ([`Config::verbose`]) | `0` |
 /// | `NUMAWEAVE_SHOW_STATS` | `1`: print the per-node statistics at exit ([`Config::show_stats`]) | `0` |
 /// | `NUMAWEAVE_CHECK` | hardened builds (feature `hardened`): `full` adds red zones and poison | `default` |
@@ -55,6 +57,7 @@ pub struct Config {
     pub(crate) policies: bool,
     pub(crate) verbose: bool,
     pub(crate) show_stats: bool,
+    pub(crate) huge: Huge,
 }
 
 impl Config {
@@ -69,6 +72,7 @@ impl Config {
             policies: true,
             verbose: false,
             show_stats: false,
+            huge: Huge::Off,
         }
     }
 
@@ -150,6 +154,19 @@ impl Config {
         self
     }
 
+    /// Interleave regions (where I/O buffers of an interleave are carved,
+    /// 4 MiB each) on huge pages: [`Huge::Thp`] asks for transparent huge
+    /// pages; [`Huge::Hugetlb`] takes 2 MiB pages from each node's reserved
+    /// pool, committed when a region is mapped and checked to be on its node,
+    /// so that a turn of `Bytes(2 MiB)` is one physical run; a node whose
+    /// pool is short gets base pages (counted in
+    /// [`NodeStats::huge_fallbacks`](crate::stats::NodeStats::huge_fallbacks)).
+    /// Small blocks are unaffected. Default off.
+    pub const fn huge(mut self, huge: Huge) -> Self {
+        self.huge = huge;
+        self
+    }
+
     fn apply_env(mut self) -> Self {
         if let Some(v) = file::env(c"NUMAWEAVE_MODE") {
             match v.trim() {
@@ -183,6 +200,12 @@ impl Config {
                 Err(e) => file::report(format_args!(
                     "numaweave: ignoring NUMAWEAVE_POLICY={v:?}: {e} (want e.g. local, bind:1, preferred:0, interleave:0-3:bytes=2M)"
                 )),
+            }
+        }
+        if let Some(v) = file::env(c"NUMAWEAVE_HUGE") {
+            match v.parse::<Huge>() {
+                Ok(h) => self.huge = h,
+                Err(e) => file::report(format_args!("numaweave: ignoring NUMAWEAVE_HUGE={v:?} ({e})")),
             }
         }
         if let Some(v) = file::env(c"NUMAWEAVE_PURGE_DELAY") {
@@ -352,12 +375,13 @@ impl State {
         if self.config.verbose {
             let c = &self.config;
             file::write_stderr(format_args!(
-                "numaweave: mode {:?} (asked {:?}), strict {}, purge threshold {} B, purge delay {} ms, policy {}{}\n{}",
+                "numaweave: mode {:?} (asked {:?}), strict {}, purge threshold {} B, purge delay {} ms, huge pages {:?}, policy {}{}\n{}",
                 self.mode,
                 c.mode,
                 c.strict,
                 c.purge_threshold,
                 c.purge_delay_ms,
+                c.huge,
                 self.default_policy,
                 if self.policies { "" } else { " (policies off)" },
                 self.topology

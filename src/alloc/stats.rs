@@ -36,6 +36,12 @@ pub struct NodeStats {
     /// Regions (interleaved blocks of a page and more, 4 MiB each) mapped
     /// and not yet released.
     pub regions: u64,
+    /// Regions mapped on hugetlb pages ([`Config::huge`](crate::Config::huge))
+    /// (cumulative).
+    pub huge_regions: u64,
+    /// Regions that asked for hugetlb pages and got base pages: the node's
+    /// pool was short (cumulative).
+    pub huge_fallbacks: u64,
 }
 
 impl NodeStats {
@@ -48,6 +54,8 @@ impl NodeStats {
         self.frees += o.frees;
         self.remote_frees += o.remote_frees;
         self.fallbacks += o.fallbacks;
+        self.huge_regions += o.huge_regions;
+        self.huge_fallbacks += o.huge_fallbacks;
         self.huge_live += o.huge_live;
         self.regions += o.regions;
     }
@@ -87,6 +95,8 @@ impl Stats {
             s.fallbacks = ld(&c.fallbacks);
             s.huge_live = ld(&c.huge_live);
             s.regions = ld(&c.region_live);
+            s.huge_regions = ld(&c.huge_regions);
+            s.huge_fallbacks = ld(&c.huge_fallbacks);
             s.in_use = ld(&c.huge_bytes);
             s.allocs = ld(&c.huge_allocs);
             s.frees = ld(&c.huge_frees);
@@ -172,6 +182,16 @@ impl fmt::Display for Stats {
         }
         if self.nodes.len() > 1 {
             row(f, "total", &self.total())?;
+        }
+        // Only where hugetlb regions were asked for (`Config::huge`).
+        let t = self.total();
+        if t.huge_regions + t.huge_fallbacks > 0 {
+            write!(f, "hugetlb regions (fell back to base pages):")?;
+            for n in self.nodes.iter() {
+                let s = &self.per_node[n];
+                write!(f, " {n}: {} ({})", s.huge_regions, s.huge_fallbacks)?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }
