@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use numaweave::Error;
-use numaweave::slab::{RawCache, SlabBox, SlabCache, slabinfo};
+use numaweave::slab::{DmaPool, RawCache, SlabBox, SlabCache, slabinfo};
 
 /// Counts drops of values it is told about.
 struct Tracked {
@@ -387,4 +387,53 @@ fn a_32_gib_cache_of_4_kib_buffers_needs_few_mappings() {
     let st = cache.stats().total();
     assert_eq!((st.active, st.slabs, st.chunks), (0, 0, 0), "{st:?}");
     assert!(mappings() <= before + 100, "chunks left mapped after shrink");
+}
+
+/// DMA buffers lie inside one 2 MiB page whatever their size (up to 1 MiB),
+/// keep their contents, can be locked, and report where they are: their
+/// node, and with root their physical address (a typed error without).
+#[test]
+fn dma_buffers_stay_inside_huge_pages_and_report_their_addresses() {
+    const HUGE: usize = 2 << 20;
+    // (1 MiB buffers too, except in hardened builds with red zones, whose
+    // slots would not fit a slab twice.)
+    let sizes: &[usize] = if cfg!(feature = "hardened") {
+        &[512, 4096, 3000, 96 << 10, 512 << 10]
+    } else {
+        &[512, 4096, 3000, 96 << 10, 1 << 20]
+    };
+    for &size in sizes {
+        let pool = DmaPool::builder("dma_sizes", size).build().unwrap();
+        let mut bufs: Vec<_> = (0..24).map(|_| pool.alloc().unwrap()).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let s = b.as_ptr() as usize;
+            assert_eq!(b.len(), size);
+            assert_eq!(s / HUGE, (s + size - 1) / HUGE, "a {size}-byte buffer at {s:#x} crosses 2 MiB");
+            b.fill(i as u8);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == i as u8), "buffer {i} of {size} bytes overwritten");
+            assert_eq!(b.node(), 0);
+        }
+    }
+    assert!(matches!(DmaPool::builder("dma_big", 3 << 20).build(), Err(Error::LayoutTooLarge { .. })));
+
+    let pool = DmaPool::builder("dma_locked", 4096).lock(true).zero(true).build().unwrap();
+    let b = pool.alloc().unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let locked_kb: u64 =
+        status.lines().find_map(|l| l.strip_prefix("VmLck:")).unwrap().trim().trim_end_matches(" kB").parse().unwrap();
+    assert!(locked_kb >= 128, "the slab is locked: VmLck {locked_kb} kB");
+    match b.phys_addr() {
+        Ok(pa) => {
+            assert_eq!(pa % 4096, 0, "a page-aligned buffer's physical address");
+            assert_eq!(b.phys_segments().unwrap(), 1);
+        }
+        Err(Error::Os { errno, .. }) => assert_eq!(errno, libc::EPERM, "without CAP_SYS_ADMIN"),
+        Err(e) => panic!("{e}"),
+    }
+    drop(b);
+    pool.shrink();
+    assert_eq!(pool.stats().total().slabs, 0);
 }

@@ -353,6 +353,34 @@ pub unsafe fn decommit_lazy(ptr: NonNull<u8>, len: usize) -> Result<()> {
     unsafe { decommit(ptr, len) }
 }
 
+/// Locks `[ptr, ptr+len)` in memory (`mlock`): its pages are committed now
+/// and never swapped out or migrated by reclaim, as memory a device reads
+/// and writes behind the kernel's back must be. Fails with `ENOMEM`/`EPERM`
+/// beyond `RLIMIT_MEMLOCK` (unprivileged processes: 8 MiB by default).
+///
+/// # Safety
+/// The range must be page-aligned and mapped by this crate.
+pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } != 0 {
+        return Err(Error::last_os("mlock"));
+    }
+    Ok(())
+}
+
+/// Undoes [`lock`] (`munlock`), before the range is decommitted (a locked
+/// page cannot be) or unmapped.
+///
+/// # Safety
+/// The range must be page-aligned and mapped by this crate.
+pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    // SAFETY: forwarded to the caller.
+    if unsafe { libc::munlock(ptr.as_ptr().cast(), len) } != 0 {
+        return Err(Error::last_os("munlock"));
+    }
+    Ok(())
+}
+
 /// Asks for (`MADV_HUGEPAGE`) or against (`MADV_NOHUGEPAGE`) transparent huge
 /// pages on `[ptr, ptr+len)`. Fails with `EINVAL` where THP is not built in.
 ///

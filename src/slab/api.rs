@@ -47,13 +47,14 @@ pub struct CacheBuilder<K> {
     limit: Option<usize>,
     magazine: Option<usize>,
     ctor: Option<Ctor>,
-    zero: bool,
+    pub(super) zero: bool,
     huge: Option<Huge>,
+    pub(super) lock: bool,
     _kind: PhantomData<K>,
 }
 
 impl<K> CacheBuilder<K> {
-    fn new(name: &str, size: usize, align: usize) -> Self {
+    pub(super) fn new(name: &str, size: usize, align: usize) -> Self {
         Self {
             name: name.to_owned(),
             size,
@@ -64,6 +65,7 @@ impl<K> CacheBuilder<K> {
             ctor: None,
             zero: false,
             huge: None,
+            lock: false,
             _kind: PhantomData,
         }
     }
@@ -189,7 +191,7 @@ impl<K> CacheBuilder<K> {
         }
     }
 
-    fn build_core(self) -> Result<Arc<Core>> {
+    pub(super) fn build_core(self) -> Result<Arc<Core>> {
         if self.name.is_empty() {
             return Err(Error::InvalidCache { reason: "an empty cache name" });
         }
@@ -220,6 +222,7 @@ impl<K> CacheBuilder<K> {
             ctor: self.ctor,
             zero: self.zero,
             huge,
+            lock: self.lock,
         };
         register(|index| Core::new(spec, index, topo))
     }
@@ -271,6 +274,7 @@ impl<K> fmt::Debug for CacheBuilder<K> {
             .field("constructor", &self.ctor.is_some())
             .field("zero", &self.zero)
             .field("huge", &self.huge)
+            .field("lock", &self.lock)
             .finish()
     }
 }
@@ -656,7 +660,7 @@ impl<T: fmt::Debug> fmt::Debug for SlabBox<T> {
 /// }
 /// ```
 pub struct RawCache {
-    core: Arc<Core>,
+    pub(super) core: Arc<Core>,
 }
 
 impl RawCache {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use super::chunk::Chunks;
 use super::magazine::{Depot, Magazine, RemoteList};
 use crate::error::{Error, Result};
-use crate::os::mem::Huge;
+use crate::os::mem::{self, Huge};
 use crate::sync::CachePadded;
 use crate::topology::{MAX_NODES, Topology};
 
@@ -255,6 +255,7 @@ pub(crate) struct Spec {
     pub(crate) ctor: Option<Ctor>,
     pub(crate) zero: bool,
     pub(crate) huge: Huge,
+    pub(crate) lock: bool,
 }
 
 /// The shared state of one cache. Kept alive by the cache handle, by every
@@ -288,6 +289,8 @@ pub(crate) struct Core {
     pub(crate) ctor: Option<Ctor>,
     /// Which pages the chunks are on.
     pub(crate) huge: Huge,
+    /// Slabs locked in memory (`mlock`) while they exist.
+    pub(crate) lock: bool,
     pub(crate) topo: &'static Topology,
     pub(crate) nodes: Box<[NodeSlabs]>,
     /// The handle was dropped: no more depot caching, empty slabs go at once.
@@ -327,7 +330,9 @@ impl Core {
         if first + 2 * stride > MAX_SLAB {
             return Err(Error::LayoutTooLarge { size, align });
         }
-        let mut slab_bytes = MIN_SLAB.max(page).next_power_of_two();
+        // At least a header and one object: with a large alignment the
+        // header alone takes more than the smallest slab.
+        let mut slab_bytes = MIN_SLAB.max(page).max(first + stride).next_power_of_two();
         loop {
             let n = (slab_bytes - first) / stride;
             // The header counts as waste: for page-aligned buffers it takes
@@ -377,6 +382,7 @@ impl Core {
             ctor: spec.ctor,
             zero: spec.zero,
             huge: spec.huge,
+            lock: spec.lock,
             multi_node: topo.node_count() > 1,
             limited: spec.limit.is_some(),
             first_node: topo.nodes().first().unwrap_or(0),
@@ -601,6 +607,14 @@ impl Core {
             Error::NodeOutOfMemory { .. } => Error::NodeOutOfMemory { node },
             e => e,
         })?;
+        if self.lock {
+            // SAFETY: the slab's part of a slot we just took, mapped.
+            if let Err(e) = unsafe { mem::lock(p, len) } {
+                // SAFETY: the slot holds nothing yet.
+                unsafe { s.chunks.give(p, self.slab_bytes, len) };
+                return Err(e);
+            }
+        }
         let slab = p.as_ptr().cast::<Slab>();
         // SAFETY: the mapping is writable and at least one header long.
         unsafe {
@@ -646,8 +660,15 @@ impl Core {
         s.mapped -= len;
         #[cfg(any(debug_assertions, feature = "hardened"))]
         ranges().remove(&(slab as usize));
-        // SAFETY: no object of an empty slab is in use; its slot is ours.
-        unsafe { s.chunks.give(NonNull::new_unchecked(slab.cast()), self.slab_bytes, len) };
+        // SAFETY: no object of an empty slab is in use; its slot is ours
+        // (locked by `new_slab` when the cache locks).
+        unsafe {
+            let p = NonNull::new_unchecked(slab.cast());
+            if self.lock {
+                let _ = mem::unlock(p, len);
+            }
+            s.chunks.give(p, self.slab_bytes, len);
+        }
         self.nodes[node].counters.slabs_released.fetch_add(1, Ordering::Relaxed);
         1
     }

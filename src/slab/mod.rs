@@ -57,6 +57,8 @@ pub mod magazine;
 mod cache;
 #[cfg(not(loom))]
 mod chunk;
+#[cfg(not(loom))]
+mod dma;
 #[cfg(all(feature = "hardened", not(loom)))]
 mod hardened;
 #[cfg(not(loom))]
@@ -68,6 +70,8 @@ mod thread;
 pub use api::*;
 #[cfg(not(loom))]
 pub use cache::Home;
+#[cfg(not(loom))]
+pub use dma::{Dma, DmaBuf, DmaPool, phys_addr, phys_segments};
 #[cfg(not(loom))]
 pub use stats::{CacheStats, NodeCacheStats, SlabInfo, slabinfo};
 
