@@ -21,7 +21,7 @@ use std::sync::mpsc;
 
 use numaweave::os::{self, mem::BindFlags, mem::Mapping, mem::MemPolicy};
 use numaweave::policy::{Cursor, Granularity, Interleave, Policy};
-use numaweave::slab::{RawCache, SlabBox, SlabCache};
+use numaweave::slab::{DmaPool, RawCache, SlabBox, SlabCache};
 use numaweave::topology::{self, CpuSet, NodeSet, Topology};
 use numaweave::{Error, Mode, NumaAlloc};
 
@@ -674,6 +674,20 @@ fn slab_hugetlb_pages_are_on_the_node_and_contiguous(t: &Topology, _: Option<&Gu
     // SAFETY: objects of `cache`, each freed once.
     unsafe { cache.free_bulk(&objs) };
     cache.shrink();
+    drop(cache);
+    // DMA buffers of 64 KiB on the same pool: each one physical segment.
+    let dma =
+        DmaPool::builder("vm_dma_64k", 64 << 10).node(node).huge(numaweave::Huge::Hugetlb).lock(true).build().unwrap();
+    let bufs: Vec<_> = (0..48).map(|_| dma.alloc().unwrap()).collect();
+    for b in &bufs {
+        assert_eq!(b.node(), node);
+        assert_eq!(b.phys_segments().unwrap(), 1, "a 64 KiB DMA buffer at {:p} in pieces", b.as_ptr());
+        assert_eq!(b.phys_addr().unwrap() % (64 << 10), (b.as_ptr() as u64) % (64 << 10));
+    }
+    let dma_huge = dma.stats().total().huge_chunks;
+    drop(bufs);
+    dma.shrink();
+    drop(dma);
     // Nothing reserved on the other node: base pages there, counted.
     reserve_huge_pages(other_phys, 0);
     let plain = RawCache::builder("vm_huge_fallback", 4096)
@@ -690,10 +704,9 @@ fn slab_hugetlb_pages_are_on_the_node_and_contiguous(t: &Topology, _: Option<&Gu
     // SAFETY: allocated above from `plain`, freed once.
     unsafe { plain.free(o) };
     plain.shrink();
-    drop(cache);
     reserve_huge_pages(phys, 0);
     println!(
-        "\n  3072 buffers of 4 KiB on hugetlb pages of node {node}: {} chunks, {} huge pages used, each one physical run; node {other} without a reservation fell back ({} counted)",
+        "\n  3072 buffers of 4 KiB on hugetlb pages of node {node}: {} chunks, {} huge pages used, each one physical run; 48 locked DMA buffers of 64 KiB ({dma_huge} hugetlb chunks), each one physical segment; node {other} without a reservation fell back ({} counted)",
         st.chunks,
         runs.len(),
         st2.huge_fallbacks

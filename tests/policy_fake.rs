@@ -19,7 +19,7 @@ fn child(test: &str, policy: Option<&str>) -> String {
     let mut c = Command::new(std::env::current_exe().unwrap());
     // Tests of exact geometry (adjacent buffers, bytes per turn) run
     // without a hardened build's red zones, which make every block longer.
-    if test.starts_with("scoped_interleave_") {
+    if test.starts_with("scoped_interleave_") || test.contains("huge") {
         c.env_remove("NUMAWEAVE_CHECK");
     }
     c.args(["--exact", test, "--nocapture", "--test-threads=1"])
@@ -567,23 +567,21 @@ fn a_shared_interleave_handle_under_contention() {
     println!("contention checked");
 }
 
-/// `NUMAWEAVE_HUGE=hugetlb`: interleave regions come from the hugetlb pool
-/// where the machine reserved pages, else from base pages, counted; either
-/// way the buffers are whole and on their turn's node. (The guests of
-/// `.ci/vm-tests` reserve pages and check that each 2 MiB turn is one
-/// physical run.)
-#[test]
-fn interleave_regions_on_hugetlb_pages_or_counted_fallback() {
-    if !in_child() {
-        assert!(child("interleave_regions_on_hugetlb_pages_or_counted_fallback", None).contains("hugetlb checked"));
-        return;
-    }
+/// Buffers of 64 KiB under `Bytes(2 MiB)` over nodes 0-1 (with `huge`
+/// pages if given): whole, on their turn's node, and from regions that asked
+/// for hugetlb pages (got them where the machine reserved some, else base
+/// pages, counted). Returns (regions on hugetlb, fallbacks).
+fn hugetlb_regions(huge: Option<numaweave::Huge>) -> (u64, u64) {
     on_node0();
     let before = A.stats().total();
     let nodes: NodeSet = "0-1".parse().unwrap();
     let layout = Layout::from_size_align(64 << 10, 4096).unwrap();
     let mut bufs: Vec<*mut u8> = Vec::with_capacity(64);
-    let g = with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Bytes(2 << 20)).unwrap())).unwrap();
+    let mut il = Interleave::new(nodes, Granularity::Bytes(2 << 20)).unwrap();
+    if let Some(h) = huge {
+        il = il.with_huge_pages(h);
+    }
+    let g = with_policy(Policy::Interleave(il)).unwrap();
     for i in 0..64 {
         // SAFETY: a valid layout; freed below.
         let p = unsafe { A.alloc(layout) };
@@ -606,5 +604,30 @@ fn interleave_regions_on_hugetlb_pages_or_counted_fallback() {
         // SAFETY: allocated above with `layout`, freed once.
         unsafe { A.dealloc(p, layout) };
     }
+    (huge, fell)
+}
+
+/// `NUMAWEAVE_HUGE=hugetlb`: every interleave's regions on hugetlb pages.
+/// (The guests of `.ci/vm-tests` reserve pages and check that each 2 MiB
+/// turn is one physical run.)
+#[test]
+fn interleave_regions_on_hugetlb_pages_or_counted_fallback() {
+    if !in_child() {
+        assert!(child("interleave_regions_on_hugetlb_pages_or_counted_fallback", None).contains("hugetlb checked"));
+        return;
+    }
+    let (huge, fell) = hugetlb_regions(None);
     println!("hugetlb checked: {huge} regions on hugetlb pages, {fell} on base pages");
+}
+
+/// The same asked by the policy (`interleave:0-1:bytes=2M:huge`), the
+/// process left at base pages.
+#[test]
+fn an_interleave_policy_asks_for_huge_pages_itself() {
+    if !in_child() {
+        assert!(child("an_interleave_policy_asks_for_huge_pages_itself", None).contains("policy huge checked"));
+        return;
+    }
+    let (huge, fell) = hugetlb_regions(Some(numaweave::Huge::Hugetlb));
+    println!("policy huge checked: {huge} regions on hugetlb pages, {fell} on base pages");
 }

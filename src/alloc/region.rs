@@ -106,10 +106,9 @@ pub(crate) fn units_for(size: usize) -> usize {
 /// is out of memory, as for any segment), reusing a cached segment-aligned
 /// mapping of the node when there is one. `references` blocks are charged up
 /// front (an exclusive space's credit), `owner` is its interleaver's address
-/// (0 for a shared space).
-pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize) -> Option<NonNull<Region>> {
+/// (0 for a shared space); `huge` says which pages (see `Config::huge`).
+pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, huge: Huge) -> Option<NonNull<Region>> {
     let arena = state.node_arena(node);
-    let huge = state.config.huge;
     // Hugetlb pages first when asked (a cached mapping is of base pages); a
     // node whose pool is short gets base pages, counted.
     let hugetlb = if huge == Huge::Hugetlb {
@@ -570,7 +569,7 @@ mod tests {
         let state = State::get(&crate::alloc::Config::new());
         let node = state.current_arena().node;
         let owner = 0x1000;
-        let r = map(state, node, 1 << 20, owner).unwrap();
+        let r = map(state, node, 1 << 20, owner, Huge::Off).unwrap();
         // SAFETY: our region; we are its carver and owner.
         unsafe {
             let reg = r.as_ref();

@@ -63,6 +63,7 @@ use core::fmt::Write as _;
 pub use cursor::{Cursor, MAX_ROUND, Pick};
 
 use crate::error::{Error, Result};
+use crate::os::mem::Huge;
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
 /// How long an interleave stays on one node.
@@ -81,6 +82,7 @@ pub struct Interleave {
     nodes: NodeSet,
     granularity: Granularity,
     weights: [u8; MAX_NODES],
+    huge: Option<Huge>,
 }
 
 impl Interleave {
@@ -90,7 +92,7 @@ impl Interleave {
         for n in nodes.iter() {
             weights[n] = 1;
         }
-        let i = Self { nodes, granularity, weights };
+        let i = Self { nodes, granularity, weights, huge: None };
         i.check()?;
         Ok(i)
     }
@@ -132,6 +134,32 @@ impl Interleave {
         }
         let ws: Vec<u8> = self.nodes.iter().map(|n| w[n]).collect();
         self.with_weights(&ws).map(Some)
+    }
+
+    /// The pages the interleave's regions (where its page-and-larger
+    /// buffers are carved) are made of: transparent huge pages, or 2 MiB
+    /// pages of each node's hugetlb pool, so that a turn of `Bytes(2 MiB)`
+    /// is one physical run ([`Config::huge`](crate::Config::huge) for the
+    /// process, which this overrides). Text form `:huge` (hugetlb) or
+    /// `:huge=thp|hugetlb|off`.
+    ///
+    /// ```
+    /// use numaweave::Huge;
+    /// use numaweave::policy::Policy;
+    /// let p: Policy = "interleave:0-1:bytes=2M:huge".parse().unwrap();
+    /// let Policy::Interleave(i) = p else { unreachable!() };
+    /// assert_eq!(i.huge_pages(), Some(Huge::Hugetlb));
+    /// assert_eq!(p.to_string(), "interleave:0-1:bytes=2097152:huge=hugetlb");
+    /// ```
+    pub fn with_huge_pages(mut self, huge: Huge) -> Self {
+        self.huge = Some(huge);
+        self
+    }
+
+    /// What [`with_huge_pages`](Self::with_huge_pages) set (`None`: the
+    /// process's [`Config::huge`](crate::Config::huge)).
+    pub fn huge_pages(&self) -> Option<Huge> {
+        self.huge
     }
 
     /// The interleaved nodes.
@@ -253,9 +281,15 @@ impl core::str::FromStr for Policy {
                 // Fixed storage: the allocator parses `NUMAWEAVE_POLICY` during
                 // its own start-up, where nothing may allocate.
                 let mut weights: Option<([u8; MAX_NODES], usize)> = None;
+                let mut huge = None;
                 for opt in parts.by_ref() {
+                    if opt.trim() == "huge" {
+                        huge = Some(Huge::Hugetlb);
+                        continue;
+                    }
                     let (k, v) = opt.split_once('=').ok_or(bad("interleave options are key=value"))?;
                     match k.trim() {
+                        "huge" => huge = Some(v.parse().map_err(bad)?),
                         "count" => {
                             granularity =
                                 Granularity::Count(v.trim().parse().map_err(|_| bad("count=N needs a number"))?)
@@ -275,12 +309,15 @@ impl core::str::FromStr for Policy {
                             }
                             weights = Some(w);
                         }
-                        _ => return Err(bad("unknown interleave option (count, bytes, weights)")),
+                        _ => return Err(bad("unknown interleave option (count, bytes, weights, huge)")),
                     }
                 }
                 let mut i = Interleave::new(set, granularity)?;
                 if let Some((w, n)) = weights {
                     i = i.with_weights(&w[..n])?;
+                }
+                if let Some(h) = huge {
+                    i = i.with_huge_pages(h);
                 }
                 Policy::Interleave(i)
             }
@@ -312,6 +349,12 @@ impl fmt::Display for Policy {
                         write!(f, "{}{}", if k > 0 { "," } else { "" }, i.weights[n])?;
                     }
                 }
+                match i.huge {
+                    Some(Huge::Off) => f.write_str(":huge=off")?,
+                    Some(Huge::Thp) => f.write_str(":huge=thp")?,
+                    Some(Huge::Hugetlb) => f.write_str(":huge=hugetlb")?,
+                    None => {}
+                }
                 Ok(())
             }
         }
@@ -331,12 +374,20 @@ mod tests {
             "preferred:0",
             "interleave:0-3:count=1",
             "interleave:0-1:count=8:weights=3,1",
+            "interleave:0-1:count=8:weights=3,1:huge=thp",
+            "interleave:0-3:count=2:huge=hugetlb",
+            "interleave:0-3:count=2:huge=off",
         ] {
             assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
         }
         let p: Policy = "interleave:0-3:bytes=2M".parse().unwrap();
         assert_eq!(p.to_string(), "interleave:0-3:bytes=2097152");
         assert_eq!("interleave:2".parse::<Policy>().unwrap().to_string(), "interleave:2:count=1");
+        assert_eq!(
+            "interleave:0-1:huge:bytes=64K".parse::<Policy>().unwrap().to_string(),
+            "interleave:0-1:bytes=65536:huge=hugetlb"
+        );
+        assert!("interleave:0-1:huge=1G".parse::<Policy>().is_err());
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl ThreadInterleaver {
             at.write(Self {
                 cursor: Cursor::new(i),
                 pages: Cursor::new(pages.as_ref().unwrap_or(i)),
-                space: ThreadSpace::new(turn_align(i)),
+                space: ThreadSpace::new(turn_align(i), i.huge_pages()),
                 window: window::Window::new(matches!(i.granularity(), Granularity::Count(_))),
                 pool: pool::Pool::new(),
             });
@@ -398,7 +398,7 @@ pub(crate) struct SharedInterleaver {
 
 impl SharedInterleaver {
     pub(crate) fn new(i: &Interleave) -> Self {
-        Self { cursor: Cursor::new(i), space: SharedSpace::new(turn_align(i)) }
+        Self { cursor: Cursor::new(i), space: SharedSpace::new(turn_align(i), i.huge_pages()) }
     }
 }
 

@@ -14,6 +14,7 @@ use core::ptr::{self, NonNull};
 
 use crate::alloc::region::{self, REGION_ALIGN_MAX, Region, UNIT, units_for};
 use crate::alloc::state::State;
+use crate::os::mem::Huge;
 use crate::sync::{AtomicPtr, Ordering, SpinLock};
 use crate::topology::MAX_NODES;
 
@@ -39,15 +40,18 @@ pub(crate) struct ThreadSpace {
     /// The owning interleaver's address, written into its regions (set when
     /// the interleaver has its final address, before it carves).
     owner: Cell<usize>,
+    /// The policy's pages for its regions (`None`: the process's).
+    huge: Option<Huge>,
 }
 
 impl ThreadSpace {
-    pub(crate) fn new(turn_align: usize) -> Self {
+    pub(crate) fn new(turn_align: usize, huge: Option<Huge>) -> Self {
         Self {
             current: core::array::from_fn(|_| Cell::new(ptr::null_mut())),
             others: core::array::from_fn(|_| Cell::new(ptr::null_mut())),
             turn_units: turn_units(turn_align),
             owner: Cell::new(0),
+            huge,
         }
     }
 
@@ -137,7 +141,8 @@ impl ThreadSpace {
         if found.is_null() {
             let Some(state) = State::try_get() else { return false };
             debug_assert_ne!(self.owner.get(), 0);
-            let Some(fresh) = region::map(state, node, CREDIT, self.owner.get()) else { return false };
+            let huge = self.huge.unwrap_or(state.config.huge);
+            let Some(fresh) = region::map(state, node, CREDIT, self.owner.get(), huge) else { return false };
             found = fresh.as_ptr();
         }
         if !cur.is_null() {
@@ -178,6 +183,8 @@ pub(crate) struct SharedSpace {
     current: [AtomicPtr<Region>; MAX_NODES],
     locks: [SpinLock<()>; MAX_NODES],
     turn_units: usize,
+    /// The policy's pages for its regions (`None`: the process's).
+    huge: Option<Huge>,
 }
 
 // SAFETY: the current regions are carved under their node's lock; a region
@@ -187,11 +194,12 @@ unsafe impl Sync for SharedSpace {}
 unsafe impl Send for SharedSpace {}
 
 impl SharedSpace {
-    pub(crate) fn new(turn_align: usize) -> Self {
+    pub(crate) fn new(turn_align: usize, huge: Option<Huge>) -> Self {
         Self {
             current: core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             locks: core::array::from_fn(|_| SpinLock::new(())),
             turn_units: turn_units(turn_align),
+            huge,
         }
     }
 
@@ -218,7 +226,8 @@ impl SharedSpace {
                 }
             }
             let Some(state) = State::try_get() else { return ptr::null_mut() };
-            let Some(fresh) = region::map(state, node, 0, 0) else { return ptr::null_mut() };
+            let huge = self.huge.unwrap_or(state.config.huge);
+            let Some(fresh) = region::map(state, node, 0, 0, huge) else { return ptr::null_mut() };
             let old = self.current[node].swap(fresh.as_ptr(), Ordering::Relaxed);
             if let Some(old) = NonNull::new(old) {
                 // SAFETY: no longer current, under the lock: retired once.
