@@ -437,3 +437,31 @@ fn dma_buffers_stay_inside_huge_pages_and_report_their_addresses() {
     pool.shrink();
     assert_eq!(pool.stats().total().slabs, 0);
 }
+
+/// A cache that asks for transparent huge pages gets them (where THP is not
+/// switched off) and its statistics say how much the kernel gave.
+#[test]
+fn a_thp_cache_counts_the_huge_pages_it_got() {
+    let cache = RawCache::builder("thp_4k", 4096).align(4096).huge(numaweave::Huge::Thp).build().unwrap();
+    let mut objs = vec![std::ptr::null_mut(); 1024];
+    cache.alloc_bulk(&mut objs).unwrap();
+    for &o in &objs {
+        // SAFETY: live 4 KiB objects of `cache`.
+        unsafe { o.write_bytes(7, 4096) };
+    }
+    let st = cache.stats().total();
+    assert!(st.huge_chunks >= 1 && st.huge_chunks == st.chunks, "{st:?}");
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if mode.contains("[never]") || mode.is_empty() {
+        assert_eq!(st.thp_bytes, 0);
+    } else {
+        assert!(
+            st.thp_bytes >= 2 << 20,
+            "4 MiB written in MADV_HUGEPAGE chunks, {} KiB on huge pages",
+            st.thp_bytes >> 10
+        );
+    }
+    let objs: Vec<NonNull<u8>> = objs.into_iter().map(|p| NonNull::new(p).unwrap()).collect();
+    // SAFETY: objects of `cache`, each freed once.
+    unsafe { cache.free_bulk(&objs) };
+}

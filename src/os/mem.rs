@@ -395,6 +395,56 @@ pub unsafe fn set_hugepages(ptr: NonNull<u8>, len: usize, enable: bool) -> Resul
     Ok(())
 }
 
+/// Bytes the kernel backs with transparent huge pages in the mappings that
+/// hold the given `(start, len)` ranges: `AnonHugePages` of each mapping
+/// (VMA) of `/proc/self/smaps` that overlaps one, each mapping once. What an
+/// `MADV_HUGEPAGE` request actually got; a mapping that also holds memory
+/// outside the ranges (the kernel merges neighbours with the same flags and
+/// policy) counts whole.
+pub fn thp_bytes(ranges: &[(usize, usize)]) -> Result<u64> {
+    if ranges.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: literal path, valid flags.
+    let fd = unsafe { libc::open(c"/proc/self/smaps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("open(/proc/self/smaps)"));
+    }
+    let mut text = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    let res = loop {
+        // SAFETY: reads into `chunk`'s bytes.
+        let r = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
+        if r < 0 {
+            if super::errno() == libc::EINTR {
+                continue;
+            }
+            break Err(Error::last_os("read(/proc/self/smaps)"));
+        }
+        if r == 0 {
+            break Ok(());
+        }
+        text.extend_from_slice(&chunk[..r as usize]);
+    };
+    // SAFETY: `fd` is ours.
+    unsafe { libc::close(fd) };
+    res?;
+    let text = String::from_utf8_lossy(&text);
+    let mut total = 0;
+    let mut inside = false;
+    for line in text.lines() {
+        let head = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+        if let Some((a, b)) = head
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            inside = ranges.iter().any(|&(s, l)| s < b && a < s + l);
+        } else if inside && let Some(kb) = line.strip_prefix("AnonHugePages:") {
+            total += kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+        }
+    }
+    Ok(total)
+}
+
 /// Where the pages holding `addrs` are, from `move_pages` with null nodes
 /// (which moves nothing). `status[i]` gets the kernel node id of `addrs[i]`'s
 /// page, or a negative errno: `-ENOENT` for a page not present (never

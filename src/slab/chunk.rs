@@ -75,6 +75,11 @@ impl Chunks {
         self.list.len()
     }
 
+    /// The ranges of the chunks on huge pages.
+    pub(crate) fn huge_ranges(&self) -> Vec<(usize, usize)> {
+        self.list.iter().filter(|c| c.huge).map(|c| (c.base, c.len)).collect()
+    }
+
     /// Of those, mappings on huge pages.
     pub(crate) fn huge(&self) -> usize {
         self.list.iter().filter(|c| c.huge).count()

@@ -33,6 +33,10 @@ pub struct NodeCacheStats {
     /// Chunks that asked for hugetlb pages and got base pages: the node's
     /// pool had too few free (cumulative).
     pub huge_fallbacks: u64,
+    /// Bytes of the chunks the kernel backs with transparent huge pages now
+    /// (a cache built with `Huge::Thp`: what it got, from `AnonHugePages` in
+    /// `/proc/self/smaps`; 0 for other caches, which are not looked up).
+    pub thp_bytes: u64,
     /// Objects freed by threads on other nodes and sent home (cumulative).
     pub remote_frees: u64,
     /// Times an `alloc_wait` had to wait (cumulative).
@@ -58,6 +62,7 @@ impl NodeCacheStats {
         self.chunks += o.chunks;
         self.huge_chunks += o.huge_chunks;
         self.huge_fallbacks += o.huge_fallbacks;
+        self.thp_bytes += o.thp_bytes;
         self.remote_frees += o.remote_frees;
         self.waits += o.waits;
         self.limit_hits += o.limit_hits;
@@ -118,6 +123,7 @@ impl CacheStats {
                 chunks: s.chunks.count(),
                 huge_chunks: s.chunks.huge(),
                 huge_fallbacks: s.chunks.huge_fallbacks,
+                thp_bytes: 0,
                 remote_frees: c.remote_frees.load(Ordering::Relaxed),
                 waits: c.waits.load(Ordering::Relaxed),
                 limit_hits: c.limit_hits.load(Ordering::Relaxed),
@@ -125,8 +131,10 @@ impl CacheStats {
                 slabs_created: c.slabs_created.load(Ordering::Relaxed),
                 slabs_released: c.slabs_released.load(Ordering::Relaxed),
             };
+            let thp = if core.huge == crate::os::mem::Huge::Thp { s.chunks.huge_ranges() } else { Vec::new() };
             drop(s);
-            let n = NodeCacheStats { in_depot: ns.depot.objects(), ..n };
+            let thp_bytes = crate::os::mem::thp_bytes(&thp).unwrap_or(0);
+            let n = NodeCacheStats { in_depot: ns.depot.objects(), thp_bytes, ..n };
             if n != (NodeCacheStats { node, ..Default::default() }) {
                 nodes.push(n);
             }
