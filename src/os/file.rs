@@ -60,37 +60,69 @@ impl fmt::Write for PathBuf {
     }
 }
 
+/// Opens `path` read-only (with `extra` flags), runs `f` on the descriptor
+/// and closes it.
+fn with_fd<T>(path: &CStr, extra: i32, f: impl FnOnce(i32) -> Result<T>) -> Result<T> {
+    // SAFETY: `path` is NUL-terminated; flags are valid.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | extra) };
+    if fd < 0 {
+        return Err(Error::last_os("open"));
+    }
+    let res = f(fd);
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    res
+}
+
+/// A `read`-like call (`read`, `getdents64`): its byte count, retried when
+/// a signal interrupts it.
+fn retry(call: &'static str, mut f: impl FnMut() -> isize) -> Result<usize> {
+    loop {
+        let r = f();
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        if super::errno() != libc::EINTR {
+            return Err(Error::last_os(call));
+        }
+    }
+}
+
 /// Reads at most `buf.len()` bytes of the file at `path`, returns how many.
 ///
 /// Made for sysfs and procfs files: a short file read in one or two `read`s.
 /// Fails with [`Error::Os`] naming `open` or `read`.
 pub fn read(path: &CStr, buf: &mut [u8]) -> Result<usize> {
-    // SAFETY: `path` is NUL-terminated; flags are valid.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::last_os("open"));
-    }
-    let mut n = 0;
-    let res = loop {
-        if n == buf.len() {
-            break Ok(n);
-        }
-        // SAFETY: the destination is the unfilled tail of `buf`, of the length given.
-        let r = unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) };
-        if r < 0 {
-            if super::errno() == libc::EINTR {
-                continue;
+    with_fd(path, 0, |fd| {
+        let mut n = 0;
+        while n < buf.len() {
+            // SAFETY: the destination is the unfilled tail of `buf`, of the
+            // length given.
+            let r = retry("read", || unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) })?;
+            if r == 0 {
+                break;
             }
-            break Err(Error::last_os("read"));
+            n += r;
         }
-        if r == 0 {
-            break Ok(n);
+        Ok(n)
+    })
+}
+
+/// Reads the whole file at `path`, however long (`/proc/self/smaps`).
+/// Allocates: not for the allocator's start-up.
+pub fn read_to_end(path: &CStr) -> Result<Vec<u8>> {
+    with_fd(path, 0, |fd| {
+        let mut out = Vec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            // SAFETY: reads into `chunk`'s bytes.
+            let r = retry("read", || unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) })?;
+            if r == 0 {
+                return Ok(out);
+            }
+            out.extend_from_slice(&chunk[..r]);
         }
-        n += r as usize;
-    };
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
-    res
+    })
 }
 
 /// Reads the file at `path` into `buf` and returns its contents as trimmed text.
@@ -105,47 +137,37 @@ pub fn read_str<'a>(path: &CStr, buf: &'a mut [u8]) -> Result<&'a str> {
 /// `getdents64` into a stack buffer: unlike `opendir`, it never allocates, so
 /// it may run inside the allocator's start-up.
 pub fn for_each_entry(path: &CStr, mut f: impl FnMut(&str)) -> Result<()> {
-    // SAFETY: `path` is NUL-terminated; flags are valid.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::last_os("open"));
-    }
     // Records are 8-byte aligned `linux_dirent64`s: d_ino (8), d_off (8),
     // d_reclen (2), d_type (1), then the NUL-terminated name.
     #[repr(C, align(8))]
     struct Buf([u8; 2048]);
     let mut buf = Buf([0; 2048]);
-    let res = loop {
-        // SAFETY: the kernel writes at most the buffer's length into it.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.0.as_mut_ptr(), buf.0.len()) };
-        if n < 0 {
-            if super::errno() == libc::EINTR {
-                continue;
+    with_fd(path, libc::O_DIRECTORY, |fd| {
+        loop {
+            // SAFETY: the kernel writes at most the buffer's length into it.
+            let n = retry("getdents64", || unsafe {
+                libc::syscall(libc::SYS_getdents64, fd, buf.0.as_mut_ptr(), buf.0.len()) as isize
+            })?;
+            if n == 0 {
+                return Ok(());
             }
-            break Err(Error::last_os("getdents64"));
-        }
-        if n == 0 {
-            break Ok(());
-        }
-        let mut at = 0;
-        while at + 19 < n as usize {
-            let reclen = usize::from(u16::from_ne_bytes([buf.0[at + 16], buf.0[at + 17]]));
-            if reclen == 0 || at + reclen > n as usize {
-                break;
+            let mut at = 0;
+            while at + 19 < n {
+                let reclen = usize::from(u16::from_ne_bytes([buf.0[at + 16], buf.0[at + 17]]));
+                if reclen == 0 || at + reclen > n {
+                    break;
+                }
+                let name = CStr::from_bytes_until_nul(&buf.0[at + 19..at + reclen]).ok().and_then(|c| c.to_str().ok());
+                if let Some(name) = name
+                    && name != "."
+                    && name != ".."
+                {
+                    f(name);
+                }
+                at += reclen;
             }
-            let name = CStr::from_bytes_until_nul(&buf.0[at + 19..at + reclen]).ok().and_then(|c| c.to_str().ok());
-            if let Some(name) = name
-                && name != "."
-                && name != ".."
-            {
-                f(name);
-            }
-            at += reclen;
         }
-    };
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
-    res
+    })
 }
 
 /// Whether `path` exists (`access(F_OK)`).

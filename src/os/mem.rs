@@ -405,30 +405,7 @@ pub fn thp_bytes(ranges: &[(usize, usize)]) -> Result<u64> {
     if ranges.is_empty() {
         return Ok(0);
     }
-    // SAFETY: literal path, valid flags.
-    let fd = unsafe { libc::open(c"/proc/self/smaps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::last_os("open(/proc/self/smaps)"));
-    }
-    let mut text = Vec::new();
-    let mut chunk = vec![0u8; 64 << 10];
-    let res = loop {
-        // SAFETY: reads into `chunk`'s bytes.
-        let r = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
-        if r < 0 {
-            if super::errno() == libc::EINTR {
-                continue;
-            }
-            break Err(Error::last_os("read(/proc/self/smaps)"));
-        }
-        if r == 0 {
-            break Ok(());
-        }
-        text.extend_from_slice(&chunk[..r as usize]);
-    };
-    // SAFETY: `fd` is ours.
-    unsafe { libc::close(fd) };
-    res?;
+    let text = super::file::read_to_end(c"/proc/self/smaps")?;
     let text = String::from_utf8_lossy(&text);
     let mut total = 0;
     let mut inside = false;
