@@ -32,6 +32,9 @@ fn child(test: &str, policy: Option<&str>) -> String {
     if test.contains("hugetlb") {
         c.env("NUMAWEAVE_HUGE", "hugetlb");
     }
+    if test.contains("strict") {
+        c.env("NUMAWEAVE_STRICT", "1");
+    }
     let out = c.output().unwrap();
     let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     print!("{o}");
@@ -630,4 +633,68 @@ fn an_interleave_policy_asks_for_huge_pages_itself() {
     }
     let (huge, fell) = hugetlb_regions(Some(numaweave::Huge::Hugetlb));
     println!("policy huge checked: {huge} regions on hugetlb pages, {fell} on base pages");
+}
+
+/// `interleave:…:huge=thp`: regions advised for transparent huge pages,
+/// and the statistics say how much of the allocator's memory got them.
+#[test]
+fn thp_regions_are_counted() {
+    if !in_child() {
+        assert!(child("thp_regions_are_counted", None).contains("thp checked"));
+        return;
+    }
+    on_node0();
+    let nodes: NodeSet = "0-1".parse().unwrap();
+    let layout = Layout::from_size_align(64 << 10, 4096).unwrap();
+    let mut bufs: Vec<*mut u8> = Vec::with_capacity(64);
+    let il = Interleave::new(nodes, Granularity::Bytes(2 << 20)).unwrap().with_huge_pages(numaweave::Huge::Thp);
+    let g = with_policy(Policy::Interleave(il)).unwrap();
+    for _ in 0..64 {
+        // SAFETY: a valid layout; freed below.
+        let p = unsafe { A.alloc(layout) };
+        assert!(!p.is_null());
+        // SAFETY: a live block of 64 KiB.
+        unsafe { p.write_bytes(3, layout.size()) };
+        bufs.push(p);
+    }
+    drop(g);
+    let thp = A.stats().thp_bytes;
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if !mode.is_empty() && !mode.contains("[never]") {
+        // Two turns of 2 MiB, each a whole written huge page of a region.
+        assert!(thp >= 2 << 20, "4 MiB written in THP regions, {} KiB on huge pages", thp >> 10);
+    }
+    for p in bufs {
+        // SAFETY: allocated above with `layout`, freed once.
+        unsafe { A.dealloc(p, layout) };
+    }
+    println!("thp checked: {} KiB on transparent huge pages", thp >> 10);
+}
+
+/// `NUMAWEAVE_STRICT=1` with `NUMAWEAVE_HUGE=hugetlb`: a node whose pool is
+/// short fails the buffer (null) rather than taking base pages.
+#[test]
+fn strict_hugetlb_regions_fail_rather_than_fall_back() {
+    if !in_child() {
+        assert!(child("strict_hugetlb_regions_fail_rather_than_fall_back", None).contains("strict checked"));
+        return;
+    }
+    on_node0();
+    let before = A.stats().total();
+    let nodes: NodeSet = "0-1".parse().unwrap();
+    let layout = Layout::from_size_align(64 << 10, 4096).unwrap();
+    let g = with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Bytes(2 << 20)).unwrap())).unwrap();
+    // SAFETY: a valid layout; freed below if given.
+    let p = unsafe { A.alloc(layout) };
+    drop(g);
+    let after = A.stats().total();
+    assert_eq!(after.huge_fallbacks, before.huge_fallbacks, "strict: no base pages instead");
+    if p.is_null() {
+        assert_eq!(after.huge_regions, before.huge_regions);
+    } else {
+        assert!(after.huge_regions > before.huge_regions);
+        // SAFETY: allocated above with `layout`.
+        unsafe { A.dealloc(p, layout) };
+    }
+    println!("strict checked: {}", if p.is_null() { "no pool, no buffer" } else { "on hugetlb pages" });
 }

@@ -465,3 +465,29 @@ fn a_thp_cache_counts_the_huge_pages_it_got() {
     // SAFETY: objects of `cache`, each freed once.
     unsafe { cache.free_bulk(&objs) };
 }
+
+/// `huge_strict`: a node whose hugetlb pool is short fails the slab instead
+/// of taking base pages (and a cache without it falls back, counted).
+#[test]
+fn strict_hugetlb_fails_where_the_pool_is_short() {
+    let strict =
+        RawCache::builder("hugetlb_strict", 4096).huge(numaweave::Huge::Hugetlb).huge_strict(true).build().unwrap();
+    match strict.alloc_on(0) {
+        // A machine with pages reserved: they are used.
+        Ok(p) => {
+            let st = strict.stats().total();
+            assert!(st.huge_chunks == st.chunks && st.huge_fallbacks == 0, "{st:?}");
+            // SAFETY: allocated above, freed once.
+            unsafe { strict.free(p) };
+        }
+        Err(e) => {
+            assert!(matches!(e, Error::NodeOutOfMemory { node: 0 }), "{e}");
+            assert_eq!(strict.stats().total().huge_fallbacks, 0);
+            let lax = RawCache::builder("hugetlb_lax", 4096).huge(numaweave::Huge::Hugetlb).build().unwrap();
+            let p = lax.alloc_on(0).unwrap();
+            assert!(lax.stats().total().huge_fallbacks >= 1);
+            // SAFETY: allocated above, freed once.
+            unsafe { lax.free(p) };
+        }
+    }
+}

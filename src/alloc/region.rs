@@ -42,6 +42,10 @@ use crate::sync::{AtomicUsize, Ordering, RetireCount, UnitMap};
 pub(crate) const UNIT: usize = 4096;
 const UNITS: usize = SEGMENT_SIZE / UNIT;
 const WORDS: usize = UNITS / 64;
+/// Set once a region has asked for transparent huge pages: only then do the
+/// statistics look up what the kernel gave (a read of `/proc/self/smaps`).
+pub(crate) static THP_ASKED: crate::sync::AtomicBool = crate::sync::AtomicBool::new(false);
+
 /// Largest block a region serves; larger ones get a huge mapping of their own.
 pub(crate) const REGION_MAX: usize = 1 << 20;
 /// Largest alignment a region serves.
@@ -109,10 +113,17 @@ pub(crate) fn units_for(size: usize) -> usize {
 /// (0 for a shared space); `huge` says which pages (see `Config::huge`).
 pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, huge: Huge) -> Option<NonNull<Region>> {
     let arena = state.node_arena(node);
+    if huge == Huge::Thp && !THP_ASKED.load(Ordering::Relaxed) {
+        THP_ASKED.store(true, Ordering::Relaxed);
+    }
     // Hugetlb pages first when asked (a cached mapping is of base pages); a
     // node whose pool is short gets base pages, counted.
     let hugetlb = if huge == Huge::Hugetlb {
         let got = arena.map_hugetlb_bound(state, SEGMENT_SIZE);
+        if got.is_none() && state.config.strict {
+            // Strict: no base pages instead (the allocation fails).
+            return None;
+        }
         let c = if got.is_some() { &arena.counters.huge_regions } else { &arena.counters.huge_fallbacks };
         c.fetch_add(1, Ordering::Relaxed);
         got

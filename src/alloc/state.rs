@@ -160,7 +160,9 @@ impl Config {
     /// pool, committed when a region is mapped and checked to be on its node,
     /// so that a turn of `Bytes(2 MiB)` is one physical run; a node whose
     /// pool is short gets base pages (counted in
-    /// [`NodeStats::huge_fallbacks`](crate::stats::NodeStats::huge_fallbacks)).
+    /// [`NodeStats::huge_fallbacks`](crate::stats::NodeStats::huge_fallbacks)),
+    /// or with `strict` (`NUMAWEAVE_STRICT=1`) the buffer's allocation fails.
+    /// What THP requests got: [`Stats::thp_bytes`](crate::stats::Stats::thp_bytes).
     /// Small blocks are unaffected. Default off.
     pub const fn huge(mut self, huge: Huge) -> Self {
         self.huge = huge;

@@ -5,6 +5,7 @@
 use core::fmt;
 
 use super::Mode;
+use super::segment::SEGMENT_SIZE;
 use super::state::State;
 use crate::topology::{MAX_NODES, NodeSet};
 
@@ -78,6 +79,12 @@ pub struct Stats {
     pub orphan_heaps: usize,
     /// Whether the topology is synthetic.
     pub synthetic: bool,
+    /// Bytes of the allocator's memory the kernel backs with transparent
+    /// huge pages, once any interleave region asked for them
+    /// ([`Huge::Thp`](crate::Huge::Thp)): `AnonHugePages` of its mappings in
+    /// `/proc/self/smaps`, what the requests actually got. 0 (not looked up)
+    /// before.
+    pub thp_bytes: u64,
 }
 
 impl Stats {
@@ -114,7 +121,23 @@ impl Stats {
             s.in_use = s.in_use.wrapping_add(c.2.wrapping_sub(c.3));
             s.remote_frees += c.4;
         });
-        Stats { mode: state.mode, nodes, per_node, heaps, orphan_heaps, synthetic: state.topology.is_synthetic() }
+        // Mappings that start on a segment of ours (a region, or a segment
+        // whose neighbours the kernel merged into its mapping).
+        let thp_bytes = if super::region::THP_ASKED.load(crate::sync::Ordering::Relaxed) {
+            crate::os::mem::thp_bytes_of(|a, _| a % SEGMENT_SIZE == 0 && super::segmap::contains((a + 1) as *const u8))
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        Stats {
+            mode: state.mode,
+            nodes,
+            per_node,
+            heaps,
+            orphan_heaps,
+            synthetic: state.topology.is_synthetic(),
+            thp_bytes,
+        }
     }
 
     /// All nodes summed.
@@ -182,6 +205,9 @@ impl fmt::Display for Stats {
         }
         if self.nodes.len() > 1 {
             row(f, "total", &self.total())?;
+        }
+        if self.thp_bytes > 0 {
+            writeln!(f, "transparent huge pages backing it: {}", h(self.thp_bytes))?;
         }
         // Only where hugetlb regions were asked for (`Config::huge`).
         let t = self.total();

@@ -405,6 +405,11 @@ pub fn thp_bytes(ranges: &[(usize, usize)]) -> Result<u64> {
     if ranges.is_empty() {
         return Ok(0);
     }
+    thp_bytes_of(|a, b| ranges.iter().any(|&(s, l)| s < b && a < s + l))
+}
+
+/// Like [`thp_bytes`], over the mappings `[start, end)` that `wanted` picks.
+pub fn thp_bytes_of(mut wanted: impl FnMut(usize, usize) -> bool) -> Result<u64> {
     let text = super::file::read_to_end(c"/proc/self/smaps")?;
     let text = String::from_utf8_lossy(&text);
     let mut total = 0;
@@ -414,7 +419,7 @@ pub fn thp_bytes(ranges: &[(usize, usize)]) -> Result<u64> {
         if let Some((a, b)) = head
             && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
         {
-            inside = ranges.iter().any(|&(s, l)| s < b && a < s + l);
+            inside = wanted(a, b);
         } else if inside && let Some(kb) = line.strip_prefix("AnonHugePages:") {
             total += kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
         }

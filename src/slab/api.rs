@@ -49,6 +49,7 @@ pub struct CacheBuilder<K> {
     ctor: Option<Ctor>,
     pub(super) zero: bool,
     huge: Option<Huge>,
+    huge_strict: bool,
     pub(super) lock: bool,
     _kind: PhantomData<K>,
 }
@@ -65,6 +66,7 @@ impl<K> CacheBuilder<K> {
             ctor: None,
             zero: false,
             huge: None,
+            huge_strict: false,
             lock: false,
             _kind: PhantomData,
         }
@@ -171,6 +173,14 @@ impl<K> CacheBuilder<K> {
         self
     }
 
+    /// With [`Huge::Hugetlb`]: a node whose pool is short fails the slab
+    /// ([`Error::NodeOutOfMemory`], or the next node for a falling-back
+    /// `alloc`) instead of taking base pages.
+    pub fn huge_strict(mut self, strict: bool) -> Self {
+        self.huge_strict = strict;
+        self
+    }
+
     fn resolve_home(&self, topo: &Topology) -> Result<Home> {
         match &self.home {
             HomeSpec::Local => Ok(Home::Local),
@@ -222,6 +232,7 @@ impl<K> CacheBuilder<K> {
             ctor: self.ctor,
             zero: self.zero,
             huge,
+            huge_strict: self.huge_strict,
             lock: self.lock,
         };
         register(|index| Core::new(spec, index, topo))
@@ -274,6 +285,7 @@ impl<K> fmt::Debug for CacheBuilder<K> {
             .field("constructor", &self.ctor.is_some())
             .field("zero", &self.zero)
             .field("huge", &self.huge)
+            .field("huge_strict", &self.huge_strict)
             .field("lock", &self.lock)
             .finish()
     }

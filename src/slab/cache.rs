@@ -255,6 +255,7 @@ pub(crate) struct Spec {
     pub(crate) ctor: Option<Ctor>,
     pub(crate) zero: bool,
     pub(crate) huge: Huge,
+    pub(crate) huge_strict: bool,
     pub(crate) lock: bool,
 }
 
@@ -287,8 +288,10 @@ pub(crate) struct Core {
     pub(crate) limit: Option<usize>,
     pub(crate) rounds: usize,
     pub(crate) ctor: Option<Ctor>,
-    /// Which pages the chunks are on.
+    /// Which pages the chunks are on, and whether a short hugetlb pool
+    /// fails a slab instead of falling back to base pages.
     pub(crate) huge: Huge,
+    pub(crate) huge_strict: bool,
     /// Slabs locked in memory (`mlock`) while they exist.
     pub(crate) lock: bool,
     pub(crate) topo: &'static Topology,
@@ -382,6 +385,7 @@ impl Core {
             ctor: spec.ctor,
             zero: spec.zero,
             huge: spec.huge,
+            huge_strict: spec.huge_strict,
             lock: spec.lock,
             multi_node: topo.node_count() > 1,
             limited: spec.limit.is_some(),
@@ -603,10 +607,12 @@ impl Core {
         let page = crate::os::page_size();
         let len = (self.first + cap * self.stride).next_multiple_of(page);
         debug_assert!(len <= self.slab_bytes);
-        let p = s.chunks.take(self.slab_bytes, self.topo.physical_node(node), self.huge).map_err(|e| match e {
-            Error::NodeOutOfMemory { .. } => Error::NodeOutOfMemory { node },
-            e => e,
-        })?;
+        let p = s.chunks.take(self.slab_bytes, self.topo.physical_node(node), self.huge, self.huge_strict).map_err(
+            |e| match e {
+                Error::NodeOutOfMemory { .. } => Error::NodeOutOfMemory { node },
+                e => e,
+            },
+        )?;
         if self.lock {
             // SAFETY: the slab's part of a slot we just took, mapped.
             if let Err(e) = unsafe { mem::lock(p, len) } {

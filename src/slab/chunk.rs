@@ -93,13 +93,14 @@ impl Chunks {
     /// A slot of `slot` bytes (a power of two), aligned to `slot`, on
     /// physical node `phys`: from a chunk with room, else from a new one
     /// backed as `huge` asks.
-    pub(crate) fn take(&mut self, slot: usize, phys: usize, huge: Huge) -> Result<NonNull<u8>> {
+    /// `strict`: no base pages when hugetlb pages are short (an error).
+    pub(crate) fn take(&mut self, slot: usize, phys: usize, huge: Huge, strict: bool) -> Result<NonNull<u8>> {
         debug_assert!(slot.is_power_of_two());
         while self.first_room < self.list.len() && !self.list[self.first_room].has_room(slot) {
             self.first_room += 1;
         }
         if self.first_room == self.list.len() {
-            self.grow(slot, phys, huge)?;
+            self.grow(slot, phys, huge, strict)?;
         }
         let c = &mut self.list[self.first_room];
         let p = match c.free.pop() {
@@ -119,7 +120,7 @@ impl Chunks {
     /// `MIN_SLOTS` slots, at most `MAX_CHUNK`; whole huge pages when asked),
     /// halving on failure down to one slot; inserts it in address order and
     /// points `first_room` at it.
-    fn grow(&mut self, slot: usize, phys: usize, huge: Huge) -> Result<()> {
+    fn grow(&mut self, slot: usize, phys: usize, huge: Huge, strict: bool) -> Result<()> {
         let unit = if huge == Huge::Off { slot } else { slot.max(HUGE_PAGE) };
         let most = if huge == Huge::Hugetlb { MAX_HUGETLB_CHUNK } else { MAX_CHUNK };
         let mut len = self.reserved().max(MIN_SLOTS * slot).next_power_of_two().clamp(unit, most.max(unit));
@@ -135,6 +136,9 @@ impl Chunks {
                     break;
                 }
                 l /= 2;
+            }
+            if strict {
+                return Err(Error::NodeOutOfMemory { node: phys });
             }
             self.huge_fallbacks += 1;
         }
@@ -264,7 +268,7 @@ mod tests {
     fn slots_are_aligned_disjoint_reused_and_chunks_go_with_their_last_slot() {
         let slot = 64 << 10;
         let mut c = Chunks::new();
-        let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0, Huge::Off).unwrap()).collect();
+        let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0, Huge::Off, false).unwrap()).collect();
         let mut addrs: Vec<usize> = got.iter().map(|p| p.as_ptr() as usize).collect();
         addrs.sort_unstable();
         assert!(addrs.iter().all(|a| a % slot == 0));
@@ -281,7 +285,7 @@ mod tests {
         let chunks = c.count();
         // SAFETY: taken above, no longer used.
         unsafe { c.give(back, slot, 4096) };
-        let again = c.take(slot, 0, Huge::Off).unwrap();
+        let again = c.take(slot, 0, Huge::Off, false).unwrap();
         assert_eq!(c.count(), chunks);
         // SAFETY: a live slot of ours.
         assert_eq!(unsafe { *again.as_ptr() }, 0, "a slot handed out again keeps old data");
@@ -299,7 +303,7 @@ mod tests {
         let slot = 128 << 10;
         for huge in [Huge::Thp, Huge::Hugetlb] {
             let mut c = Chunks::new();
-            let got: Vec<NonNull<u8>> = (0..40).map(|_| c.take(slot, 0, huge).unwrap()).collect();
+            let got: Vec<NonNull<u8>> = (0..40).map(|_| c.take(slot, 0, huge, false).unwrap()).collect();
             for p in &got {
                 // SAFETY: a slot of ours.
                 unsafe { p.as_ptr().write_bytes(0x5a, slot) };
