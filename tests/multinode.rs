@@ -119,6 +119,7 @@ fn main() {
         ("slab_remote_frees_go_home_to_their_node", slab_remote_frees_go_home_to_their_node),
         ("slab_chunks_scale_and_stay_on_their_node", slab_chunks_scale_and_stay_on_their_node),
         ("slab_hugetlb_pages_are_on_the_node_and_contiguous", slab_hugetlb_pages_are_on_the_node_and_contiguous),
+        ("slab_gigantic_pages_make_one_physical_run", slab_gigantic_pages_make_one_physical_run),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, check) in checks {
@@ -639,7 +640,11 @@ fn slab_chunks_scale_and_stay_on_their_node(t: &Topology, _: Option<&Guest>) -> 
 }
 
 fn reserve_huge_pages(phys: usize, pages: usize) -> bool {
-    let f = format!("/sys/devices/system/node/node{phys}/hugepages/hugepages-2048kB/nr_hugepages");
+    reserve_pages(phys, "2048kB", pages)
+}
+
+fn reserve_pages(phys: usize, size: &str, pages: usize) -> bool {
+    let f = format!("/sys/devices/system/node/node{phys}/hugepages/hugepages-{size}/nr_hugepages");
     std::fs::write(&f, pages.to_string()).is_ok()
         && std::fs::read_to_string(&f).is_ok_and(|s| s.trim().parse::<usize>() == Ok(pages))
 }
@@ -711,6 +716,37 @@ fn slab_hugetlb_pages_are_on_the_node_and_contiguous(t: &Topology, _: Option<&Gu
         runs.len(),
         st2.huge_fallbacks
     );
+    Outcome::Pass
+}
+
+/// A DMA pool on a 1 GiB page reserved on the last node (guests with
+/// nodes of more than 1 GiB; skipped where the page cannot be reserved):
+/// 64 buffers of 1 MiB, all on the node, physically one run across them all.
+fn slab_gigantic_pages_make_one_physical_run(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let node = t.memory_nodes().iter().last().unwrap();
+    let phys = t.physical_node(node);
+    if !reserve_pages(phys, "1048576kB", 1) {
+        return Outcome::Skip("no 1 GiB page could be reserved on the node (nodes of 1 GiB or less)");
+    }
+    let pool = DmaPool::builder("vm_dma_1m", 1 << 20).node(node).huge(numaweave::Huge::Hugetlb1G).build().unwrap();
+    let bufs: Vec<_> = (0..64).map(|_| pool.alloc().unwrap()).collect();
+    let st = pool.stats().total();
+    assert!(st.chunks == 1 && st.huge_chunks == 1 && st.huge_fallbacks == 0, "{st:?}");
+    let (va0, pa0) = (bufs[0].as_ptr() as u64, bufs[0].phys_addr().unwrap());
+    for b in &bufs {
+        assert_eq!(b.node(), node);
+        assert_eq!(b.phys_segments().unwrap(), 1);
+        assert_eq!(
+            b.phys_addr().unwrap().wrapping_sub(pa0),
+            (b.as_ptr() as u64).wrapping_sub(va0),
+            "not one physical run"
+        );
+    }
+    drop(bufs);
+    pool.shrink();
+    drop(pool);
+    reserve_pages(phys, "1048576kB", 0);
+    println!("\n  64 DMA buffers of 1 MiB on a 1 GiB page of node {node}: one chunk, one physical run");
     Outcome::Pass
 }
 

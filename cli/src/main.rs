@@ -47,8 +47,8 @@ fn cli() -> Command {
                     Arg::new("huge")
                         .long("huge")
                         .value_name("PAGES")
-                        .value_parser(["off", "thp", "hugetlb"])
-                        .help("Interleave regions on huge pages: off, thp, hugetlb (the nodes' reserved pools)"),
+                        .value_parser(["off", "thp", "hugetlb", "hugetlb-1g"])
+                        .help("Huge pages for interleave regions and slabs: off, thp, hugetlb, hugetlb-1g (the nodes' reserved pools)"),
                 )
                 .arg(Arg::new("strict").long("strict").action(ArgAction::SetTrue).help("Never fall back to another node"))
                 .arg(

@@ -254,7 +254,7 @@ impl Arena {
     pub(crate) fn map_hugetlb_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
         const PAGES: usize = SEGMENT_SIZE / mem::HUGE_PAGE;
         debug_assert!(len <= SEGMENT_SIZE && len % mem::HUGE_PAGE == 0);
-        let base = mem::map_hugetlb(len, SEGMENT_SIZE).ok()?;
+        let base = mem::map_hugetlb(len, SEGMENT_SIZE, mem::HUGE_PAGE).ok()?;
         let policy = self.policy(state);
         let mut pages = [ptr::null::<u8>(); PAGES];
         let n = len / mem::HUGE_PAGE;

@@ -118,7 +118,8 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, h
     }
     // Hugetlb pages first when asked (a cached mapping is of base pages); a
     // node whose pool is short gets base pages, counted.
-    let hugetlb = if huge == Huge::Hugetlb {
+    // Regions are 4 MiB: 2 MiB pages for either hugetlb size.
+    let hugetlb = if huge.hugetlb_page().is_some() {
         let got = arena.map_hugetlb_bound(state, SEGMENT_SIZE);
         if got.is_none() && state.config.strict {
             // Strict: no base pages instead (the allocation fails).

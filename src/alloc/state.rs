@@ -39,7 +39,7 @@ pub enum Mode {
 /// | `NUMAWEAVE_PURGE_DELAY` | a duration (`100ms`, `1s`, `0`): how long freed memory stays committed unused ([`Config::purge_delay`]) | `100ms` |
 /// | `NUMAWEAVE_POLICY` | the process default [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)); `none` switches policies off ([`Config::policies`]) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
-/// | `NUMAWEAVE_HUGE` | `off`, `thp`, `hugetlb`: interleave regions (and slab caches built without a choice) on huge pages ([`Config::huge`]) | `off` |
+/// | `NUMAWEAVE_HUGE` | `off`, `thp`, `hugetlb`, `hugetlb-1g`: interleave regions (and slab caches built without a choice) on huge pages ([`Config::huge`]) | `off` |
 /// | `NUMAWEAVE_VERBOSE` | `1`: print the configuration and the topology at start ([`Config::verbose`]) | `0` |
 /// | `NUMAWEAVE_SHOW_STATS` | `1`: print the per-node statistics at exit ([`Config::show_stats`]) | `0` |
 /// | `NUMAWEAVE_CHECK` | hardened builds (feature `hardened`): `full` adds red zones and poison | `default` |

@@ -84,6 +84,7 @@ impl MemPolicy {
 /// ```
 /// use numaweave::os::mem::Huge;
 /// assert_eq!("hugetlb".parse::<Huge>(), Ok(Huge::Hugetlb));
+/// assert_eq!("hugetlb-1g".parse::<Huge>(), Ok(Huge::Hugetlb1G));
 /// assert!("1G".parse::<Huge>().is_err());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,39 +99,59 @@ pub enum Huge {
     /// Pages of [`HUGE_PAGE`] from the kernel's hugetlb pool (`MAP_HUGETLB`),
     /// committed at once; base pages where the node's pool has too few free.
     Hugetlb,
+    /// Pages of [`GIGANTIC_PAGE`] (1 GiB) from the kernel's hugetlb pool, as
+    /// [`Hugetlb`](Self::Hugetlb): for slab caches and DMA pools that keep
+    /// gigabytes of buffers (a chunk is one such page, committed at once).
+    /// Interleave regions (4 MiB) take [`HUGE_PAGE`]s instead.
+    Hugetlb1G,
+}
+
+impl Huge {
+    /// The hugetlb page size this asks for, if any.
+    pub fn hugetlb_page(self) -> Option<usize> {
+        match self {
+            Huge::Hugetlb => Some(HUGE_PAGE),
+            Huge::Hugetlb1G => Some(GIGANTIC_PAGE),
+            Huge::Off | Huge::Thp => None,
+        }
+    }
 }
 
 impl core::str::FromStr for Huge {
     type Err = &'static str;
 
-    /// `off`, `thp` or `hugetlb` (`NUMAWEAVE_HUGE`'s values).
+    /// `off`, `thp`, `hugetlb` or `hugetlb-1g` (`NUMAWEAVE_HUGE`'s values).
     fn from_str(s: &str) -> core::result::Result<Self, Self::Err> {
         match s.trim() {
             "off" | "" => Ok(Huge::Off),
             "thp" => Ok(Huge::Thp),
             "hugetlb" => Ok(Huge::Hugetlb),
-            _ => Err("huge pages: off, thp or hugetlb"),
+            "hugetlb-1g" => Ok(Huge::Hugetlb1G),
+            _ => Err("huge pages: off, thp, hugetlb or hugetlb-1g"),
         }
     }
 }
 
 /// The huge page [`Huge`] asks for: 2 MiB (x86-64; arm64 with 4 KiB pages).
 pub const HUGE_PAGE: usize = 2 << 20;
+/// The gigantic page of [`Huge::Hugetlb1G`]: 1 GiB.
+pub const GIGANTIC_PAGE: usize = 1 << 30;
 
-/// Maps `len` bytes (a multiple of [`HUGE_PAGE`]) of hugetlb pages aligned to
-/// `align` (a power of two, at least [`HUGE_PAGE`]): the pages are reserved
-/// from the kernel's pool now (`ENOMEM` when it has too few) and taken at
-/// the first touch, under the range's policy.
-pub fn map_hugetlb(len: usize, align: usize) -> Result<NonNull<u8>> {
-    if len == 0 || len % HUGE_PAGE != 0 || !align.is_power_of_two() || align < HUGE_PAGE {
+/// Maps `len` bytes (a multiple of `page`) of hugetlb pages of `page` bytes
+/// ([`HUGE_PAGE`] or [`GIGANTIC_PAGE`]) aligned to `align` (a power of two,
+/// at least `page`): the pages are reserved from the kernel's pool now
+/// (`ENOMEM` when it has too few) and taken at the first touch, under the
+/// range's policy.
+pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>> {
+    if !page.is_power_of_two() || len == 0 || len % page != 0 || !align.is_power_of_two() || align < page {
         return Err(Error::LayoutTooLarge { size: len, align });
     }
     // The kernel aligns hugetlb mappings to their page; a larger alignment
     // over-maps by the difference and trims whole pages.
-    let extra = align - HUGE_PAGE;
+    let extra = align - page;
     let total = len.checked_add(extra).ok_or(Error::LayoutTooLarge { size: len, align })?;
-    // MAP_HUGE_2MB: log2(2 MiB) in the bits above MAP_HUGE_SHIFT.
-    let size_flag = (HUGE_PAGE.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT;
+    // MAP_HUGE_2MB / MAP_HUGE_1GB: log2 of the page size above MAP_HUGE_SHIFT.
+    let size_flag = (page.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT;
     // SAFETY: an anonymous mapping at an address of the kernel's choosing
     // cannot alias anything.
     let p = unsafe {

@@ -353,6 +353,7 @@ impl fmt::Display for Policy {
                     Some(Huge::Off) => f.write_str(":huge=off")?,
                     Some(Huge::Thp) => f.write_str(":huge=thp")?,
                     Some(Huge::Hugetlb) => f.write_str(":huge=hugetlb")?,
+                    Some(Huge::Hugetlb1G) => f.write_str(":huge=hugetlb-1g")?,
                     None => {}
                 }
                 Ok(())
@@ -377,6 +378,7 @@ mod tests {
             "interleave:0-1:count=8:weights=3,1:huge=thp",
             "interleave:0-3:count=2:huge=hugetlb",
             "interleave:0-3:count=2:huge=off",
+            "interleave:0-3:count=2:huge=hugetlb-1g",
         ] {
             assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
         }

@@ -121,14 +121,15 @@ impl Chunks {
     /// halving on failure down to one slot; inserts it in address order and
     /// points `first_room` at it.
     fn grow(&mut self, slot: usize, phys: usize, huge: Huge, strict: bool) -> Result<()> {
-        let unit = if huge == Huge::Off { slot } else { slot.max(HUGE_PAGE) };
+        let page = huge.hugetlb_page().unwrap_or(HUGE_PAGE);
+        let unit = if huge == Huge::Off { slot } else { slot.max(page) };
         let most = if huge == Huge::Hugetlb { MAX_HUGETLB_CHUNK } else { MAX_CHUNK };
         let mut len = self.reserved().max(MIN_SLOTS * slot).next_power_of_two().clamp(unit, most.max(unit));
-        if huge == Huge::Hugetlb {
+        if huge.hugetlb_page().is_some() {
             // A pool too short for the chunk may still hold a smaller one.
-            let mut l = len;
+            let mut l = len.max(unit);
             loop {
-                if let Ok(p) = Self::map_hugetlb(l, slot, phys) {
+                if let Ok(p) = Self::map_hugetlb(l, slot, phys, page) {
                     self.insert(p.as_ptr() as usize, l, true);
                     return Ok(());
                 }
@@ -137,16 +138,19 @@ impl Chunks {
                 }
                 l /= 2;
             }
+            // Base pages from here: not a gigabyte of them at once.
+            len = len.min(MAX_CHUNK.max(slot));
             if strict {
                 return Err(Error::NodeOutOfMemory { node: phys });
             }
             self.huge_fallbacks += 1;
         }
         let thp = huge == Huge::Thp;
+        let least = if thp { slot.max(HUGE_PAGE) } else { slot };
         let base = loop {
             match Self::map(len, slot, phys, thp) {
                 Ok(p) => break p.as_ptr() as usize,
-                Err(e) if len == unit => return Err(e),
+                Err(e) if len <= least => return Err(e),
                 Err(_) => len /= 2,
             }
         };
@@ -188,8 +192,8 @@ impl Chunks {
     /// Hugetlb pages for a chunk, bound to `phys`, committed now and checked
     /// to be there: a node whose pool is short would otherwise be served
     /// from another node's pool.
-    fn map_hugetlb(len: usize, slot: usize, phys: usize) -> Result<NonNull<u8>> {
-        let p = mem::map_hugetlb(len, slot.max(HUGE_PAGE))?;
+    fn map_hugetlb(len: usize, slot: usize, phys: usize, page: usize) -> Result<NonNull<u8>> {
+        let p = mem::map_hugetlb(len, slot.max(page), page)?;
         let unmap = |e| {
             // SAFETY: the mapping was made above and nothing points into it.
             let _ = unsafe { mem::unmap(p, len) };
@@ -201,14 +205,14 @@ impl Chunks {
         }
         const PAGES: usize = MAX_HUGETLB_CHUNK / HUGE_PAGE;
         let mut pages = [core::ptr::null::<u8>(); PAGES];
-        let n = len / HUGE_PAGE;
+        let n = len / page;
         debug_assert!(n <= PAGES && super::cache::MAX_SLAB <= MAX_HUGETLB_CHUNK);
-        for (i, page) in pages[..n].iter_mut().enumerate() {
+        for (i, at) in pages[..n].iter_mut().enumerate() {
             // SAFETY: inside the mapping; a write commits the page from the
             // pool reserved for it at `mmap`, under the policy just set.
             unsafe {
-                *page = p.as_ptr().add(i * HUGE_PAGE);
-                page.cast_mut().write_volatile(0);
+                *at = p.as_ptr().add(i * page);
+                at.cast_mut().write_volatile(0);
             }
         }
         let mut status = [0i32; PAGES];
@@ -301,7 +305,7 @@ mod tests {
     #[test]
     fn huge_chunks_are_whole_huge_pages_or_counted_fallbacks() {
         let slot = 128 << 10;
-        for huge in [Huge::Thp, Huge::Hugetlb] {
+        for huge in [Huge::Thp, Huge::Hugetlb, Huge::Hugetlb1G] {
             let mut c = Chunks::new();
             let got: Vec<NonNull<u8>> = (0..40).map(|_| c.take(slot, 0, huge, false).unwrap()).collect();
             for p in &got {
@@ -315,9 +319,10 @@ mod tests {
             if huge == Huge::Thp {
                 assert_eq!(on_huge, c.count());
             }
+            let page = huge.hugetlb_page().unwrap_or(HUGE_PAGE);
             for ch in &c.list {
                 if ch.huge {
-                    assert_eq!((ch.base % HUGE_PAGE, ch.len % HUGE_PAGE), (0, 0), "{huge:?}");
+                    assert_eq!((ch.base % page, ch.len % page), (0, 0), "{huge:?}");
                 }
             }
             for p in got {
