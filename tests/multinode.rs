@@ -653,7 +653,10 @@ fn reserve_pages(phys: usize, size: &str, pages: usize) -> bool {
 /// guest's sysfs, as an administrator would): every chunk on huge pages,
 /// every buffer on the node, each 2 MiB page physically contiguous; a node
 /// with no reservation falls back to base pages, counted, still on its node.
-fn slab_hugetlb_pages_are_on_the_node_and_contiguous(t: &Topology, _: Option<&Guest>) -> Outcome {
+fn slab_hugetlb_pages_are_on_the_node_and_contiguous(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    if layout.is_none() {
+        return Outcome::Skip("reserves huge pages: only inside the numa-vm guest");
+    }
     let node = t.memory_nodes().iter().last().unwrap();
     let other = t.memory_nodes().iter().next().unwrap();
     let (phys, other_phys) = (t.physical_node(node), t.physical_node(other));
@@ -721,15 +724,18 @@ fn slab_hugetlb_pages_are_on_the_node_and_contiguous(t: &Topology, _: Option<&Gu
 
 /// A DMA pool on a 1 GiB page reserved on the last node (guests with
 /// nodes of more than 1 GiB; skipped where the page cannot be reserved):
-/// 64 buffers of 1 MiB, all on the node, physically one run across them all.
-fn slab_gigantic_pages_make_one_physical_run(t: &Topology, _: Option<&Guest>) -> Outcome {
+/// 128 buffers of 512 KiB, all on the node, physically one run across them.
+fn slab_gigantic_pages_make_one_physical_run(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    if layout.is_none() {
+        return Outcome::Skip("reserves a 1 GiB page: only inside the numa-vm guest");
+    }
     let node = t.memory_nodes().iter().last().unwrap();
     let phys = t.physical_node(node);
     if !reserve_pages(phys, "1048576kB", 1) {
         return Outcome::Skip("no 1 GiB page could be reserved on the node (nodes of 1 GiB or less)");
     }
-    let pool = DmaPool::builder("vm_dma_1m", 1 << 20).node(node).huge(numaweave::Huge::Hugetlb1G).build().unwrap();
-    let bufs: Vec<_> = (0..64).map(|_| pool.alloc().unwrap()).collect();
+    let pool = DmaPool::builder("vm_dma_512k", 512 << 10).node(node).huge(numaweave::Huge::Hugetlb1G).build().unwrap();
+    let bufs: Vec<_> = (0..128).map(|_| pool.alloc().unwrap()).collect();
     let st = pool.stats().total();
     assert!(st.chunks == 1 && st.huge_chunks == 1 && st.huge_fallbacks == 0, "{st:?}");
     let (va0, pa0) = (bufs[0].as_ptr() as u64, bufs[0].phys_addr().unwrap());
@@ -746,7 +752,7 @@ fn slab_gigantic_pages_make_one_physical_run(t: &Topology, _: Option<&Guest>) ->
     pool.shrink();
     drop(pool);
     reserve_pages(phys, "1048576kB", 0);
-    println!("\n  64 DMA buffers of 1 MiB on a 1 GiB page of node {node}: one chunk, one physical run");
+    println!("\n  128 DMA buffers of 512 KiB on a 1 GiB page of node {node}: one chunk, one physical run");
     Outcome::Pass
 }
 
