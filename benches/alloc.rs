@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Workloads: single-thread churn of 16–4096-byte blocks, realloc growth from
-//! 16 bytes to 1 MiB, producer/consumer cross-thread frees, and a larson-style
+//! 16 bytes to 1 MiB, producer/consumer cross-thread frees (64-byte blocks,
+//! and mixed sizes of 1 B – 2 KiB), and a larson-style
 //! multi-thread mix where slot arrays migrate between threads.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -127,29 +128,40 @@ fn bench_realloc(c: &mut Criterion) {
     g.finish();
 }
 
-/// The producer allocates batches of 64-byte blocks, the consumer frees them:
-/// every free is a remote free.
-fn producer_consumer<A: GlobalAlloc + Sync>(a: &'static A, iters: u64) -> Duration {
+/// The producer allocates batches of blocks of the sizes in `sizes` (in
+/// turn), writes every byte of each, and sends the batch; the consumer
+/// reads each block's first and last byte and frees it: every free is a
+/// remote free.
+fn producer_consumer<A: GlobalAlloc + Sync>(a: &'static A, sizes: &'static [usize], iters: u64) -> Duration {
     const BATCH: usize = 256;
-    let layout = Layout::from_size_align(64, 8).unwrap();
-    let (tx, rx) = mpsc::sync_channel::<Vec<usize>>(16);
+    let layout = |s: usize| Layout::from_size_align(s, 8).unwrap();
+    let (tx, rx) = mpsc::sync_channel::<Vec<(usize, usize)>>(16);
     let start = Instant::now();
     let consumer = std::thread::spawn(move || {
+        let mut sum = 0u64;
         for batch in rx {
-            for p in batch {
-                // SAFETY: blocks the producer allocated with `layout`.
-                unsafe { a.dealloc(p as *mut u8, layout) };
+            for (p, s) in batch {
+                // SAFETY: blocks of `s` bytes the producer allocated with
+                // `layout(s)` and wrote.
+                unsafe {
+                    sum += u64::from(*(p as *const u8)) + u64::from(*(p as *const u8).add(s - 1));
+                    a.dealloc(p as *mut u8, layout(s));
+                }
             }
         }
+        black_box(sum);
     });
+    let mut k = 0;
     for _ in 0..iters {
-        let batch: Vec<usize> = (0..BATCH)
+        let batch: Vec<(usize, usize)> = (0..BATCH)
             .map(|i| {
+                let s = sizes[k % sizes.len()];
+                k += 1;
                 // SAFETY: valid layout; freed by the consumer.
-                let p = unsafe { a.alloc(layout) };
-                // SAFETY: 64 writable bytes.
-                unsafe { p.write(i as u8) };
-                p as usize
+                let p = unsafe { a.alloc(layout(s)) };
+                // SAFETY: `s` writable bytes.
+                unsafe { p.write_bytes(i as u8, s) };
+                (p as usize, s)
             })
             .collect();
         tx.send(batch).unwrap();
@@ -161,7 +173,13 @@ fn producer_consumer<A: GlobalAlloc + Sync>(a: &'static A, iters: u64) -> Durati
 
 fn bench_cross_thread(c: &mut Criterion) {
     let mut g = c.benchmark_group("producer-consumer 256 x 64B");
-    for_each_allocator!(g, "2 threads", |a| |b| b.iter_custom(|iters| producer_consumer(a, iters)));
+    for_each_allocator!(g, "2 threads", |a| |b| b.iter_custom(|iters| producer_consumer(a, &[64], iters)));
+    g.finish();
+    // What a client sending `Vec`s of mixed sizes to another thread does
+    // (issue 11's "mixed-size cross-thread" case): log-uniform 1 B - 2 KiB.
+    let mixed: &'static [usize] = Vec::leak(sizes(4096, 1, 2048));
+    let mut g = c.benchmark_group("producer-consumer 256 x 1B-2KiB");
+    for_each_allocator!(g, "2 threads", |a| |b| b.iter_custom(|iters| producer_consumer(a, mixed, iters)));
     g.finish();
 }
 
