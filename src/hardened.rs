@@ -146,10 +146,13 @@ pub(crate) fn decode<T>(v: *mut T, key: usize) -> *mut T {
     ((v as usize).wrapping_sub(key).rotate_right((key & 63) as u32) ^ key) as *mut T
 }
 
-/// The freed mark of the block at `p` (never 0).
+/// The freed mark of the block at `p` (never 0). The secret makes it
+/// unguessable without a read of freed memory (which would give the secret
+/// away through any function of it, a multiplication included); `| 1` keeps
+/// it off every aligned pointer and off 0.
 #[inline(always)]
 pub(crate) fn freed_mark(p: *const u8) -> usize {
-    ((p as u64 ^ secret()).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1) as usize
+    ((p as u64 ^ secret()) | 1) as usize
 }
 
 /// Whether the block at `p` carries its freed mark (in its second word).
@@ -186,6 +189,17 @@ pub(crate) unsafe fn handing_out(p: *mut u8, what: impl FnOnce() -> (usize, Bloc
         // SAFETY: per the contract.
         unsafe { check_poison(p, size, what) };
     }
+    // SAFETY: per the contract.
+    unsafe { p.cast::<usize>().add(1).write(0) };
+}
+
+/// [`handing_out`] when `NUMAWEAVE_CHECK=full` is off (the caller looked):
+/// the freed mark cleared.
+///
+/// # Safety
+/// As [`is_marked_freed`].
+#[inline(always)]
+pub(crate) unsafe fn handing_out_plain(p: *mut u8) {
     // SAFETY: per the contract.
     unsafe { p.cast::<usize>().add(1).write(0) };
 }

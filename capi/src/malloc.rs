@@ -46,12 +46,36 @@ unsafe fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
 /// The C contract of `malloc`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    // The fast path makes no call, so `malloc` keeps no stack frame: what
+    // may fail (a refill, errno) is in the slow path, reached by a jump (it
+    // is `extern "C"`, so it cannot unwind and needs no landing pad here).
+    // SAFETY: any size is accepted; null means "take the slow path".
+    let p = unsafe { A.alloc_fast(size) };
+    if !p.is_null() {
+        return p.cast();
+    }
+    // SAFETY: the same contract.
+    unsafe { malloc_slow(size) }
+}
+
+/// `malloc` when the thread's page of the class has no block at hand (or
+/// the size is not small, or the thread has no heap yet).
+///
+/// # Safety
+/// The C contract of `malloc`.
+#[cold]
+#[inline(never)]
+unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
     if size > MAX_SIZE {
         set_errno(libc::ENOMEM);
         return ptr::null_mut();
     }
-    // SAFETY: size checked, alignment 16.
-    unsafe { alloc(size, MIN_ALIGN, false) }
+    // SAFETY: size checked; `alloc_miss` is `alloc` after the failed pop.
+    let p = unsafe { A.alloc_miss(size) };
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p.cast()
 }
 
 /// Frees `p` (null: nothing).
@@ -71,18 +95,16 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         }
         return;
     }
-    // Null is not ours either (its segment would be at the top of the
+    // The segment map says whether `p` is ours and, if so, its segment's
+    // kind. Null is not ours either (its segment would be at the top of the
     // address space): one test for both, null checked on the way out.
+    // SAFETY: a pointer in a live segment of ours is a live block of ours
+    // (the contract); nothing of any other is read.
     #[allow(unreachable_code)]
-    if !A.owns_nonnull(p.cast()) {
-        if !p.is_null() {
-            // SAFETY: per the contract: not ours, so the next allocator's.
-            unsafe { foreign::free(p) };
-        }
-        return;
+    if unsafe { !A.free_if_owned(p.cast()) } && !p.is_null() {
+        // SAFETY: per the contract: not ours, so the next allocator's.
+        unsafe { foreign::free(p) };
     }
-    // SAFETY: a live block of ours (the contract, and the segment map).
-    unsafe { A.free(p.cast()) }
 }
 
 /// `n` objects of `size` bytes, zeroed; null with `ENOMEM` when the product

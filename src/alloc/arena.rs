@@ -319,7 +319,7 @@ impl Arena {
             return None;
         }
         self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
-        super::segmap::insert(base.as_ptr());
+        super::segmap::insert(base.as_ptr(), super::segment::SegmentKind::Small);
         // SAFETY: non-null mapping.
         Some(unsafe { NonNull::new_unchecked(seg) })
     }
@@ -747,6 +747,8 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         {
             (*page).info.key = crate::hardened::page_key(page.cast());
             (*page).info.inv = u64::MAX / bs as u64 + 1;
+            (*page).info.span = (*page).info.capacity * bs as u32;
+            (*page).info.links = slots * SLOT_SIZE;
         }
         NonNull::new_unchecked(page)
     }

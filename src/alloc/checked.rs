@@ -4,13 +4,14 @@
 //! and every block handed out by another path than a heap page's pop.
 //!
 //! The checks of a small block's free sit inline in `free`, where the
-//! segment and page are found anyway: a few loads, a multiplication and a
-//! store. The reports are out of line.
+//! segment and page are found anyway: a few loads, two multiplications and
+//! a store; every call they make is a tail call, so `free` keeps no stack
+//! frame. The reports and `NUMAWEAVE_CHECK=full` are out of line.
 
 use core::alloc::Layout;
 use core::ptr;
 
-use super::segment::{self, Segment, SegmentKind, SmallSegment, page_of, segment_of};
+use super::segment::{self, Page, Segment, SegmentKind, SmallSegment, page_of, segment_of};
 use super::{NumaAlloc, huge, raw_usable_size, region, segmap};
 use crate::hardened::{self, Block as B, misuse};
 
@@ -37,15 +38,17 @@ pub(super) unsafe fn foreign(p: *mut u8) {
     }
 }
 
-/// Whether `p`, in the small segment `small`, may be freed: the start of a
-/// block of a live page, not free already. Then marked freed (under
-/// `NUMAWEAVE_CHECK=full` its red zone checked and its body poisoned).
-/// False after a report that did not abort: the caller leaks the block.
+/// Checks the free of `p`, in the small segment `small`: the start of a
+/// block of a live page, not free already. Returns the page, `p` marked
+/// freed, for the caller to free it on; or null when there is nothing more
+/// to do: a misuse reported without aborting (the block is leaked), or
+/// under `NUMAWEAVE_CHECK=full` a free finished here (red zone checked, body
+/// poisoned). Every call in it is a tail call.
 ///
 /// # Safety
 /// `small` is a live small segment (the segment map says so) holding `p`.
 #[inline(always)]
-pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> bool {
+pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
     // SAFETY: the segment header is live; the page and the block's two first
     // words are read only once the slot is known to be a live page's and
     // `p` a block's start.
@@ -55,13 +58,19 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> bool {
         if slot == 0 || (*small).free_slots & (1 << first) != 0 {
             return small_misuse(small, p, Why::NoPage);
         }
-        let page = page_of(small, p);
-        let (start, bs) = ((*page).info.start as usize, (*page).info.block_size as usize);
+        let page = (*small).pages.as_mut_ptr().add(first);
+        debug_assert_eq!(page, page_of(small, p));
+        let start = (*page).info.start as usize;
         let off = (p as usize).wrapping_sub(start);
-        // off / bs, exact for any offset inside a segment.
-        let q = ((off as u128 * u128::from((*page).info.inv)) >> 64) as usize;
-        debug_assert!(off >= 1 << 32 || q == off / bs);
-        if q >= (*page).info.capacity as usize || q * bs != off {
+        // Inside the blocks' span (a pointer below `start` wraps above it),
+        // then a block's start: for `off < 2^32` and `inv = ceil(2^64 / bs)`,
+        // `bs` divides `off` exactly when `off * inv mod 2^64 < inv` (Lemire,
+        // Kaser and Kurz, "Faster remainder by direct computation", 2019):
+        // one multiplication, its low half.
+        let inv = (*page).info.inv;
+        let at_start = (off as u64).wrapping_mul(inv) < inv;
+        debug_assert!(off >= (*page).info.span as usize || at_start == (off % (*page).info.block_size as usize == 0));
+        if off >= (*page).info.span as usize || !at_start {
             return small_misuse(small, p, Why::Interior);
         }
         // The mark computed once (the secret is an atomic: never merged).
@@ -70,12 +79,33 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> bool {
         if word.read() == mark {
             return small_misuse(small, p, Why::Double);
         }
-        if hardened::full_now() && !full_free(p, bs, B::Sized(bs, usize::from((*small).seg.arena))) {
-            return false;
+        if hardened::full_now() {
+            return small_full(page, p, mark);
         }
         word.write(mark);
+        page
     }
-    true
+}
+
+/// [`small`] under `NUMAWEAVE_CHECK=full`: the red zone checked (else
+/// reported; leaked), the body poisoned, the block marked and freed. Null.
+///
+/// # Safety
+/// `p` is a live block of `page`, handed out with its red zone; `mark` its
+/// freed mark.
+#[cold]
+#[inline(never)]
+unsafe fn small_full(page: *mut Page, p: *mut u8, mark: usize) -> *mut Page {
+    // SAFETY: per the contract.
+    unsafe {
+        let bs = (*page).info.block_size as usize;
+        let node = usize::from((*page).info.node);
+        if full_free(p, bs, B::Sized(bs, node)) {
+            p.cast::<usize>().add(1).write(mark);
+            super::free_small(page, p);
+        }
+    }
+    ptr::null_mut()
 }
 
 /// What is wrong with a small block's free.
@@ -86,10 +116,10 @@ enum Why {
     Double,
 }
 
-/// Reports a small block's bad free; false (the block is leaked).
+/// Reports a small block's bad free; null (the block is leaked).
 #[cold]
 #[inline(never)]
-unsafe fn small_misuse(small: *mut SmallSegment, p: *mut u8, why: Why) -> bool {
+unsafe fn small_misuse(small: *mut SmallSegment, p: *mut u8, why: Why) -> *mut Page {
     // SAFETY: as for `small`, which found what is read here valid.
     unsafe {
         let node = (*small).seg.arena;
@@ -115,7 +145,7 @@ unsafe fn small_misuse(small: *mut SmallSegment, p: *mut u8, why: Why) -> bool {
             }
         }
     }
-    false
+    ptr::null_mut()
 }
 
 /// `NUMAWEAVE_CHECK=full` on a free: the red zone checked, the body
@@ -135,12 +165,13 @@ unsafe fn full_free(p: *mut u8, bs: usize, what: B) -> bool {
     true
 }
 
-/// As [`small`], for a region block (an interleaved I/O buffer).
+/// Frees `p`, a block of a region (an interleaved I/O buffer), once checked
+/// as [`small`] checks (a misuse is reported; the block leaked).
 ///
 /// # Safety
 /// `seg` is a live region segment (the segment map says so) holding `p`.
 #[inline(never)]
-pub(super) unsafe fn region(seg: *mut Segment, p: *mut u8) -> bool {
+pub(super) unsafe fn region(seg: *mut Segment, p: *mut u8) {
     // SAFETY: the region is live; the block's words are read only once the
     // region's map says `p` starts a block, or the unit it starts is ours.
     unsafe {
@@ -152,35 +183,39 @@ pub(super) unsafe fn region(seg: *mut Segment, p: *mut u8) -> bool {
             } else {
                 misuse(format_args!("free of {p:p}, not the start of an interleaved block (node {node})"));
             }
-            return false;
+            return;
         }
         let what = B::Region(bs, usize::from(node));
         if hardened::is_marked_freed(p) {
             misuse(format_args!("double free of {p:p} ({what})"));
-            return false;
+            return;
         }
         if hardened::full_now() && !full_free(p, bs, what) {
-            return false;
+            return;
         }
         hardened::mark_freed(p);
+        super::free_region(seg, p);
     }
-    true
 }
 
-/// As [`small`], for a huge block (a double free of one is caught before:
-/// its segment is gone from the map, see [`foreign`]).
+/// Frees the huge block at `p` once it is found to be the block's start (a
+/// double free of one is caught before: its segment is gone from the map,
+/// see [`foreign`]) and, under `NUMAWEAVE_CHECK=full`, its red zone intact.
 ///
 /// # Safety
 /// `seg` is a live huge segment (the segment map says so) holding `p`.
 #[inline(never)]
-pub(super) unsafe fn huge(seg: *mut Segment, p: *mut u8) -> bool {
+pub(super) unsafe fn huge(seg: *mut Segment, p: *mut u8) {
     // SAFETY: the segment is live; its block's red zone lies in it.
     unsafe {
         if (*seg).block != p {
             misuse(format_args!("free of {p:p}, inside the huge block at {:p} (node {})", (*seg).block, (*seg).arena));
-            return false;
+            return;
         }
-        !hardened::full_now() || hardened::check_red_zone(p, huge::usable_size(seg, p), B::Huge)
+        if hardened::full_now() && !hardened::check_red_zone(p, huge::usable_size(seg, p), B::Huge) {
+            return;
+        }
+        super::free_huge(seg);
     }
 }
 
@@ -226,5 +261,27 @@ pub(super) unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) 
             hardened::set_red_zone(p, layout.size(), raw_usable_size(p));
         }
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::segment::SEGMENT_SIZE;
+    use super::super::size_class::{CLASSES, class_size};
+
+    /// The block-start test of [`small`](super::small), against a division,
+    /// for every class at and around every block boundary of a segment.
+    #[test]
+    fn one_multiplication_finds_every_block_start() {
+        for c in 0..CLASSES {
+            let bs = class_size(c);
+            let inv = u64::MAX / bs as u64 + 1;
+            let at_start = |off: usize| (off as u64).wrapping_mul(inv) < inv;
+            for k in 0..SEGMENT_SIZE / bs {
+                for off in [k * bs, k * bs + 1, k * bs + bs / 2, k * bs + bs - 1] {
+                    assert_eq!(at_start(off), off % bs == 0, "{bs}-byte blocks, offset {off}");
+                }
+            }
+        }
     }
 }

@@ -19,6 +19,8 @@
 //! threads reuses heaps instead of growing memory.
 
 use core::ptr;
+#[cfg(feature = "hardened")]
+use core::ptr::NonNull;
 
 use super::arena::Arena;
 use super::segment::{Block, Page, SegmentKind, segment_of};
@@ -138,17 +140,112 @@ impl Heap {
             if block.is_null() {
                 return ptr::null_mut();
             }
-            #[cfg(feature = "hardened")]
-            crate::hardened::handing_out(block.cast(), || kind_of(page));
             debug_assert!(
                 Heap::is_lent(heap, class) || (in_page(page, block.cast()) && usize::from((*page).info.class) == class),
                 "a direct page of another class, or a free list that left its page"
             );
-            (*page).free = next_of(page, block);
+            // A hardened build's checks that may report or need more than
+            // this path finish the pop out of line (tail calls: `malloc`
+            // keeps no stack frame).
+            #[cfg(feature = "hardened")]
+            if crate::hardened::full_now() {
+                return Heap::pop_full(heap, page, block).as_ptr();
+            }
+            Heap::pop_not_full(heap, page, block)
+        }
+    }
+
+    /// [`pop`](Self::pop) once the caller found `NUMAWEAVE_CHECK=full` off
+    /// (hardened builds; the same as `pop` in others).
+    ///
+    /// # Safety
+    /// As [`pop`](Self::pop).
+    #[inline(always)]
+    pub(crate) unsafe fn pop_checked_off(heap: *mut Heap, class: usize) -> *mut u8 {
+        debug_assert!(class < CLASSES);
+        // SAFETY: as `pop`.
+        unsafe {
+            let page = *(*heap).direct.get_unchecked(class);
+            let block = (*page).free;
+            if block.is_null() {
+                return ptr::null_mut();
+            }
+            Heap::pop_not_full(heap, page, block)
+        }
+    }
+
+    /// The rest of a pop of `block`, the head of `page`'s free list, with
+    /// `NUMAWEAVE_CHECK=full` off.
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[inline(always)]
+    unsafe fn pop_not_full(heap: *mut Heap, page: *mut Page, block: *mut Block) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe {
+            #[cfg(feature = "hardened")]
+            {
+                let next = crate::hardened::decode((*block).next, (*page).info.key);
+                if link_outside(page, next) {
+                    return Heap::pop_corrupt(heap, page, block, next).as_ptr();
+                }
+                crate::hardened::handing_out_plain(block.cast());
+                Heap::take(heap, page, block, next)
+            }
+            #[cfg(not(feature = "hardened"))]
+            Heap::take(heap, page, block, next_of(page, block))
+        }
+    }
+
+    /// The end of a pop: `block`, the head of `page`'s free list, handed
+    /// out; `next` the list's new head.
+    ///
+    /// # Safety
+    /// As [`pop`](Self::pop); `block` is `page`'s first free block.
+    #[inline(always)]
+    unsafe fn take(heap: *mut Heap, page: *mut Page, block: *mut Block, next: *mut Block) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe {
+            (*page).free = next;
             (*page).used += 1;
             bump(&(*heap).counters.allocs, 1);
             bump(&(*heap).counters.bytes_alloc, u64::from((*page).info.block_size));
-            block.cast()
+        }
+        block.cast()
+    }
+
+    /// A hardened pop under `NUMAWEAVE_CHECK=full`: the block's poison
+    /// checked (write after free) before it is handed out. (Not null, and
+    /// typed so: the caller's null test folds, the call stays a tail call.)
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[cfg(feature = "hardened")]
+    #[cold]
+    #[inline(never)]
+    unsafe fn pop_full(heap: *mut Heap, page: *mut Page, block: *mut Block) -> NonNull<u8> {
+        // SAFETY: per the contract; `block` is not null.
+        unsafe {
+            crate::hardened::handing_out(block.cast(), || kind_of(page));
+            NonNull::new_unchecked(Heap::take(heap, page, block, next_of(page, block)))
+        }
+    }
+
+    /// A hardened pop whose block links to `next`, outside its page: a
+    /// corrupted list, reported (under `NUMAWEAVE_ON_ERROR=report` the rest
+    /// of the list is dropped and the block handed out).
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[cfg(feature = "hardened")]
+    #[cold]
+    #[inline(never)]
+    unsafe fn pop_corrupt(heap: *mut Heap, page: *mut Page, block: *mut Block, next: *mut Block) -> NonNull<u8> {
+        // SAFETY: per the contract; `block` is not null.
+        unsafe {
+            let next = corrupted_list(page, next);
+            crate::hardened::handing_out_plain(block.cast());
+            NonNull::new_unchecked(Heap::take(heap, page, block, next))
         }
     }
 
@@ -384,6 +481,13 @@ impl Heap {
         // SAFETY: pages on `remote_pages` are this heap's; see `Page`'s Linked impl
         // for why each is on the stack at most once.
         unsafe {
+            // Look before taking: the swap is a locked instruction (about
+            // twenty cycles) and the queue is empty at most refills; a page
+            // queued just after the look is gathered at the next one, as it
+            // would be if queued just after the swap.
+            if (*heap).remote_pages.0.is_empty() {
+                return;
+            }
             let mut page = (*heap).remote_pages.0.take_all();
             while !page.is_null() {
                 debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
@@ -645,6 +749,43 @@ pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
     }
 }
 
+/// Hardened builds: whether `next`, a decoded link of a free block of
+/// `page`, lies outside the page (null ends a list; a pool page, with no
+/// slots of its own, is not checked: its `links` is `usize::MAX`). In the page, as mimalloc checks: a
+/// link overwritten by a stray write decodes to anywhere at all. (Its
+/// alignment to a block would cost a multiplication on every pop.)
+///
+/// # Safety
+/// `page` is a live page.
+#[cfg(feature = "hardened")]
+#[inline(always)]
+unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
+    // SAFETY: per the contract.
+    let (start, links) = unsafe { ((*page).info.start as usize, (*page).info.links) };
+    (next as usize).wrapping_sub(start) >= links && !next.is_null()
+}
+
+/// Reports a free block of `page` linking to `next`, outside the page: null
+/// (the rest of the list is dropped if the report does not abort).
+///
+/// # Safety
+/// `page` is a live page.
+#[cfg(feature = "hardened")]
+#[cold]
+#[inline(never)]
+unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut Block {
+    // SAFETY: per the contract.
+    unsafe {
+        crate::hardened::misuse(format_args!(
+            "corrupted free list in the {}-byte page at {:p} (node {}): a free block links to {next:p}",
+            (*page).info.block_size,
+            (*page).info.start,
+            (*page).info.node
+        ));
+    }
+    ptr::null_mut()
+}
+
 /// The block a free block of `page` links to (see [`link`]); a hardened
 /// build checks it lies in the page (a corrupted list is reported).
 #[inline(always)]
@@ -655,21 +796,8 @@ unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
     // SAFETY: as above.
     unsafe {
         let next = crate::hardened::decode(stored, (*page).info.key);
-        let (start, slots) = ((*page).info.start as usize, usize::from((*page).info.slots));
-        // In the page, as mimalloc checks: a link overwritten by a stray
-        // write decodes to anywhere at all. (Its alignment to a block would
-        // cost a division on every pop.)
-        let bad = !next.is_null()
-            && slots != 0
-            && !(start..start + slots * super::segment::SLOT_SIZE).contains(&(next as usize));
-        if bad {
-            crate::hardened::misuse(format_args!(
-                "corrupted free list in the {}-byte page at {:p} (node {}): a free block links to {next:p}",
-                (*page).info.block_size,
-                (*page).info.start,
-                (*page).info.node
-            ));
-            return ptr::null_mut();
+        if link_outside(page, next) {
+            return corrupted_list(page, next);
         }
         next
     }

@@ -77,7 +77,7 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     unsafe {
         ptr::write(h, Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total));
     }
-    super::segmap::insert(base.as_ptr());
+    super::segmap::insert(base.as_ptr(), super::segment::SegmentKind::Huge);
     let c = &arena.counters;
     // The header page, just touched, tells where the block's memory comes from.
     if fresh && arena.spilled(state, base) {
@@ -107,6 +107,8 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
 ///
 /// # Safety
 /// `seg` must be the header of a live huge block.
+// Out of line: `free` reaches it by a tail call and keeps no frame.
+#[inline(never)]
 pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     // SAFETY: per the contract.
     let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
@@ -177,7 +179,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     let Some(b) = new_base else { return ptr::null_mut() };
     if b != old {
         super::segmap::remove(old.as_ptr());
-        super::segmap::insert(b.as_ptr());
+        super::segmap::insert(b.as_ptr(), super::segment::SegmentKind::Huge);
     }
     // SAFETY: the header moved with the pages (it is their first page).
     unsafe {

@@ -190,6 +190,64 @@ impl NumaAlloc {
         segmap::contains(p)
     }
 
+    /// The C library's `malloc` fast path: a block of `size` bytes (aligned
+    /// to 16) from the calling thread's heap if its page of the class has
+    /// one at hand, else null (nothing was tried that could fail: the
+    /// caller goes to its slow path, [`GlobalAlloc::alloc`]). No call is
+    /// made, so an `extern "C"` caller needs no stack frame and can reach
+    /// its slow path by a tail call.
+    ///
+    /// # Safety
+    /// None beyond `GlobalAlloc::alloc`'s: any `size` is accepted.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn alloc_fast(&self, size: usize) -> *mut u8 {
+        // The switches are read before any heap exists (the state reads
+        // them), so a thread with a heap may look without the first-use
+        // check; one without goes to the slow path anyway.
+        #[cfg(feature = "hardened")]
+        if hardened::full_now() {
+            return ptr::null_mut();
+        }
+        if size <= SMALL_MAX {
+            let heap = heap::current();
+            if !heap.is_null() {
+                // SAFETY: the calling thread's heap; class_of is in range;
+                // `NUMAWEAVE_CHECK=full` is off (looked at above).
+                return unsafe { Heap::pop_checked_off(heap, class_of(size)) };
+            }
+        }
+        ptr::null_mut()
+    }
+
+    /// The C library's `malloc` slow path, after [`alloc_fast`](Self::alloc_fast)
+    /// found nothing: straight to the refill of the class's page when the
+    /// size is small and the thread has a heap (what `alloc` would do after
+    /// the same failed pop), else the general slow path. Null on failure.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc` with `size` bytes aligned to 16, `size`
+    /// fitting a `Layout`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn alloc_miss(&self, size: usize) -> *mut u8 {
+        #[cfg(feature = "hardened")]
+        if hardened::full() {
+            // SAFETY: forwarded contract.
+            return unsafe { self.alloc(Layout::from_size_align_unchecked(size, size_class::MIN_BLOCK)) };
+        }
+        if size <= SMALL_MAX {
+            let heap = heap::current();
+            if !heap.is_null() {
+                // SAFETY: the calling thread's heap, whose page of the class
+                // has no block at hand (the fast path just looked).
+                return unsafe { placement::refill(heap, class_of(size)) };
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_slow(size, size_class::MIN_BLOCK, false) }
+    }
+
     /// Frees the block at `p` without its size, as C's `free` does: exact
     /// whatever the block's kind (the size is found from the block).
     ///
@@ -199,6 +257,27 @@ impl NumaAlloc {
     pub unsafe fn free(&self, p: *mut u8) {
         // SAFETY: per the contract.
         unsafe { free(p) }
+    }
+
+    /// C's `free` of a pointer of unknown origin: frees `p` and returns
+    /// true if the segment map says it is a block of ours, else returns
+    /// false having read nothing of `p` (null included). The map's byte
+    /// gives the segment's kind too, so the ownership check costs no load
+    /// that [`free`](Self::free) would not make.
+    ///
+    /// # Safety
+    /// If `p` lies in a live segment of ours, it is a live block of this
+    /// allocator (a hardened build checks that too).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn free_if_owned(&self, p: *mut u8) -> bool {
+        let kind = segmap::kind(p);
+        if kind == 0 {
+            return false;
+        }
+        // SAFETY: a live segment of ours, of `kind`; `p` a block in it.
+        unsafe { free_as(p, kind) };
+        true
     }
 
     /// The node whose arena owns the block at `p` (its segment's node).
@@ -311,50 +390,97 @@ unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
 /// is found from the pointer alone.
 #[inline(always)]
 unsafe fn free(p: *mut u8) {
-    // A hardened build checks the pointer first (`checked`); a misuse
-    // reported without aborting leaks the block.
+    // A hardened build takes the kind from the segment map, which also says
+    // whether `p` is ours at all (`checked`); a misuse reported without
+    // aborting leaks the block.
     #[cfg(feature = "hardened")]
-    if !segmap::contains(p) {
-        // SAFETY: nothing of `p` is read.
-        unsafe { checked::foreign(p) };
-        return;
+    {
+        let kind = segmap::kind(p);
+        if kind == 0 {
+            // SAFETY: nothing of `p` is read.
+            unsafe { checked::foreign(p) };
+            return;
+        }
+        // SAFETY: `p`'s segment is live and of `kind`.
+        unsafe { free_as(p, kind) };
     }
+    // SAFETY: `p` is a live block (caller's contract), so its segment
+    // header is live.
+    #[cfg(not(feature = "hardened"))]
+    unsafe {
+        free_as(p, (*segment_of(p)).kind as u8)
+    };
+}
+
+/// Frees `p`, a live block in a segment of `kind` (`SegmentKind as u8`,
+/// from its header or from the segment map).
+///
+/// # Safety
+/// `p` is a live block of this allocator (a hardened build checks the rest
+/// of that), in a segment of `kind`.
+#[inline(always)]
+unsafe fn free_as(p: *mut u8, kind: u8) {
+    const SMALL: u8 = SegmentKind::Small as u8;
+    const REGION: u8 = SegmentKind::Region as u8;
     let seg = segment_of(p);
     // SAFETY: `p` is a live block (caller's contract), so its segment header
     // is live, and for a small segment the slot belongs to a page. (A
-    // hardened build checks the slot before it trusts it.)
+    // hardened build checks the slot before it trusts it, and finishes the
+    // free itself where its checks need more than the fast path: every call
+    // here is a tail call, so `free` keeps no stack frame.)
     unsafe {
-        match (*seg).kind {
-            SegmentKind::Small => {
+        debug_assert_eq!(kind, (*seg).kind as u8, "the segment map names another kind");
+        match kind {
+            SMALL => {
                 #[cfg(feature = "hardened")]
-                if !checked::small(seg.cast::<SmallSegment>(), p) {
+                let page = checked::small(seg.cast::<SmallSegment>(), p);
+                #[cfg(feature = "hardened")]
+                if page.is_null() {
                     return;
                 }
+                #[cfg(not(feature = "hardened"))]
                 let page = page_of(seg.cast::<SmallSegment>(), p);
-                let heap = heap::current();
-                if (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
-                    Heap::free_local(heap, page, p.cast::<Block>());
-                } else {
-                    free_remote(page, p.cast::<Block>());
-                }
+                free_small(page, p)
             }
-            SegmentKind::Region => {
-                #[cfg(feature = "hardened")]
-                if !checked::region(seg, p) {
-                    return;
-                }
-                free_region(seg, p)
-            }
-            SegmentKind::Huge => {
-                #[cfg(feature = "hardened")]
-                if !checked::huge(seg, p) {
-                    return;
-                }
-                if let Some(state) = State::try_get() {
-                    huge::free(state, seg);
-                }
-            }
+            #[cfg(feature = "hardened")]
+            REGION => checked::region(seg, p),
+            #[cfg(not(feature = "hardened"))]
+            REGION => free_region(seg, p),
+            #[cfg(feature = "hardened")]
+            _ => checked::huge(seg, p),
+            #[cfg(not(feature = "hardened"))]
+            _ => free_huge(seg),
         }
+    }
+}
+
+/// Frees `p`, a live block of `page` (of a small segment), on the page's
+/// free list if the calling thread's heap owns it, else on its remote list.
+///
+/// # Safety
+/// `p` is a live block of `page`, checked (hardened builds) and marked freed.
+#[inline(always)]
+unsafe fn free_small(page: *mut segment::Page, p: *mut u8) {
+    let heap = heap::current();
+    // SAFETY: per the contract; `info.heap` is fixed while `p` is live.
+    unsafe {
+        if (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
+            Heap::free_local(heap, page, p.cast::<Block>());
+        } else {
+            free_remote(page, p.cast::<Block>());
+        }
+    }
+}
+
+/// Frees the huge block whose header is `seg`.
+///
+/// # Safety
+/// `seg` is the header of a live huge block.
+#[inline(always)]
+unsafe fn free_huge(seg: *mut segment::Segment) {
+    if let Some(state) = State::try_get() {
+        // SAFETY: per the contract.
+        unsafe { huge::free(state, seg) };
     }
 }
 

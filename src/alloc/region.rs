@@ -172,7 +172,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, h
         arena.counters.reserved.fetch_add(len as u64, Ordering::Relaxed);
     }
     arena.counters.region_live.fetch_add(1, Ordering::Relaxed);
-    super::segmap::insert(base.as_ptr());
+    super::segmap::insert(base.as_ptr(), super::segment::SegmentKind::Region);
     NonNull::new(r)
 }
 

@@ -1,53 +1,53 @@
 //! Which 4 MiB chunks of the address space hold a live segment of this
-//! allocator: one bit per chunk, so that a pointer of unknown origin (given
-//! to C's `free` by a program, or checked by a hardened build) can be told
-//! ours or not from the pointer alone, without reading memory it points to.
+//! allocator, and of which kind: one byte per chunk, so that a pointer of
+//! unknown origin (given to C's `free` by a program, or checked by a
+//! hardened build) can be told ours or not from the pointer alone, without
+//! reading memory it points to, and, when it is ours, freed without reading
+//! the kind from the segment's header.
 //!
 //! Every segment, region and huge mapping starts on a chunk boundary and a
-//! block's owner is found from `segment_of(p)`, so one bit, for the chunk of
-//! the header, is enough: a pointer is ours if its `segment_of` chunk is
-//! marked. The bits cover user addresses below 2^47: 4 MiB of zeroed static
-//! memory (`.bss`: address space only; the kernel commits a page of it when
-//! a segment in the 128 GiB it covers is first marked), at a fixed address,
-//! so that the check is a shift, one load and a bit test.
+//! block's owner is found from `segment_of(p)`, so one mark, for the chunk
+//! of the header, is enough: a pointer is ours if its `segment_of` chunk is
+//! marked. The marks cover user addresses below 2^47: 32 MiB of zeroed
+//! static memory (`.bss`: address space only; the kernel commits a page of
+//! it when a segment in the 16 GiB it covers is first marked), at a fixed
+//! address, so that the check is a shift, a bound and one byte compared
+//! (`free` runs it on every call of a C program: a byte rather than a bit
+//! saves the word index, the bit index and the bit test, and holding the
+//! kind saves the header's load that the check would otherwise add).
 
-use super::segment::{SEGMENT_SHIFT, segment_of};
-use crate::sync::{AtomicU64, Ordering};
+#[cfg(feature = "hardened")]
+use super::segment::segment_of;
+use super::segment::{SEGMENT_SHIFT, SegmentKind};
+use crate::sync::{AtomicU8, Ordering};
 
 const ADDR_BITS: u32 = 47;
-const WORDS: usize = (1 << (ADDR_BITS as usize - SEGMENT_SHIFT)) / 64;
+const CHUNKS: usize = 1 << (ADDR_BITS as usize - SEGMENT_SHIFT);
 
-/// The map (zeroed: nothing is ours until marked).
-static MAP: [AtomicU64; WORDS] = {
-    #[allow(clippy::declare_interior_mutable_const)]
-    const Z: AtomicU64 = AtomicU64::new(0);
-    [Z; WORDS]
-};
+/// The marks (zeroed: nothing is ours until marked).
+static MAP: [AtomicU8; CHUNKS] = [const { AtomicU8::new(0) }; CHUNKS];
 
 /// Hardened builds: chunks that held a huge block freed since (a second
 /// free of it is a double free, not a foreign pointer).
 #[cfg(feature = "hardened")]
-static FREED_HUGE: [AtomicU64; WORDS] = {
-    #[allow(clippy::declare_interior_mutable_const)]
-    const Z: AtomicU64 = AtomicU64::new(0);
-    [Z; WORDS]
-};
+static FREED_HUGE: [AtomicU8; CHUNKS] = [const { AtomicU8::new(0) }; CHUNKS];
 
-/// The bit of the chunk at `base` (a segment's header), if it is covered.
+/// The index of the chunk at `base` (a segment's header), if it is covered.
 #[inline(always)]
-fn slot(base: usize) -> Option<(&'static AtomicU64, u64)> {
+fn slot(base: usize) -> Option<usize> {
     let i = base >> SEGMENT_SHIFT;
-    MAP.get(i / 64).map(|w| (w, 1u64 << (i % 64)))
+    (i < CHUNKS).then_some(i)
 }
 
-/// Marks the chunk at `base` (4 MiB aligned) as holding a live segment.
-pub(crate) fn insert(base: *const u8) {
+/// Marks the chunk at `base` (4 MiB aligned) as holding a live segment of
+/// `kind` (its header written already).
+pub(crate) fn insert(base: *const u8, kind: SegmentKind) {
     debug_assert_eq!(base as usize & ((1 << SEGMENT_SHIFT) - 1), 0);
-    if let Some((w, b)) = slot(base as usize) {
-        let old = w.fetch_or(b, Ordering::Relaxed);
-        debug_assert_eq!(old & b, 0, "a segment marked twice");
+    if let Some(i) = slot(base as usize) {
+        let old = MAP[i].swap(kind as u8, Ordering::Relaxed);
+        debug_assert_eq!(old, 0, "a segment marked twice");
         #[cfg(feature = "hardened")]
-        FREED_HUGE[(base as usize >> SEGMENT_SHIFT) / 64].fetch_and(!b, Ordering::Relaxed);
+        FREED_HUGE[i].store(0, Ordering::Relaxed);
     }
 }
 
@@ -56,23 +56,22 @@ pub(crate) fn insert(base: *const u8) {
 #[cfg(feature = "hardened")]
 pub(crate) fn remove_huge(base: *const u8) {
     remove(base);
-    if let Some((_, b)) = slot(base as usize) {
-        FREED_HUGE[(base as usize >> SEGMENT_SHIFT) / 64].fetch_or(b, Ordering::Relaxed);
+    if let Some(i) = slot(base as usize) {
+        FREED_HUGE[i].store(1, Ordering::Relaxed);
     }
 }
 
 /// Hardened builds: whether `p`'s chunk held a huge block freed since.
 #[cfg(feature = "hardened")]
 pub(crate) fn was_freed_huge(p: *const u8) -> bool {
-    let base = segment_of(p) as usize;
-    slot(base).is_some_and(|(_, b)| FREED_HUGE[(base >> SEGMENT_SHIFT) / 64].load(Ordering::Relaxed) & b != 0)
+    slot(segment_of(p) as usize).is_some_and(|i| FREED_HUGE[i].load(Ordering::Relaxed) != 0)
 }
 
 /// Unmarks the chunk at `base` (its segment is going away).
 pub(crate) fn remove(base: *const u8) {
-    if let Some((w, b)) = slot(base as usize) {
-        let old = w.fetch_and(!b, Ordering::Relaxed);
-        debug_assert_ne!(old & b, 0, "a segment unmarked twice");
+    if let Some(i) = slot(base as usize) {
+        let old = MAP[i].swap(0, Ordering::Relaxed);
+        debug_assert_ne!(old, 0, "a segment unmarked twice");
     }
 }
 
@@ -82,5 +81,14 @@ pub(crate) fn remove(base: *const u8) {
 /// whatever ordered the block's allocation, which came after the marking.
 #[inline(always)]
 pub(crate) fn contains(p: *const u8) -> bool {
-    slot(segment_of(p) as usize).is_some_and(|(w, b)| w.load(Ordering::Relaxed) & b != 0)
+    kind(p) != 0
+}
+
+/// The kind (`SegmentKind as u8`) of `p`'s segment if it is live, else 0.
+/// Relaxed, as [`contains`].
+#[inline(always)]
+pub(crate) fn kind(p: *const u8) -> u8 {
+    // The chunk index from `p - 1` as `segment_of` rounds.
+    let i = (p as usize).wrapping_sub(1) >> SEGMENT_SHIFT;
+    if i < CHUNKS { MAP[i].load(Ordering::Relaxed) } else { 0 }
 }

@@ -144,10 +144,18 @@ pub(crate) struct Info {
     /// Hardened builds: the key its free-list links are encoded with.
     #[cfg(feature = "hardened")]
     pub(crate) key: usize,
-    /// Hardened builds: `ceil(2^64 / block_size)`, so that a free finds a
-    /// pointer's block by a multiplication, not a division.
+    /// Hardened builds: `ceil(2^64 / block_size)`, so that a free tells a
+    /// block's start by one multiplication (Lemire's divisibility test), not
+    /// a division.
     #[cfg(feature = "hardened")]
     pub(crate) inv: u64,
+    /// Hardened builds: `capacity * block_size`, the bytes the blocks span.
+    #[cfg(feature = "hardened")]
+    pub(crate) span: u32,
+    /// Hardened builds: how far past `start` a free block's link may point
+    /// (the page's slots); `usize::MAX` for a page not checked (a pool's).
+    #[cfg(feature = "hardened")]
+    pub(crate) links: usize,
 }
 
 /// The part of a page other threads write.
@@ -196,12 +204,17 @@ impl Page {
                 key: 0,
                 #[cfg(feature = "hardened")]
                 inv: 0,
+                #[cfg(feature = "hardened")]
+                span: 0,
+                #[cfg(feature = "hardened")]
+                links: usize::MAX,
             },
             remote: Remote { thread_free: CountedStack::new(), remote_next: ptr::null_mut() },
         }
     }
 }
 
+const _: () = assert!(core::mem::size_of::<Info>() == 64, "a page's fixed facts on one cache line");
 const _: () = assert!(core::mem::offset_of!(Page, info) == 64 && core::mem::offset_of!(Page, remote) == 128);
 
 /// The header of a small segment, in its slot 0.
