@@ -7,7 +7,7 @@
 //!
 //! - small: slot 0 holds the [`SmallSegment`] header (the segment fields, a
 //!   slot→page map and 64 page descriptors); slots 1..64 are handed out as
-//!   pages of 1, 4 or 32 slots to thread heaps;
+//!   pages of 1 to 4 slots to thread heaps;
 //! - huge: one block larger than [`SMALL_MAX`](super::size_class::SMALL_MAX)
 //!   (or aligned beyond a slot), the header a page before it (`huge.rs`);
 //! - region: page-granular carving for interleaved buffers of a page and more
@@ -23,7 +23,7 @@ pub(crate) const SEGMENT_SHIFT: usize = 22;
 pub(crate) const SEGMENT_SIZE: usize = 1 << SEGMENT_SHIFT;
 pub(crate) const SEGMENT_MASK: usize = SEGMENT_SIZE - 1;
 pub(crate) const SLOT_SHIFT: usize = 16;
-/// A page is 1, 4 or 32 slots of 64 KiB.
+/// A page is 1 to 4 slots of 64 KiB (see `size_class::page_slots`).
 pub(crate) const SLOT_SIZE: usize = 1 << SLOT_SHIFT;
 pub(crate) const SLOTS: usize = SEGMENT_SIZE / SLOT_SIZE;
 

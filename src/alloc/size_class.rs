@@ -64,7 +64,12 @@ pub fn class_for(size: usize, align: usize) -> Option<usize> {
 }
 
 /// Slots (64 KiB each) of a page for class `c`: enough for at least four
-/// blocks (eight for the 2 MiB pages of the largest classes).
+/// blocks up to 64 KiB; one block (rounded up to whole slots) above. A
+/// page of eight large blocks got touched block by block as a program's
+/// buffers grew through the classes (a GC-heavy lua script held 2 MiB pages
+/// of one live 256 KiB buffer each): one block a page, as mimalloc's large
+/// pages, commits what is used, and the slots a block does not fill are
+/// never touched.
 pub const fn page_slots(c: usize) -> usize {
     let bs = class_size(c);
     if bs <= 16 * 1024 {
@@ -72,7 +77,7 @@ pub const fn page_slots(c: usize) -> usize {
     } else if bs <= 64 * 1024 {
         4
     } else {
-        32
+        bs.div_ceil(64 * 1024)
     }
 }
 
@@ -115,10 +120,14 @@ mod tests {
     }
 
     #[test]
-    fn pages_hold_several_blocks() {
+    fn pages_hold_several_blocks_up_to_64_kib_and_one_above() {
         for c in 0..CLASSES {
             let cap = page_slots(c) * 65536 / class_size(c);
-            assert!(cap >= 4, "class {c}: {cap} blocks");
+            if class_size(c) <= 64 * 1024 {
+                assert!(cap >= 4, "class {c}: {cap} blocks");
+            } else {
+                assert_eq!(cap, 1, "class {c}: {cap} blocks");
+            }
         }
     }
 }

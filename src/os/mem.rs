@@ -355,25 +355,6 @@ pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
     Ok(())
 }
 
-/// Lets the kernel take the pages of `[ptr, ptr+len)` when it needs memory
-/// (`MADV_FREE`): until then they stay resident and a write takes one back
-/// without a fault; once taken, reads give zeroes and the next touch faults a
-/// fresh page. Falls back to [`decommit`] where the kernel has no `MADV_FREE`
-/// (before 4.5). For memory freed a while ago that may well be wanted again:
-/// jemalloc's "muzzy" pages, mimalloc's reset.
-///
-/// # Safety
-/// As [`decommit`]; and the contents must not be relied on afterwards (they
-/// may read as the old data or as zeroes).
-pub unsafe fn decommit_lazy(ptr: NonNull<u8>, len: usize) -> Result<()> {
-    // SAFETY: forwarded to the caller.
-    if unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_FREE) } == 0 {
-        return Ok(());
-    }
-    // SAFETY: as above.
-    unsafe { decommit(ptr, len) }
-}
-
 /// Locks `[ptr, ptr+len)` in memory (`mlock`): its pages are committed now
 /// and never swapped out or migrated by reclaim, as memory a device reads
 /// and writes behind the kernel's back must be. Fails with `ENOMEM`/`EPERM`
