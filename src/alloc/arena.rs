@@ -252,33 +252,8 @@ impl Arena {
     /// elsewhere (nothing is left mapped). No guard page: it would cost a
     /// whole huge page.
     pub(crate) fn map_hugetlb_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
-        const PAGES: usize = SEGMENT_SIZE / mem::HUGE_PAGE;
         debug_assert!(len <= SEGMENT_SIZE && len % mem::HUGE_PAGE == 0);
-        let base = mem::map_hugetlb(len, SEGMENT_SIZE, mem::HUGE_PAGE).ok()?;
-        let policy = self.policy(state);
-        let mut pages = [ptr::null::<u8>(); PAGES];
-        let n = len / mem::HUGE_PAGE;
-        // SAFETY: our fresh mapping: bound, then each huge page committed by
-        // a write of the zero it holds (from the pool reserved at `mmap`, so
-        // the fault cannot fail).
-        let ok = unsafe {
-            (policy == MemPolicy::Default || mem::bind(base, len, policy, BindFlags::NONE).is_ok()) && {
-                for (i, p) in pages[..n].iter_mut().enumerate() {
-                    *p = base.as_ptr().add(i * mem::HUGE_PAGE);
-                    p.cast_mut().write_volatile(0);
-                }
-                let mut status = [0i32; PAGES];
-                let want = self.bind_to.map(|p| p as i32);
-                mem::page_nodes(&pages[..n], &mut status[..n]).is_ok()
-                    && status[..n].iter().all(|&s| s >= 0 && want.is_none_or(|w| s == w))
-            }
-        };
-        if !ok {
-            // SAFETY: ours, unused.
-            let _ = unsafe { mem::unmap(base, len) };
-            return None;
-        }
-        Some(base)
+        mem::map_hugetlb_on(len, SEGMENT_SIZE, mem::HUGE_PAGE, self.policy(state), self.bind_to).ok()
     }
 
     /// Maps, binds and initialises a small segment; `None` when the OS has no

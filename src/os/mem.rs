@@ -183,6 +183,61 @@ pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>>
     NonNull::new(aligned as *mut u8).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
 }
 
+/// [`map_hugetlb`], bound with `policy`, committed now (each page touched:
+/// it comes from the pool reserved at `mmap`, so the touch cannot fail) and
+/// checked with `move_pages` to be on `node` (anywhere, with `None`): under a
+/// preferred policy a node whose pool is short is served from another's.
+/// On failure nothing stays mapped; pages found elsewhere give
+/// [`Error::NodeOutOfMemory`].
+pub fn map_hugetlb_on(
+    len: usize,
+    align: usize,
+    page: usize,
+    policy: MemPolicy,
+    node: Option<usize>,
+) -> Result<NonNull<u8>> {
+    let p = map_hugetlb(len, align, page)?;
+    let fail = |e| {
+        // SAFETY: the mapping made above; nothing points into it yet.
+        let _ = unsafe { unmap(p, len) };
+        Err(e)
+    };
+    if policy != MemPolicy::Default {
+        // SAFETY: our fresh mapping, not yet touched.
+        if let Err(e) = unsafe { bind(p, len, policy, BindFlags::NONE) } {
+            return fail(e);
+        }
+    }
+    const BATCH: usize = 16;
+    let (mut pages, mut status) = ([core::ptr::null::<u8>(); BATCH], [0i32; BATCH]);
+    let n = len / page;
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(BATCH);
+        for (j, at) in pages[..k].iter_mut().enumerate() {
+            // SAFETY: inside the mapping; the write commits the page under
+            // the policy just set.
+            unsafe {
+                *at = p.as_ptr().add((i + j) * page);
+                at.cast_mut().write_volatile(0);
+            }
+        }
+        if let Err(e) = page_nodes(&pages[..k], &mut status[..k]) {
+            return fail(e);
+        }
+        for &s in &status[..k] {
+            if s < 0 {
+                return fail(Error::Os { call: "move_pages", errno: -s });
+            }
+            if let Some(want) = node.filter(|&w| s as usize != w) {
+                return fail(Error::NodeOutOfMemory { node: want });
+            }
+        }
+        i += k;
+    }
+    Ok(p)
+}
+
 fn check_len(len: usize) -> Result<usize> {
     let page = page_size();
     if len == 0 || len > isize::MAX as usize - page {

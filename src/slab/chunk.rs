@@ -193,36 +193,7 @@ impl Chunks {
     /// to be there: a node whose pool is short would otherwise be served
     /// from another node's pool.
     fn map_hugetlb(len: usize, slot: usize, phys: usize, page: usize) -> Result<NonNull<u8>> {
-        let p = mem::map_hugetlb(len, slot.max(page), page)?;
-        let unmap = |e| {
-            // SAFETY: the mapping was made above and nothing points into it.
-            let _ = unsafe { mem::unmap(p, len) };
-            Err(e)
-        };
-        // SAFETY: a fresh mapping of ours, not yet touched.
-        if let Err(e) = unsafe { mem::bind(p, len, MemPolicy::Preferred(phys), BindFlags::NONE) } {
-            return unmap(e);
-        }
-        const PAGES: usize = MAX_HUGETLB_CHUNK / HUGE_PAGE;
-        let mut pages = [core::ptr::null::<u8>(); PAGES];
-        let n = len / page;
-        debug_assert!(n <= PAGES && super::cache::MAX_SLAB <= MAX_HUGETLB_CHUNK);
-        for (i, at) in pages[..n].iter_mut().enumerate() {
-            // SAFETY: inside the mapping; a write commits the page from the
-            // pool reserved for it at `mmap`, under the policy just set.
-            unsafe {
-                *at = p.as_ptr().add(i * page);
-                at.cast_mut().write_volatile(0);
-            }
-        }
-        let mut status = [0i32; PAGES];
-        if let Err(e) = mem::page_nodes(&pages[..n], &mut status[..n]) {
-            return unmap(e);
-        }
-        if status[..n].iter().any(|&s| s != phys as i32) {
-            return unmap(Error::NodeOutOfMemory { node: phys });
-        }
-        Ok(p)
+        mem::map_hugetlb_on(len, slot.max(page), page, MemPolicy::Preferred(phys), Some(phys))
     }
 
     /// Gives back the slot at `p` (of `slot` bytes, of which the first
