@@ -190,7 +190,7 @@ pub(crate) unsafe fn handing_out(p: *mut u8, what: impl FnOnce() -> (usize, Bloc
         unsafe { check_poison(p, size, what) };
     }
     // SAFETY: per the contract.
-    unsafe { p.cast::<usize>().add(1).write(0) };
+    unsafe { handing_out_plain(p) };
 }
 
 /// [`handing_out`] when `NUMAWEAVE_CHECK=full` is off (the caller looked):

@@ -132,6 +132,28 @@ impl Heap {
     /// `heap` must be the calling thread's heap; `class < CLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn pop(heap: *mut Heap, class: usize) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe { Heap::pop_as::<true>(heap, class) }
+    }
+
+    /// [`pop`](Self::pop) once the caller found `NUMAWEAVE_CHECK=full` off
+    /// (hardened builds; the same as `pop` in others).
+    ///
+    /// # Safety
+    /// As [`pop`](Self::pop).
+    #[inline(always)]
+    pub(crate) unsafe fn pop_checked_off(heap: *mut Heap, class: usize) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe { Heap::pop_as::<false>(heap, class) }
+    }
+
+    /// [`pop`](Self::pop), looking whether `NUMAWEAVE_CHECK=full` is on only
+    /// with `LOOK_FULL` (hardened builds).
+    ///
+    /// # Safety
+    /// As [`pop`](Self::pop).
+    #[inline(always)]
+    unsafe fn pop_as<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *mut u8 {
         debug_assert!(class < CLASSES);
         // SAFETY: the heap is this thread's; `class < CLASSES` by contract.
         unsafe {
@@ -148,27 +170,8 @@ impl Heap {
             // this path finish the pop out of line (tail calls: `malloc`
             // keeps no stack frame).
             #[cfg(feature = "hardened")]
-            if crate::hardened::full_now() {
+            if LOOK_FULL && crate::hardened::full_now() {
                 return Heap::pop_full(heap, page, block).as_ptr();
-            }
-            Heap::pop_not_full(heap, page, block)
-        }
-    }
-
-    /// [`pop`](Self::pop) once the caller found `NUMAWEAVE_CHECK=full` off
-    /// (hardened builds; the same as `pop` in others).
-    ///
-    /// # Safety
-    /// As [`pop`](Self::pop).
-    #[inline(always)]
-    pub(crate) unsafe fn pop_checked_off(heap: *mut Heap, class: usize) -> *mut u8 {
-        debug_assert!(class < CLASSES);
-        // SAFETY: as `pop`.
-        unsafe {
-            let page = *(*heap).direct.get_unchecked(class);
-            let block = (*page).free;
-            if block.is_null() {
-                return ptr::null_mut();
             }
             Heap::pop_not_full(heap, page, block)
         }

@@ -181,15 +181,6 @@ impl NumaAlloc {
         !p.is_null() && segmap::contains(p)
     }
 
-    /// [`owns`](Self::owns) for C's `free`, which must also let null pass:
-    /// false for null too, without a test of its own (null's segment would
-    /// lie above the address space the map covers).
-    #[doc(hidden)]
-    #[inline(always)]
-    pub fn owns_nonnull(&self, p: *const u8) -> bool {
-        segmap::contains(p)
-    }
-
     /// The C library's `malloc` fast path: a block of `size` bytes (aligned
     /// to 16) from the calling thread's heap if its page of the class has
     /// one at hand, else null (nothing was tried that could fail: the

@@ -16,9 +16,7 @@
 //! saves the word index, the bit index and the bit test, and holding the
 //! kind saves the header's load that the check would otherwise add).
 
-#[cfg(feature = "hardened")]
-use super::segment::segment_of;
-use super::segment::{SEGMENT_SHIFT, SegmentKind};
+use super::segment::{SEGMENT_SHIFT, SegmentKind, segment_of};
 use crate::sync::{AtomicU8, Ordering};
 
 const ADDR_BITS: u32 = 47;
@@ -88,7 +86,5 @@ pub(crate) fn contains(p: *const u8) -> bool {
 /// Relaxed, as [`contains`].
 #[inline(always)]
 pub(crate) fn kind(p: *const u8) -> u8 {
-    // The chunk index from `p - 1` as `segment_of` rounds.
-    let i = (p as usize).wrapping_sub(1) >> SEGMENT_SHIFT;
-    if i < CHUNKS { MAP[i].load(Ordering::Relaxed) } else { 0 }
+    slot(segment_of(p) as usize).map_or(0, |i| MAP[i].load(Ordering::Relaxed))
 }
