@@ -11,7 +11,8 @@
 //! passes through them to the caller), or aborts in a program without the
 //! C++ runtime. The nothrow forms return null instead of throwing.
 //! `delete` frees like `free` (the size and alignment are found from the
-//! block).
+//! block). Plain `new` rounds its size up to 16 bytes, so its blocks are
+//! aligned to 16 (`__STDCPP_DEFAULT_NEW_ALIGNMENT__`) as compilers assume.
 
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -87,6 +88,11 @@ unsafe fn throw_bad_alloc() -> ! {
 
 #[inline(always)]
 unsafe fn new_impl(size: usize, nothrow: bool) -> *mut c_void {
+    // `__STDCPP_DEFAULT_NEW_ALIGNMENT__` is 16 and clang marks what `new`
+    // returns as aligned to it, whatever the size: a multiple of 16 gets a
+    // 16-byte-aligned block (C's malloc gives 8 to a 24-byte request). A size
+    // too large to round stays too large.
+    let size = size.saturating_add(15) & !15;
     loop {
         // SAFETY: C's malloc.
         let p = unsafe { malloc(size) };

@@ -253,7 +253,10 @@ pub(super) unsafe fn handed_out(p: *mut u8) {
 #[inline(never)]
 pub(super) unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) -> *mut u8 {
     let Some(size) = layout.size().checked_add(hardened::PAD) else { return ptr::null_mut() };
-    let Ok(padded) = Layout::from_size_align(size, layout.align()) else { return ptr::null_mut() };
+    // The padded size must not lose the alignment the size class of the
+    // plain size gives (C's malloc relies on it: 16 for a multiple of 16).
+    let align = if layout.size() % 16 == 0 { layout.align().max(16) } else { layout.align() };
+    let Ok(padded) = Layout::from_size_align(size, align) else { return ptr::null_mut() };
     // SAFETY: a valid layout; the block is ours until returned.
     unsafe {
         let p = if zero { a.alloc_slow(size, padded.align(), true) } else { a.alloc_plain(padded) };

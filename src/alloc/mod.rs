@@ -83,7 +83,7 @@ use crate::error::{Error, Result};
 use crate::hardened;
 use heap::Heap;
 use segment::{Block, SegmentKind, SmallSegment, page_of, segment_of};
-use size_class::{class_for, class_of, class_size};
+use size_class::{class_for, class_of, class_of_aligned, class_size};
 use state::State;
 
 /// The allocator. All values share one process-wide allocator, set up by the
@@ -182,7 +182,7 @@ impl NumaAlloc {
     }
 
     /// The C library's `malloc` fast path: a block of `size` bytes (aligned
-    /// to 16) from the calling thread's heap if its page of the class has
+    /// as its size class gives: 16 for a multiple of 16, see `size_class`) from the calling thread's heap if its page of the class has
     /// one at hand, else null (nothing was tried that could fail: the
     /// caller goes to its slow path, [`GlobalAlloc::alloc`]). No call is
     /// made, so an `extern "C"` caller needs no stack frame and can reach
@@ -217,7 +217,7 @@ impl NumaAlloc {
     /// the same failed pop), else the general slow path. Null on failure.
     ///
     /// # Safety
-    /// As `GlobalAlloc::alloc` with `size` bytes aligned to 16, `size`
+    /// As `GlobalAlloc::alloc` with `size` bytes aligned to 8, `size`
     /// fitting a `Layout`.
     #[doc(hidden)]
     #[inline(always)]
@@ -621,11 +621,11 @@ impl NumaAlloc {
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn alloc_plain(&self, layout: Layout) -> *mut u8 {
         let size = layout.size();
-        if layout.align() <= size_class::MIN_BLOCK && size <= SMALL_MAX {
+        if layout.align() <= size_class::CLASS_ALIGN && size <= SMALL_MAX {
             let heap = heap::current();
             if !heap.is_null() {
-                // SAFETY: the calling thread's heap; class_of is in range.
-                return unsafe { alloc_class(heap, class_of(size)) };
+                // SAFETY: the calling thread's heap; the class is in range.
+                return unsafe { alloc_class(heap, class_of_aligned(size, layout.align())) };
             }
         }
         // SAFETY: same contract.

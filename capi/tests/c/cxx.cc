@@ -43,6 +43,12 @@ int main() {
     Wide *ws = new Wide[3];
     CHECK(reinterpret_cast<std::uintptr_t>(ws) % 256 == 0);
     delete[] ws;
+    // new's default alignment, whatever the size (C's malloc gives 8 to 24).
+    for (std::size_t k = 1; k <= 200; k++) {
+        char *c = new char[k];
+        CHECK(reinterpret_cast<std::uintptr_t>(c) % __STDCPP_DEFAULT_NEW_ALIGNMENT__ == 0);
+        delete[] c;
+    }
     void *n = ::operator new(100, std::nothrow);
     CHECK(n != nullptr);
     ::operator delete(n, std::nothrow);
