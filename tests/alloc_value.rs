@@ -304,3 +304,33 @@ fn empty_memory_goes_back_to_the_os() {
     let returned = returned_after - returned_before;
     assert!(returned >= 48 << 20, "only {} MiB returned of 64 MiB freed", returned >> 20);
 }
+
+#[test]
+fn word_sized_objects_get_blocks_of_their_size_aligned_as_asked() {
+    // A hardened build's smallest block is 16 bytes (its freed mark is in the
+    // second word); under `NUMAWEAVE_CHECK=full` the usable size is what was
+    // asked (the rest is red zone).
+    let hardened = cfg!(feature = "hardened");
+    let full = hardened && std::env::var("NUMAWEAVE_CHECK").is_ok_and(|v| v == "full");
+    // SAFETY: valid layouts; blocks freed with their layouts.
+    unsafe {
+        for size in [8usize, 24, 40, 56, 72, 120] {
+            let l = Layout::from_size_align(size, 8).unwrap();
+            let p = A.alloc(l);
+            assert!(!p.is_null() && p as usize % 8 == 0);
+            let want = if hardened && !full { size.max(16) } else { size };
+            assert_eq!(A.usable_size(p), want, "a {size}-byte object takes no more than its size");
+            A.dealloc(p, l);
+            // The same size aligned to 16: a 16-byte multiple, 16-aligned.
+            let l16 = Layout::from_size_align(size, 16).unwrap();
+            let q: Vec<*mut u8> = (0..64).map(|_| A.alloc(l16)).collect();
+            for &p in &q {
+                assert!(!p.is_null() && p as usize % 16 == 0, "{size} bytes aligned to 16 at {p:p}");
+                assert_eq!(A.usable_size(p), if full { size } else { size.next_multiple_of(16) });
+            }
+            for p in q {
+                A.dealloc(p, l16);
+            }
+        }
+    }
+}
