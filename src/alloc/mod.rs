@@ -182,7 +182,8 @@ impl NumaAlloc {
     }
 
     /// The C library's `malloc` fast path: a block of `size` bytes (aligned
-    /// as its size class gives: 16 for a multiple of 16, see `size_class`) from the calling thread's heap if its page of the class has
+    /// as its size class gives: 16 for a multiple of 16 or above 128 bytes,
+    /// else 8) from the calling thread's heap if its page of the class has
     /// one at hand, else null (nothing was tried that could fail: the
     /// caller goes to its slow path, [`GlobalAlloc::alloc`]). No call is
     /// made, so an `extern "C"` caller needs no stack frame and can reach
