@@ -12,6 +12,7 @@ use core::alloc::Layout;
 use core::ptr;
 
 use super::segment::{self, Page, Segment, SegmentKind, SmallSegment, page_of, segment_of};
+use super::size_class::CLASS_ALIGN;
 use super::{NumaAlloc, huge, raw_usable_size, region, segmap};
 use crate::hardened::{self, Block as B, misuse};
 
@@ -80,7 +81,7 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
             return small_misuse(small, p, Why::Double);
         }
         if hardened::full_now() {
-            return small_full(page, p, mark);
+            return small_full(page, p);
         }
         word.write(mark);
         page
@@ -91,17 +92,16 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
 /// reported; leaked), the body poisoned, the block marked and freed. Null.
 ///
 /// # Safety
-/// `p` is a live block of `page`, handed out with its red zone; `mark` its
-/// freed mark.
+/// `p` is a live block of `page`, handed out with its red zone.
 #[cold]
 #[inline(never)]
-unsafe fn small_full(page: *mut Page, p: *mut u8, mark: usize) -> *mut Page {
+unsafe fn small_full(page: *mut Page, p: *mut u8) -> *mut Page {
     // SAFETY: per the contract.
     unsafe {
         let bs = (*page).info.block_size as usize;
         let node = usize::from((*page).info.node);
         if full_free(p, bs, B::Sized(bs, node)) {
-            p.cast::<usize>().add(1).write(mark);
+            hardened::mark_freed(p);
             super::free_small(page, p);
         }
     }
@@ -255,7 +255,7 @@ pub(super) unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) 
     let Some(size) = layout.size().checked_add(hardened::PAD) else { return ptr::null_mut() };
     // The padded size must not lose the alignment the size class of the
     // plain size gives (C's malloc relies on it: 16 for a multiple of 16).
-    let align = if layout.size() % 16 == 0 { layout.align().max(16) } else { layout.align() };
+    let align = if layout.size() % CLASS_ALIGN == 0 { layout.align().max(CLASS_ALIGN) } else { layout.align() };
     let Ok(padded) = Layout::from_size_align(size, align) else { return ptr::null_mut() };
     // SAFETY: a valid layout; the block is ours until returned.
     unsafe {

@@ -754,9 +754,10 @@ pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
 
 /// Hardened builds: whether `next`, a decoded link of a free block of
 /// `page`, lies outside the page (null ends a list; a pool page, with no
-/// slots of its own, is not checked: its `links` is `usize::MAX`). In the page, as mimalloc checks: a
-/// link overwritten by a stray write decodes to anywhere at all. (Its
-/// alignment to a block would cost a multiplication on every pop.)
+/// slots of its own, is not checked: its `links` is `usize::MAX`). In the
+/// page, as mimalloc checks: a link overwritten by a stray write decodes to
+/// anywhere at all. (Its alignment to a block would cost a multiplication
+/// on every pop.)
 ///
 /// # Safety
 /// `page` is a live page.

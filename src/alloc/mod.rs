@@ -263,13 +263,8 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn free_if_owned(&self, p: *mut u8) -> bool {
-        let kind = segmap::kind(p);
-        if kind == 0 {
-            return false;
-        }
-        // SAFETY: a live segment of ours, of `kind`; `p` a block in it.
-        unsafe { free_as(p, kind) };
-        true
+        // SAFETY: forwarded contract.
+        unsafe { free_if_ours(p) }
     }
 
     /// The node whose arena owns the block at `p` (its segment's node).
@@ -385,16 +380,13 @@ unsafe fn free(p: *mut u8) {
     // A hardened build takes the kind from the segment map, which also says
     // whether `p` is ours at all (`checked`); a misuse reported without
     // aborting leaks the block.
+    // SAFETY: `p` is a live block (caller's contract) or, a misuse, in no
+    // segment of ours: then nothing of it is read.
     #[cfg(feature = "hardened")]
-    {
-        let kind = segmap::kind(p);
-        if kind == 0 {
-            // SAFETY: nothing of `p` is read.
-            unsafe { checked::foreign(p) };
-            return;
+    unsafe {
+        if !free_if_ours(p) {
+            checked::foreign(p);
         }
-        // SAFETY: `p`'s segment is live and of `kind`.
-        unsafe { free_as(p, kind) };
     }
     // SAFETY: `p` is a live block (caller's contract), so its segment
     // header is live.
@@ -402,6 +394,24 @@ unsafe fn free(p: *mut u8) {
     unsafe {
         free_as(p, (*segment_of(p)).kind as u8)
     };
+}
+
+/// Frees `p` and returns true if the segment map says it is in a live
+/// segment of ours (one load gives that and the segment's kind), else
+/// returns false having read nothing of `p`.
+///
+/// # Safety
+/// If `p` lies in a live segment of ours, it is a live block of this
+/// allocator (a hardened build checks that too).
+#[inline(always)]
+unsafe fn free_if_ours(p: *mut u8) -> bool {
+    let kind = segmap::kind(p);
+    if kind == 0 {
+        return false;
+    }
+    // SAFETY: a live segment of ours, of `kind`; `p` a block in it.
+    unsafe { free_as(p, kind) };
+    true
 }
 
 /// Frees `p`, a live block in a segment of `kind` (`SegmentKind as u8`,
