@@ -354,6 +354,7 @@ impl Arena {
         } else if let Some(now) = now {
             // SAFETY: segment fields are guarded by the arena lock.
             unsafe {
+                (&mut (*seg).freed_at)[first..first + slots].fill(now);
                 if (*seg).purge_at == 0 {
                     (*seg).purge_at = now + state.config.purge_delay_ms;
                     g.purge_at = soonest(g.purge_at, (*seg).purge_at);
@@ -371,6 +372,7 @@ impl Arena {
         if g.purge_at == 0 || now < g.purge_at {
             return;
         }
+        let delay = state.config.purge_delay_ms;
         let mut next = 0;
         // Empty segments kept mapped (their pages purged): a program
         // that frees a burst and allocates again (a garbage collector's
@@ -383,7 +385,13 @@ impl Arena {
                 let seg = *link;
                 let due = (*seg).purge_at;
                 if due != 0 && due <= now {
-                    if (*seg).free_slots == !1u64 && kept_empty >= KEPT_EMPTY {
+                    // Only the slots unused for the whole delay: in a
+                    // steady churn pages empty and fill again all the time,
+                    // and purging the ones freed a moment before the round
+                    // faulted them in again moments later (twice mimalloc's
+                    // page faults).
+                    let (old, young_due) = aged_slots(&*seg, now, delay);
+                    if (*seg).free_slots == !1u64 && young_due == 0 && kept_empty >= KEPT_EMPTY {
                         *link = (*seg).seg.next;
                         self.unmap_segment(seg);
                         continue;
@@ -392,7 +400,11 @@ impl Arena {
                     // page stays resident until the kernel is short of
                     // memory, so the delay would bound nothing a program's
                     // peak RSS shows.
-                    self.decommit_dirty(seg);
+                    self.decommit_slots(seg, old);
+                    if young_due != 0 {
+                        (*seg).purge_at = young_due;
+                        next = soonest(next, young_due);
+                    }
                 } else if due != 0 {
                     next = soonest(next, due);
                 }
@@ -401,7 +413,6 @@ impl Arena {
             }
         }
         // Cached mappings, oldest last: drop the expired tail.
-        let delay = state.config.purge_delay_ms;
         let mut link: *mut *mut Cached = &mut g.cached;
         // SAFETY: cached mappings are ours, described in their first bytes.
         unsafe {
@@ -425,8 +436,21 @@ impl Arena {
     /// `seg` is a segment of this arena; the caller holds the lock.
     unsafe fn decommit_dirty(&self, seg: *mut SmallSegment) {
         // SAFETY: per the contract.
+        unsafe { self.decommit_slots(seg, (*seg).dirty_slots) };
+    }
+
+    /// Returns the `mask` slots of a segment (free and committed) to the OS;
+    /// the purge round ends when no dirty slot is left.
+    ///
+    /// # Safety
+    /// As [`decommit_dirty`](Self::decommit_dirty); `mask` is a subset of
+    /// the segment's dirty slots.
+    unsafe fn decommit_slots(&self, seg: *mut SmallSegment, mask: u64) {
+        // SAFETY: per the contract.
         unsafe {
-            let mut d = (*seg).dirty_slots;
+            debug_assert_eq!(mask & !(*seg).dirty_slots, 0, "purging a slot that is not dirty");
+            debug_assert_eq!(mask & !(*seg).free_slots, 0, "purging a slot in use");
+            let mut d = mask;
             while d != 0 {
                 let start = d.trailing_zeros() as usize;
                 let run = (d >> start).trailing_ones() as usize;
@@ -438,8 +462,10 @@ impl Arena {
                 }
                 d &= !slot_mask(start, run);
             }
-            (*seg).dirty_slots = 0;
-            (*seg).purge_at = 0;
+            (*seg).dirty_slots &= !mask;
+            if (*seg).dirty_slots == 0 {
+                (*seg).purge_at = 0;
+            }
         }
     }
 
@@ -661,6 +687,24 @@ fn soonest(a: u64, b: u64) -> u64 {
         (0, x) | (x, 0) => x,
         (x, y) => x.min(y),
     }
+}
+
+/// A segment's dirty slots freed at least `delay` ms before `now`, and
+/// when the first of the others is due (0: none).
+fn aged_slots(seg: &SmallSegment, now: u64, delay: u64) -> (u64, u64) {
+    let (mut old, mut due) = (0, 0);
+    let mut d = seg.dirty_slots;
+    while d != 0 {
+        let s = d.trailing_zeros() as usize;
+        d &= d - 1;
+        let at = seg.freed_at[s] + delay;
+        if at <= now {
+            old |= 1 << s;
+        } else {
+            due = soonest(due, at);
+        }
+    }
+    (old, due)
 }
 
 fn slot_mask(first: usize, slots: usize) -> u64 {
@@ -893,5 +937,39 @@ mod tests {
         a.tick(state);
         assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0, "purged once the delay is over");
         assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + bytes);
+    }
+
+    #[test]
+    fn a_page_freed_late_waits_its_own_delay() {
+        let (state, a) = (state(), arena());
+        let delay = state.config.purge_delay_ms;
+        if delay == 0 {
+            return;
+        }
+        let sleep = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+        let class = class_of(20_000);
+        let bytes = (page_slots(class) * SLOT_SIZE) as u64;
+        let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        let q = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        // SAFETY: pages of this arena, in use.
+        unsafe {
+            use crate::alloc::segment::segment_of;
+            assert_eq!(segment_of((*p).info.start), segment_of((*q).info.start), "one segment");
+        }
+        let purged = a.counters.purged.load(Ordering::Relaxed);
+        // SAFETY: pages of this arena with no block live and no heap.
+        unsafe { a.free_page(state, p) };
+        sleep(delay / 2);
+        // SAFETY: as above.
+        unsafe { a.free_page(state, q) };
+        // Past the first page's delay, well before the second's.
+        sleep(delay / 2 + 5);
+        a.tick(state);
+        assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + bytes, "the first page's delay is over");
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), bytes, "the second page has not waited its delay");
+        sleep(delay / 2 + 20);
+        a.tick(state);
+        assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0, "now it has");
+        assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + 2 * bytes);
     }
 }

@@ -98,6 +98,9 @@ pub(crate) struct Heap {
     pub(crate) next_orphan: *mut Heap,
     /// Whether a live thread owns it.
     pub(crate) owned: AtomicU64,
+    /// The owning thread's policy state (set when a thread makes or adopts
+    /// it, see `placement::thread_heap`): the refill reads it here.
+    pub(crate) policy: *const super::placement::ThreadPolicy,
     /// Pages with remote frees waiting in `thread_free` (doubly linked through
     /// `pend_prev`/`pend_next`).
     pending: *mut Page,
@@ -871,6 +874,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
                     next_all: ptr::null_mut(),
                     next_orphan: ptr::null_mut(),
                     owned: AtomicU64::new(1),
+                    policy: ptr::null(),
                 },
             );
             let mut all = state.heaps.lock();
@@ -910,6 +914,8 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
         Heap::release_empty_pages(heap);
         debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()) && (*heap).loan.page.is_null());
         (*heap).owned.store(0, Ordering::Relaxed);
+        // The thread's policy state goes with the thread.
+        (*heap).policy = ptr::null();
         let arena = state.home_arena((*heap).node);
         {
             let mut g = arena.inner.lock();

@@ -51,7 +51,7 @@ pub(crate) enum Active {
 }
 
 /// A thread's policy state; plain cells, read on slow paths only.
-struct ThreadPolicy {
+pub(crate) struct ThreadPolicy {
     /// The thread's own policy (`with_policy`); `None`: the process default.
     scoped: Cell<Option<Active>>,
     /// Whether `il` and `local` describe the policy in force.
@@ -262,11 +262,42 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
     let (h, adopted) = heap::init_current(state)?;
     state.settle();
     THREAD.with(|t| {
-        // SAFETY: the calling thread's heap.
-        t.last_node.set(unsafe { (*h).node });
+        // SAFETY: the calling thread's heap, which only this thread uses
+        // until it exits (then another adopts it and comes here).
+        unsafe {
+            t.last_node.set((*h).node);
+            (*h).policy = t;
+        }
         t.mixed.set(adopted);
     });
     Some(h)
+}
+
+/// The policy state of the thread that owns `heap`, the calling one. In the
+/// C library `THREAD` is general-dynamic TLS (a `__tls_get_addr` call at
+/// every access, as `tls.rs` explains); the heap keeps its address, which
+/// holds while the thread lives, and the thread is the heap's only user.
+///
+/// # Safety
+/// `heap` is the calling thread's heap.
+#[inline]
+unsafe fn policy_of(heap: *mut Heap) -> &'static ThreadPolicy {
+    // SAFETY: per the contract: set by `thread_heap` for this thread (a heap
+    // made elsewhere, only in tests, has none and looks it up).
+    match unsafe { (*heap).policy.as_ref() } {
+        Some(t) => t,
+        None => this_thread_policy(),
+    }
+}
+
+/// The calling thread's policy state, looked up (out of line: the compiler
+/// would compute the TLS address ahead of the branch that needs it).
+#[cold]
+#[inline(never)]
+fn this_thread_policy() -> &'static ThreadPolicy {
+    // SAFETY: `THREAD` has no destructor; its storage lasts as long as the
+    // calling thread, which is as long as its heap's use of it.
+    THREAD.with(|t| unsafe { &*(t as *const ThreadPolicy) })
 }
 
 /// The slow path of an allocation of class `class` whose direct page ran
@@ -282,7 +313,9 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
         // SAFETY: the caller's heap.
         return unsafe { Heap::refill(heap, class, state, &mut AnyPage { t: None, state }) };
     }
-    THREAD.with(|t| {
+    // SAFETY: the caller's heap.
+    let t = unsafe { policy_of(heap) };
+    {
         if !t.resolved.get() {
             t.set_active(t.active(state));
         }
@@ -306,7 +339,7 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
             }
             Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
         }
-    })
+    }
 }
 
 /// A block of `class` on `node` (an allocator handle's), from the calling

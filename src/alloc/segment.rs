@@ -225,9 +225,11 @@ pub(crate) struct SmallSegment {
     pub(crate) free_slots: u64,
     /// Free slots whose memory is still committed (not yet purged).
     pub(crate) dirty_slots: u64,
-    /// When (ms, monotonic) its dirty slots are due to be purged (0: none
-    /// waiting), with a purge delay. Under the arena lock.
+    /// When (ms, monotonic) its first dirty slot is due to be purged (0:
+    /// none waiting), with a purge delay. Under the arena lock.
     pub(crate) purge_at: u64,
+    /// When each dirty slot was freed (ms, monotonic), with a purge delay.
+    pub(crate) freed_at: [u64; SLOTS],
     /// For each slot of a page, the page's first slot.
     pub(crate) slot_page: [u8; SLOTS],
     pub(crate) pages: [Page; SLOTS],
