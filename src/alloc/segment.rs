@@ -228,11 +228,12 @@ pub(crate) struct SmallSegment {
     /// When (ms, monotonic) its first dirty slot is due to be purged (0:
     /// none waiting), with a purge delay. Under the arena lock.
     pub(crate) purge_at: u64,
-    /// When each dirty slot was freed (ms, monotonic), with a purge delay.
-    pub(crate) freed_at: [u64; SLOTS],
     /// For each slot of a page, the page's first slot.
     pub(crate) slot_page: [u8; SLOTS],
     pub(crate) pages: [Page; SLOTS],
+    /// When each dirty slot was freed (ms, monotonic), with a purge delay.
+    /// Last: `free` reads `slot_page` and `pages` at short offsets.
+    pub(crate) freed_at: [u64; SLOTS],
 }
 
 const _: () = assert!(core::mem::size_of::<SmallSegment>() <= SLOT_SIZE);
