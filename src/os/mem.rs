@@ -307,6 +307,13 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull
     Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
 }
 
+/// `Ok` where a call returned 0, else the error its `errno` names (what the
+/// `mprotect`/`munmap`/`madvise`/`mlock`/`mbind`/`move_pages` wrappers share).
+#[inline]
+fn os_result(rc: impl Into<i64>, call: &'static str) -> Result<()> {
+    if rc.into() != 0 { Err(Error::last_os(call)) } else { Ok(()) }
+}
+
 /// Makes `[ptr, ptr+len)` inaccessible (`mprotect(PROT_NONE)`): a guard
 /// page, whose access faults.
 ///
@@ -314,10 +321,7 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull
 /// The range must be mapped by this crate, page-aligned, and unused.
 pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    if unsafe { libc::mprotect(ptr.as_ptr().cast(), len, libc::PROT_NONE) } != 0 {
-        return Err(Error::last_os("mprotect"));
-    }
-    Ok(())
+    os_result(unsafe { libc::mprotect(ptr.as_ptr().cast(), len, libc::PROT_NONE) }, "mprotect")
 }
 
 /// Unmaps `[ptr, ptr+len)`.
@@ -326,10 +330,7 @@ pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be mapped by this crate and no live reference may point into it.
 pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    if unsafe { libc::munmap(ptr.as_ptr().cast(), len) } != 0 {
-        return Err(Error::last_os("munmap"));
-    }
-    Ok(())
+    os_result(unsafe { libc::munmap(ptr.as_ptr().cast(), len) }, "munmap")
 }
 
 /// Grows or shrinks a mapping with `mremap`; with `may_move` the kernel may
@@ -389,10 +390,7 @@ pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindF
     // SAFETY: forwarded to the caller for the range; the mask outlives the call
     // and holds `maxnode - 1` bits.
     let r = unsafe { libc::syscall(libc::SYS_mbind, ptr.as_ptr(), len, mode, maskp, maxnode, flags.0) };
-    if r != 0 {
-        return Err(Error::last_os("mbind"));
-    }
-    Ok(())
+    os_result(r, "mbind")
 }
 
 /// Returns the pages of `[ptr, ptr+len)` to the OS (`MADV_DONTNEED`): the range
@@ -404,10 +402,7 @@ pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindF
 /// must no longer be needed by anyone.
 pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    if unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) } != 0 {
-        return Err(Error::last_os("madvise(MADV_DONTNEED)"));
-    }
-    Ok(())
+    os_result(unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) }, "madvise(MADV_DONTNEED)")
 }
 
 /// Locks `[ptr, ptr+len)` in memory (`mlock`): its pages are committed now
@@ -419,10 +414,7 @@ pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } != 0 {
-        return Err(Error::last_os("mlock"));
-    }
-    Ok(())
+    os_result(unsafe { libc::mlock(ptr.as_ptr().cast(), len) }, "mlock")
 }
 
 /// Undoes [`lock`] (`munlock`), before the range is decommitted (a locked
@@ -432,10 +424,7 @@ pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    if unsafe { libc::munlock(ptr.as_ptr().cast(), len) } != 0 {
-        return Err(Error::last_os("munlock"));
-    }
-    Ok(())
+    os_result(unsafe { libc::munlock(ptr.as_ptr().cast(), len) }, "munlock")
 }
 
 /// Asks for (`MADV_HUGEPAGE`) or against (`MADV_NOHUGEPAGE`) transparent huge
@@ -446,10 +435,10 @@ pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
 pub unsafe fn set_hugepages(ptr: NonNull<u8>, len: usize, enable: bool) -> Result<()> {
     let advice = if enable { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
     // SAFETY: forwarded to the caller.
-    if unsafe { libc::madvise(ptr.as_ptr().cast(), len, advice) } != 0 {
-        return Err(Error::last_os(if enable { "madvise(MADV_HUGEPAGE)" } else { "madvise(MADV_NOHUGEPAGE)" }));
-    }
-    Ok(())
+    os_result(
+        unsafe { libc::madvise(ptr.as_ptr().cast(), len, advice) },
+        if enable { "madvise(MADV_HUGEPAGE)" } else { "madvise(MADV_NOHUGEPAGE)" },
+    )
 }
 
 /// Bytes the kernel backs with transparent huge pages in the mappings that
@@ -510,10 +499,7 @@ pub fn page_nodes(addrs: &[*const u8], status: &mut [i32]) -> Result<()> {
             0,
         )
     };
-    if r != 0 {
-        return Err(Error::last_os("move_pages"));
-    }
-    Ok(())
+    os_result(r, "move_pages")
 }
 
 /// The kernel node id of the page holding `addr`, `None` when the page is not
