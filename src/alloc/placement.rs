@@ -315,30 +315,28 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     }
     // SAFETY: the caller's heap.
     let t = unsafe { policy_of(heap) };
-    {
-        if !t.resolved.get() {
-            t.set_active(t.active(state));
+    if !t.resolved.get() {
+        t.set_active(t.active(state));
+    }
+    let il = t.il.get();
+    // SAFETY: the caller's heap; the interleaver outlives the policy
+    // that installed it.
+    unsafe {
+        if !il.is_null() {
+            return Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class });
         }
-        let il = t.il.get();
-        // SAFETY: the caller's heap; the interleaver outlives the policy
-        // that installed it.
-        unsafe {
-            if !il.is_null() {
-                return Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class });
-            }
-            if t.local.get() && !t.mixed.get() {
-                // `Local` with every page of the heap on the node it last
-                // took a page for: nothing to choose, any page serves.
-                let track = state.mode == Mode::PerNode;
-                return Heap::refill(heap, class, state, &mut AnyPage { t: track.then_some(t), state });
-            }
-            let active = t.active(state);
-            if matches!(active, Active::Local) && state.mode != Mode::PerNode {
-                // One arena: `Local` has nothing to choose.
-                return Heap::refill(heap, class, state, &mut AnyPage { t: None, state });
-            }
-            Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
+        if t.local.get() && !t.mixed.get() {
+            // `Local` with every page of the heap on the node it last
+            // took a page for: nothing to choose, any page serves.
+            let track = state.mode == Mode::PerNode;
+            return Heap::refill(heap, class, state, &mut AnyPage { t: track.then_some(t), state });
         }
+        let active = t.active(state);
+        if matches!(active, Active::Local) && state.mode != Mode::PerNode {
+            // One arena: `Local` has nothing to choose.
+            return Heap::refill(heap, class, state, &mut AnyPage { t: None, state });
+        }
+        Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
     }
 }
 

@@ -144,8 +144,8 @@ impl Config {
     /// allocator's slow paths, at thread exit and in
     /// [`NumaAlloc::collect`](crate::NumaAlloc::collect): no thread or timer
     /// of its own). Each page waits from its own free; pages that waited it
-    /// out go back to the OS (`MADV_DONTNEED`), and four empty segments per arena stay mapped;
-    /// past the bound (see [`purge_threshold`](Self::purge_threshold))
+    /// out go back to the OS (`MADV_DONTNEED`), and four empty segments per
+    /// arena stay mapped; past the bound (see [`purge_threshold`](Self::purge_threshold))
     /// memory goes back at once. Zero: only past the threshold, at once (the
     /// behaviour before the delay). Default 100 ms.
     pub const fn purge_delay(mut self, delay: core::time::Duration) -> Self {
