@@ -18,9 +18,7 @@ pub fn getcpu() -> Result<(usize, usize)> {
             core::ptr::null_mut::<libc::c_void>(),
         )
     };
-    if r != 0 {
-        return Err(Error::last_os("getcpu"));
-    }
+    super::os_result(r, "getcpu")?;
     Ok((cpu as usize, node as usize))
 }
 
@@ -62,10 +60,7 @@ pub fn set_current_affinity(cpus: impl IntoIterator<Item = usize>) -> Result<()>
 fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
     // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the caller.
     let r = unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), set) };
-    if r != 0 {
-        return Err(Error::last_os("sched_setaffinity"));
-    }
-    Ok(())
+    super::os_result(r, "sched_setaffinity")
 }
 
 /// The CPUs the calling thread may run on (kernel ids, ascending), written
@@ -75,9 +70,7 @@ pub fn current_affinity(out: &mut [usize]) -> Result<usize> {
     let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
     // SAFETY: `set` is writable and of the size given.
     let r = unsafe { libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if r != 0 {
-        return Err(Error::last_os("sched_getaffinity"));
-    }
+    super::os_result(r, "sched_getaffinity")?;
     let mut n = 0;
     for c in 0..libc::CPU_SETSIZE as usize {
         if n == out.len() {

@@ -307,13 +307,6 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull
     Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
 }
 
-/// `Ok` where a call returned 0, else the error its `errno` names (what the
-/// `mprotect`/`munmap`/`madvise`/`mlock`/`mbind`/`move_pages` wrappers share).
-#[inline]
-fn os_result(rc: impl Into<i64>, call: &'static str) -> Result<()> {
-    if rc.into() != 0 { Err(Error::last_os(call)) } else { Ok(()) }
-}
-
 /// Makes `[ptr, ptr+len)` inaccessible (`mprotect(PROT_NONE)`): a guard
 /// page, whose access faults.
 ///
@@ -321,7 +314,7 @@ fn os_result(rc: impl Into<i64>, call: &'static str) -> Result<()> {
 /// The range must be mapped by this crate, page-aligned, and unused.
 pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    os_result(unsafe { libc::mprotect(ptr.as_ptr().cast(), len, libc::PROT_NONE) }, "mprotect")
+    super::os_result(unsafe { libc::mprotect(ptr.as_ptr().cast(), len, libc::PROT_NONE) }, "mprotect")
 }
 
 /// Unmaps `[ptr, ptr+len)`.
@@ -330,7 +323,7 @@ pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be mapped by this crate and no live reference may point into it.
 pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    os_result(unsafe { libc::munmap(ptr.as_ptr().cast(), len) }, "munmap")
+    super::os_result(unsafe { libc::munmap(ptr.as_ptr().cast(), len) }, "munmap")
 }
 
 /// Grows or shrinks a mapping with `mremap`; with `may_move` the kernel may
@@ -390,7 +383,7 @@ pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindF
     // SAFETY: forwarded to the caller for the range; the mask outlives the call
     // and holds `maxnode - 1` bits.
     let r = unsafe { libc::syscall(libc::SYS_mbind, ptr.as_ptr(), len, mode, maskp, maxnode, flags.0) };
-    os_result(r, "mbind")
+    super::os_result(r, "mbind")
 }
 
 /// Returns the pages of `[ptr, ptr+len)` to the OS (`MADV_DONTNEED`): the range
@@ -402,7 +395,7 @@ pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindF
 /// must no longer be needed by anyone.
 pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    os_result(unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) }, "madvise(MADV_DONTNEED)")
+    super::os_result(unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) }, "madvise(MADV_DONTNEED)")
 }
 
 /// Locks `[ptr, ptr+len)` in memory (`mlock`): its pages are committed now
@@ -414,7 +407,7 @@ pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    os_result(unsafe { libc::mlock(ptr.as_ptr().cast(), len) }, "mlock")
+    super::os_result(unsafe { libc::mlock(ptr.as_ptr().cast(), len) }, "mlock")
 }
 
 /// Undoes [`lock`] (`munlock`), before the range is decommitted (a locked
@@ -424,7 +417,7 @@ pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
     // SAFETY: forwarded to the caller.
-    os_result(unsafe { libc::munlock(ptr.as_ptr().cast(), len) }, "munlock")
+    super::os_result(unsafe { libc::munlock(ptr.as_ptr().cast(), len) }, "munlock")
 }
 
 /// Asks for (`MADV_HUGEPAGE`) or against (`MADV_NOHUGEPAGE`) transparent huge
@@ -435,7 +428,7 @@ pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
 pub unsafe fn set_hugepages(ptr: NonNull<u8>, len: usize, enable: bool) -> Result<()> {
     let advice = if enable { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
     // SAFETY: forwarded to the caller.
-    os_result(
+    super::os_result(
         unsafe { libc::madvise(ptr.as_ptr().cast(), len, advice) },
         if enable { "madvise(MADV_HUGEPAGE)" } else { "madvise(MADV_NOHUGEPAGE)" },
     )
@@ -499,7 +492,7 @@ pub fn page_nodes(addrs: &[*const u8], status: &mut [i32]) -> Result<()> {
             0,
         )
     };
-    os_result(r, "move_pages")
+    super::os_result(r, "move_pages")
 }
 
 /// The kernel node id of the page holding `addr`, `None` when the page is not

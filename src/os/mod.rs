@@ -23,6 +23,13 @@ pub mod file;
 pub mod mem;
 pub mod thread;
 
+/// `Ok` where a call returned 0, else the error its `errno` names: the
+/// check of every wrapper here whose call returns 0 or -1.
+#[inline]
+pub(crate) fn os_result(rc: impl Into<i64>, call: &'static str) -> crate::error::Result<()> {
+    if rc.into() != 0 { Err(crate::error::Error::last_os(call)) } else { Ok(()) }
+}
+
 /// The calling thread's `errno`.
 #[inline]
 pub(crate) fn errno() -> i32 {
