@@ -1,10 +1,16 @@
 //! Generates `numaweave.h` from the Rust declarations of `src/api.rs` with
 //! cbindgen (no hand-kept copy), into `OUT_DIR` and beside the library in
-//! the target directory (`target/<profile>/numaweave.h`).
+//! the target directory (`target/<profile>/numaweave.h`); and links the
+//! unwinder privately (`unwinder.rs`).
 
 use std::path::PathBuf;
 
+#[path = "unwinder.rs"]
+mod unwinder;
+
 fn main() {
+    unwinder::link_private_unwinder();
+    println!("cargo:rerun-if-changed=unwinder.rs");
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed=src/api.rs");

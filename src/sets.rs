@@ -141,31 +141,84 @@ impl<const W: usize> IdSet<W> {
     /// Parses the kernel's list format (`"0-3,8,10-11"`, empty for the empty
     /// set). Ids at or beyond the capacity are not stored; their count is
     /// returned beside the set, so callers can say what they dropped.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub fn parse_list(s: &str) -> Result<(Self, usize)> {
         let mut set = Self::new();
         let mut dropped = 0;
-        let s = s.trim();
-        if s.is_empty() {
-            return Ok((set, 0));
-        }
-        for part in s.split(',') {
-            let bad = Error::InvalidTopology { reason: "malformed id list (want e.g. 0-3,8)" };
-            let (a, b) = match part.split_once('-') {
-                Some((a, b)) => (a.trim().parse::<usize>(), b.trim().parse::<usize>()),
-                None => (part.trim().parse::<usize>(), part.trim().parse::<usize>()),
-            };
-            let (a, b) = (a.map_err(|_| bad)?, b.map_err(|_| bad)?);
-            if a > b {
-                return Err(bad);
+        let cap = Self::CAPACITY;
+        for range in Ranges::new(s) {
+            let (a, b) = range?;
+            for id in a..=b.min(cap - 1) {
+                set.insert(id);
             }
-            for id in a..=b {
-                if !set.insert(id) {
-                    dropped += 1;
-                }
+            // Counted, not walked: a list may name ids up to `usize::MAX`.
+            if b >= cap {
+                dropped = (b - a.max(cap)).saturating_add(1).saturating_add(dropped);
             }
         }
         Ok((set, dropped))
     }
+}
+
+/// The ranges of a kernel list (`"0-3,8"`: 0 to 3, then 8 to 8), each
+/// `Err` if malformed. Bytes, not `str::split`/`trim`/`parse`: this runs
+/// inside the allocator's start-up, which keeps off core's out-of-line
+/// string code (see `os::file::PathBuf::push`); and one copy serves every
+/// set width.
+struct Ranges<'a> {
+    /// What is left of the list; `None` once it is used up.
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> Ranges<'a> {
+    fn new(s: &'a str) -> Self {
+        let s = s.as_bytes().trim_ascii();
+        Self { rest: (!s.is_empty()).then_some(s) }
+    }
+}
+
+impl Iterator for Ranges<'_> {
+    type Item = Result<(usize, usize)>;
+
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.rest?;
+        let part = match rest.iter().position(|&b| b == b',') {
+            Some(i) => {
+                self.rest = Some(&rest[i + 1..]);
+                &rest[..i]
+            }
+            None => {
+                self.rest = None;
+                rest
+            }
+        };
+        let (a, b) = match part.iter().position(|&b| b == b'-') {
+            Some(i) => (parse_id(&part[..i]), parse_id(&part[i + 1..])),
+            None => (parse_id(part), parse_id(part)),
+        };
+        Some(match (a, b) {
+            (Some(a), Some(b)) if a <= b => Ok((a, b)),
+            _ => {
+                self.rest = None;
+                Err(Error::InvalidTopology { reason: "malformed id list (want e.g. 0-3,8)" })
+            }
+        })
+    }
+}
+
+/// A decimal id with blanks around it, as the kernel's lists write them.
+fn parse_id(b: &[u8]) -> Option<usize> {
+    let b = b.trim_ascii();
+    if b.is_empty() {
+        return None;
+    }
+    b.iter().try_fold(0usize, |v, &d| {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v.checked_mul(10)?.checked_add(usize::from(d - b'0'))
+    })
 }
 
 impl IdSet<1> {
@@ -289,6 +342,8 @@ mod tests {
         let (s, dropped) = NodeSet::parse_list("62-65").unwrap();
         assert_eq!(s.to_string(), "62-63");
         assert_eq!(dropped, 2);
+        let (s, dropped) = NodeSet::parse_list(" 1, 70-71 ,0-18446744073709551615\n").unwrap();
+        assert_eq!((s.len(), dropped), (64, 2 + (usize::MAX - 63)));
         assert!("64".parse::<NodeSet>().is_err());
     }
 

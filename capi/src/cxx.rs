@@ -87,6 +87,7 @@ unsafe fn throw_bad_alloc() -> ! {
 }
 
 #[inline(always)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn new_impl(size: usize, nothrow: bool) -> *mut c_void {
     // `__STDCPP_DEFAULT_NEW_ALIGNMENT__` is 16 and clang marks what `new`
     // returns as aligned to it, whatever the size: a multiple of 16 gets a
@@ -104,6 +105,7 @@ unsafe fn new_impl(size: usize, nothrow: bool) -> *mut c_void {
 }
 
 #[inline(always)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn new_aligned_impl(size: usize, align: usize, nothrow: bool) -> *mut c_void {
     loop {
         // SAFETY: `std::align_val_t` is a power of two (the caller's
@@ -123,6 +125,7 @@ macro_rules! new_fns {
         /// # Safety
         /// The C++ contract of the operator.
         #[unsafe(no_mangle)]
+        #[unsafe(link_section = ".text.hot.numaweave")]
         pub unsafe extern "C-unwind" fn $name($($arg: $t),*) -> *mut c_void {
             // SAFETY: forwarded contract.
             unsafe { $body }
@@ -156,6 +159,7 @@ macro_rules! delete_fns {
         /// # Safety
         /// The C++ contract of the operator.
         #[unsafe(no_mangle)]
+        #[unsafe(link_section = ".text.hot.numaweave")]
         pub unsafe extern "C" fn $name(p: *mut c_void $(, $arg: $t)*) {
             $(let _ = $arg;)*
             // SAFETY: forwarded contract; the size and alignment are found

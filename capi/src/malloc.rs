@@ -56,6 +56,7 @@ unsafe fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
 /// # Safety
 /// The C contract of `malloc`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     // The fast path makes no call, so `malloc` keeps no stack frame: what
     // may fail (a refill, errno) is in the slow path, reached by a jump (it
@@ -76,6 +77,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// The C contract of `malloc`.
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
     if size > MAX_SIZE {
         set_errno(libc::ENOMEM);
@@ -95,6 +97,7 @@ unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
 /// `p` is null, a live block of this allocator, or a pointer the next
 /// allocator owns.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     // The hardened library's free checks ownership itself (and reports a
     // pointer that is not ours): one lookup, not two.
@@ -124,6 +127,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 /// # Safety
 /// The C contract of `calloc`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: size checked, a valid alignment.
@@ -140,6 +144,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// The C contract of `realloc`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         // SAFETY: forwarded contract.
@@ -176,6 +181,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 /// # Safety
 /// The C contract of `reallocarray`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: forwarded contract.
@@ -190,6 +196,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 /// `size` bytes aligned to `align`, or null with `ENOMEM` (also for an
 /// alignment beyond what numaweave serves, 1 GiB, as glibc says when it
 /// cannot find such memory).
+#[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
     debug_assert!(align.is_power_of_two());
     if align > MAX_ALIGN || size > MAX_SIZE {
@@ -207,6 +214,7 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// `out` is valid for a write.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
     if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
         return libc::EINVAL;
@@ -230,6 +238,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 /// # Safety
 /// The C contract of `aligned_alloc`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     if !align.is_power_of_two() {
         set_errno(libc::EINVAL);
@@ -244,6 +253,7 @@ pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void
 /// # Safety
 /// The C contract of `memalign`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     let Some(align) = align.max(1).checked_next_power_of_two() else {
         set_errno(libc::EINVAL);
@@ -284,6 +294,7 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// # Safety
 /// `p` is null or a live block (of this allocator or the next one).
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     if p.is_null() {
         return 0;
@@ -301,6 +312,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 /// # Safety
 /// As `free`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
     // SAFETY: forwarded contract (the size is found from the block).
     unsafe { free(p) }
@@ -311,6 +323,7 @@ pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
 /// # Safety
 /// As `free`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
     // SAFETY: forwarded contract.
     unsafe { free(p) }

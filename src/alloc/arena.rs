@@ -213,6 +213,7 @@ impl Arena {
 
     /// Maps a segment (outside the lock: `mmap` and `mbind` take a while),
     /// links it, and takes a page from it.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     fn map_and_take(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
         let seg = self.map_segment(state)?;
         let mut g = self.inner.lock();
@@ -226,6 +227,7 @@ impl Arena {
 
     /// A fresh segment-aligned mapping of `len` bytes under this arena's
     /// policy; `None` when the OS refuses either (nothing is left mapped).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn map_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
         let guard = guard_len();
         let base = mem::map_aligned(len + guard, SEGMENT_SIZE).ok()?;
@@ -368,6 +370,7 @@ impl Arena {
     /// the cached mappings that have stayed unused for the delay (on the
     /// allocator's slow paths: page hand-out and return, thread exit,
     /// `collect`; there is no thread or timer of its own).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     fn purge_expired(&self, state: &State, g: &mut ArenaInner, now: u64) {
         if g.purge_at == 0 || now < g.purge_at {
             return;
@@ -533,6 +536,7 @@ impl Arena {
     /// delay, the largest smaller one grown to `len` with `mremap` (its pages
     /// move along, only the rest is faulted in), if the address space can be
     /// had.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn take_huge(&self, state: &State, len: usize) -> Option<(NonNull<u8>, usize)> {
         if guard_len() > 0 {
             return None;
@@ -599,6 +603,7 @@ impl Arena {
     /// large to keep (the caller unmaps it). Without a purge delay, at most
     /// 8 mappings and `purge_threshold` bytes; with one, up to 8 times that
     /// (oldest dropped first), each for the delay.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn keep_huge(&self, state: &State, base: NonNull<u8>, len: usize) -> bool {
         if guard_len() > 0 {
             // Guarded mappings end in a page no access is allowed to: not
@@ -717,6 +722,7 @@ fn slot_mask(first: usize, slots: usize) -> u64 {
 /// program that frees and allocates again reuses the memory it has instead
 /// of touching more (a GC-heavy lua script peaked 30% higher when fresh
 /// slots of a newer segment came first).
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn take_slots(g: &mut ArenaInner, slots: usize, c: &ArenaCounters) -> Option<(*mut SmallSegment, usize, usize)> {
     if c.dirty.load(Ordering::Relaxed) != 0 {
         // SAFETY: listed segments are live; their slot maps are ours under the lock.

@@ -266,6 +266,7 @@ impl Heap {
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) unsafe fn refill(
         heap: *mut Heap,
         class: usize,
@@ -364,6 +365,7 @@ impl Heap {
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn fresh_page(
         heap: *mut Heap,
         class: usize,
@@ -387,6 +389,7 @@ impl Heap {
     ///
     /// # Safety
     /// The heap is the caller's and owns `page`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn refill_from(heap: *mut Heap, page: *mut Page) -> bool {
         // SAFETY: per the contract.
         unsafe {
@@ -433,6 +436,7 @@ impl Heap {
 
     /// A page got a block back while full, or became empty.
     #[cold]
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn page_event(heap: *mut Heap, page: *mut Page) {
         // SAFETY: the caller owns the heap and the page.
         unsafe { Heap::page_event_with(heap, page, true) }
@@ -440,6 +444,7 @@ impl Heap {
 
     /// [`page_event`](Self::page_event); an empty page is kept or given
     /// back only with `may_release`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn page_event_with(heap: *mut Heap, page: *mut Page, may_release: bool) {
         // SAFETY: the caller owns the heap and the page.
         unsafe {
@@ -460,6 +465,7 @@ impl Heap {
     }
 
     /// Gives an empty page back to its arena.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn release_page(&mut self, page: *mut Page) {
         let Some(state) = State::try_get() else { return };
         // SAFETY: the page is empty and ours; after unlinking, nothing here
@@ -518,6 +524,7 @@ impl Heap {
     /// walking them when the free list is empty (they were last written by
     /// other cores: a cache miss each). With `may_release`, a page they empty
     /// may go back to its arena.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn take_remote(heap: *mut Heap, page: *mut Page, may_release: bool) {
         // SAFETY: the caller owns the heap and the page.
         unsafe {
@@ -694,6 +701,7 @@ impl Heap {
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) unsafe fn clear_direct(heap: *mut Heap) {
         // SAFETY: per the contract; the pages stay on the heap's lists.
         unsafe {
@@ -703,6 +711,7 @@ impl Heap {
     }
 
     /// Lets go of every empty page (thread exit, `collect`).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) unsafe fn release_empty_pages(heap: *mut Heap) {
         // SAFETY: the heap is the caller's.
         unsafe {
@@ -852,6 +861,7 @@ unsafe fn node_of(page: *mut Page) -> usize {
 /// refuses the memory for a heap descriptor.
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
     let node = state.topology.current_node();
     let arena = state.home_arena(node);
@@ -913,6 +923,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
 /// Thread-exit destructor (pthread key): release empty pages, leave the heap
 /// for adoption. Allocations after this (from later destructors) make or
 /// adopt a heap again, and the key brings us back for it.
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     let heap = heap.cast::<Heap>();
     let Some(state) = State::try_get() else { return };

@@ -45,6 +45,7 @@ fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
 /// Allocates a huge block on `node` (its arena; the home arena of a node
 /// without memory); null on failure. With `zero`, the block reads as zeroes
 /// (fresh mappings already do; reused ones are cleared).
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) fn alloc_on(state: &State, node: usize, size: usize, align: usize, zero: bool) -> *mut u8 {
     alloc_in(state, state.node_arena(node), size, align, zero)
 }
@@ -109,6 +110,7 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
 /// `seg` must be the header of a live huge block.
 // Out of line: `free` reaches it by a tail call and keeps no frame.
 #[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     // SAFETY: per the contract.
     let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
@@ -139,6 +141,7 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
 ///
 /// # Safety
 /// `p` must be a live huge block of this allocator.
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: usize) -> *mut u8 {
     let seg = segment_of(p);
     // SAFETY: per the contract the header is live.

@@ -299,6 +299,7 @@ impl NumaAlloc {
 
     #[cold]
     #[inline(never)]
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn alloc_slow(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
         let state = self.state();
         let class = class_for(size, align);
@@ -376,6 +377,7 @@ unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
 /// Frees `p`, a live block of this allocator, whatever its size: the owner
 /// is found from the pointer alone.
 #[inline(always)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free(p: *mut u8) {
     // A hardened build takes the kind from the segment map, which also says
     // whether `p` is ours at all (`checked`); a misuse reported without
@@ -603,6 +605,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
         unsafe { self.alloc_slow(layout.size(), layout.align(), true) }
     }
 
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         #[cfg(feature = "hardened")]
         if hardened::full() {
@@ -644,6 +647,7 @@ impl NumaAlloc {
     }
 
     /// `GlobalAlloc::realloc` without red zones.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn realloc_plain(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let align = layout.align();
         let seg = segment_of(p);

@@ -106,6 +106,7 @@ fn to_active(p: &Policy, il: Option<*const ThreadInterleaver>) -> Active {
 impl ThreadPolicy {
     /// The policy in force: the thread's own, else the process default (an
     /// interleave gets the thread's own interleaver, made now if need be).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     fn active(&self, state: &'static State) -> Active {
         if let Some(a) = self.scoped.get() {
             return a;
@@ -307,6 +308,7 @@ fn this_thread_policy() -> &'static ThreadPolicy {
 /// `heap` is the calling thread's heap.
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     let Some(state) = State::try_get() else { return ptr::null_mut() };
     if !state.policies {
@@ -449,6 +451,7 @@ impl Active {
 
     /// The node fresh memory comes from (its arena falls back by distance
     /// when it is out of memory; for `Bind`, only within the set).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     fn node(&self, state: &State) -> usize {
         let here = state.topology.current_node();
         match *self {

@@ -4,6 +4,7 @@
 //! Start-up never recurses: topology discovery and the environment are read
 //! without the heap, and heap descriptors come from `mmap`ed metadata chunks.
 
+use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 
 use super::arena::Arena;
@@ -168,9 +169,13 @@ impl Config {
         self
     }
 
+    // Out of line and not in the hot text: called only when some
+    // `NUMAWEAVE_*` variable is set.
+    #[cold]
+    #[inline(never)]
     fn apply_env(mut self) -> Self {
         if let Some(v) = file::env(c"NUMAWEAVE_MODE") {
-            match v.trim() {
+            match v.trim_ascii() {
                 "auto" => self.mode = Mode::Auto,
                 "flat" => self.mode = Mode::Flat,
                 "per-node" | "pernode" => self.mode = Mode::PerNode,
@@ -185,7 +190,7 @@ impl Config {
             (c"NUMAWEAVE_SHOW_STATS", &mut self.show_stats),
         ] {
             if let Some(v) = file::env(name) {
-                match v.trim() {
+                match v.trim_ascii() {
                     "0" | "false" | "no" => *flag = false,
                     "1" | "true" | "yes" => *flag = true,
                     _ => {
@@ -291,7 +296,9 @@ impl State {
     pub(crate) fn get(config: &Config) -> &'static State {
         match STATE.get() {
             Some(s) => s,
-            None => STATE.get_or_init(|| State::init(*config)),
+            // SAFETY: `init` writes every field (its last lines check the
+            // list against the struct).
+            None => unsafe { STATE.get_or_init_in_place(|slot| State::init(*config, slot)) },
         }
     }
 
@@ -301,28 +308,41 @@ impl State {
         STATE.get()
     }
 
+    /// Sets the state up in `slot`, field by field: built as a value it
+    /// took 40 KiB of stack (two copies of its 18 KiB, most of it the
+    /// arenas), pages every program kept in its RSS.
     #[cold]
-    fn init(config: Config) -> State {
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    fn init(config: Config, slot: &mut MaybeUninit<State>) {
         // A child forked while another thread holds one of the allocator's
         // locks would wait on it forever: hold them all across fork(). (The
         // handlers only take and release the allocator's spin locks.)
         if let Err(e) = thread::at_fork(fork_prepare, fork_release) {
             file::report(format_args!("numaweave: no fork handlers ({e}): fork() from a threaded program may hang"));
         }
-        let config = config.apply_env();
+        let config = if file::env_has_prefix(b"NUMAWEAVE_") { config.apply_env() } else { config };
         #[cfg(feature = "hardened")]
         crate::hardened::init();
-        let topology = allocator_topology();
+        let s = slot.as_mut_ptr();
+        // SAFETY: writes the field in place (nothing was there to drop); the
+        // reference taken after it points at that initialised field, which
+        // nothing writes again.
+        let topology: &Topology = unsafe {
+            (&raw mut (*s).topology).write(allocator_topology());
+            &(*s).topology
+        };
         let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
         let mode = match config.mode {
             Mode::Auto if mem_nodes.len() > 1 => Mode::PerNode,
             Mode::Auto => Mode::Flat,
             m => m,
         };
-        let arenas = core::array::from_fn(|n| {
+        for n in 0..MAX_NODES {
             let bind = (mode == Mode::PerNode && mem_nodes.contains(n)).then(|| topology.physical_node(n));
-            Arena::new(n, bind)
-        });
+            // SAFETY: `n` indexes the slot's `[Arena; MAX_NODES]` field; each
+            // element is written once, in place.
+            unsafe { (&raw mut (*s).arenas).cast::<Arena>().add(n).write(Arena::new(n, bind)) };
+        }
         let mut home = [0u8; MAX_NODES];
         if mode == Mode::PerNode {
             for n in topology.nodes().iter() {
@@ -330,12 +350,9 @@ impl State {
                 home[n] = h as u8;
             }
         }
-        let default_policy = match config.policy.validate(&topology) {
-            Ok(()) => config.policy,
-            Err(e) => {
-                file::report(format_args!("numaweave: default policy {}: {e}; using local", config.policy));
-                Policy::Local
-            }
+        let default_policy = match config.policy {
+            Policy::Local => Policy::Local,
+            p => checked_default_policy(p, topology),
         };
         // Without it exited threads' heaps wait for adoption only when a
         // thread of the same node exits cleanly; nothing breaks.
@@ -348,27 +365,47 @@ impl State {
                 None
             }
         };
-        State {
-            config,
-            mode,
-            multi_node: mode == Mode::PerNode && mem_nodes.len() > 1,
-            topology,
-            arenas,
-            home,
-            heaps: SpinLock::new(ptr::null_mut()),
-            meta: SpinLock::new(MetaChunk { next: ptr::null_mut(), end: ptr::null_mut() }),
-            exit_key: ExitHook(exit_key),
-            default_policy,
-            policies: config.policies,
-            settled: AtomicBool::new(false),
-            stats_fd: AtomicI32::new(2),
+        // SAFETY: each write fills one field of the slot, in place; with the
+        // two above, every field (the pattern below lists them).
+        unsafe {
+            (&raw mut (*s).config).write(config);
+            (&raw mut (*s).mode).write(mode);
+            (&raw mut (*s).multi_node).write(mode == Mode::PerNode && mem_nodes.len() > 1);
+            (&raw mut (*s).home).write(home);
+            (&raw mut (*s).heaps).write(SpinLock::new(ptr::null_mut()));
+            (&raw mut (*s).meta).write(SpinLock::new(MetaChunk { next: ptr::null_mut(), end: ptr::null_mut() }));
+            (&raw mut (*s).exit_key).write(ExitHook(exit_key));
+            (&raw mut (*s).default_policy).write(default_policy);
+            (&raw mut (*s).policies).write(config.policies);
+            (&raw mut (*s).settled).write(AtomicBool::new(false));
+            (&raw mut (*s).stats_fd).write(AtomicI32::new(2));
         }
+        // The fields written above, by name: a field added to `State` fails
+        // to compile here until it is written too.
+        let _: fn(&State) = |s| {
+            let State {
+                config: _,
+                mode: _,
+                topology: _,
+                multi_node: _,
+                arenas: _,
+                home: _,
+                heaps: _,
+                meta: _,
+                exit_key: _,
+                default_policy: _,
+                policies: _,
+                settled: _,
+                stats_fd: _,
+            } = s;
+        };
     }
 
     /// Once, when the first heap is made (after start-up, outside the
     /// allocator's locks: this may allocate): prints the configuration and
     /// topology (`NUMAWEAVE_VERBOSE`) and asks for the statistics at exit
     /// (`NUMAWEAVE_SHOW_STATS`).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn settle(&'static self) {
         if self.settled.swap(true, Ordering::Relaxed) {
             return;
@@ -431,6 +468,7 @@ impl State {
 
     /// Memory for one heap descriptor, from `mmap`ed chunks (never the heap
     /// itself: this runs when a thread has no heap yet).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn alloc_meta(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
         const CHUNK: usize = 1 << 20;
         let mut g = self.meta.lock();
@@ -508,13 +546,34 @@ extern "C" fn fork_release() {
     }
 }
 
+/// `policy` if `topology` can serve it, else local (reported). Out of line
+/// and not in the hot text: only a configured policy comes here.
+#[cold]
+#[inline(never)]
+fn checked_default_policy(policy: Policy, topology: &Topology) -> Policy {
+    match policy.validate(topology) {
+        Ok(()) => policy,
+        Err(e) => {
+            file::report(format_args!("numaweave: default policy {policy}: {e}; using local"));
+            Policy::Local
+        }
+    }
+}
+
 /// The topology as the allocator sees it: `NUMAWEAVE_TOPOLOGY` honoured
 /// except `hwloc`, which allocates and so cannot serve the allocator's own
 /// start-up.
 fn allocator_topology() -> Topology {
-    if file::env(c"NUMAWEAVE_TOPOLOGY").is_some_and(|v| v.trim() == "hwloc") {
-        file::report(format_args!("numaweave: the allocator reads the topology from sysfs (hwloc allocates)"));
-        return Topology::detect().unwrap_or_else(|_| Topology::single_node());
+    if file::env(c"NUMAWEAVE_TOPOLOGY").is_some_and(|v| v.trim_ascii() == "hwloc") {
+        return sysfs_topology();
     }
     Topology::global().clone()
+}
+
+/// Out of line: its own topology value stays off `State::init`'s stack.
+#[cold]
+#[inline(never)]
+fn sysfs_topology() -> Topology {
+    file::report(format_args!("numaweave: the allocator reads the topology from sysfs (hwloc allocates)"));
+    Topology::detect().unwrap_or_else(|_| Topology::single_node())
 }

@@ -39,6 +39,50 @@ impl PathBuf {
     pub fn as_cstr(&self) -> &CStr {
         CStr::from_bytes_until_nul(&self.buf[..=self.len]).unwrap_or(c"")
     }
+
+    /// Appends `s`; a path that would pass [`CAPACITY`](Self::CAPACITY) (or
+    /// holds a NUL) stays as it was, so the kernel finds no such file.
+    ///
+    /// The allocator's start-up builds its sysfs paths with this and
+    /// [`push_num`](Self::push_num), not `write!`: `core::fmt`'s code lies
+    /// anywhere in the library's text, and every page of it that start-up
+    /// touches stays resident in every program (see ARCHITECTURE.md,
+    /// "Resident text and start-up stack").
+    ///
+    /// ```
+    /// let mut p = numaweave::os::file::PathBuf::new();
+    /// p.push("/sys/devices/system/node/node").push_num(12).push("/cpulist");
+    /// assert_eq!(p.as_str(), "/sys/devices/system/node/node12/cpulist");
+    /// ```
+    pub fn push(&mut self, s: &str) -> &mut Self {
+        self.push_bytes(s.as_bytes())
+    }
+
+    /// Appends `b`: ASCII, or a whole UTF-8 text, so that the buffer stays
+    /// text (as [`as_str`](Self::as_str) needs). Out of line: start-up's
+    /// path building is a few calls, not a copy of this per piece.
+    #[inline(never)]
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    fn push_bytes(&mut self, b: &[u8]) -> &mut Self {
+        debug_assert!(b.is_ascii() || core::str::from_utf8(b).is_ok());
+        if self.len + b.len() <= Self::CAPACITY && !b.contains(&0) {
+            self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+            self.len += b.len();
+            self.buf[self.len] = 0;
+        }
+        self
+    }
+
+    /// Appends `n` in decimal. (Digit by digit through recursion: a loop
+    /// over a digit buffer is unrolled twenty times by the optimiser, a
+    /// kilobyte of start-up code.)
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub fn push_num(&mut self, n: usize) -> &mut Self {
+        if n >= 10 {
+            self.push_num(n / 10);
+        }
+        self.push_bytes(&[b'0' + (n % 10) as u8])
+    }
 }
 
 impl Default for PathBuf {
@@ -49,14 +93,8 @@ impl Default for PathBuf {
 
 impl fmt::Write for PathBuf {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let b = s.as_bytes();
-        if self.len + b.len() > Self::CAPACITY || b.contains(&0) {
-            return Err(fmt::Error);
-        }
-        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
-        self.len += b.len();
-        self.buf[self.len] = 0;
-        Ok(())
+        let len = self.len;
+        if self.push(s).len == len && !s.is_empty() { Err(fmt::Error) } else { Ok(()) }
     }
 }
 
@@ -92,6 +130,7 @@ fn retry(call: &'static str, mut f: impl FnMut() -> isize) -> Result<usize> {
 ///
 /// Made for sysfs and procfs files: a short file read in one or two `read`s.
 /// Fails with [`Error::Os`] naming `open` or `read`.
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub fn read(path: &CStr, buf: &mut [u8]) -> Result<usize> {
     with_fd(path, 0, |fd| {
         let mut n = 0;
@@ -125,10 +164,71 @@ pub fn read_to_end(path: &CStr) -> Result<Vec<u8>> {
     })
 }
 
-/// Reads the file at `path` into `buf` and returns its contents as trimmed text.
+/// Reads the file at `path` into `buf` and returns its contents as trimmed
+/// text. The kernel's list and number files are ASCII: anything else fails
+/// with `EILSEQ`.
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub fn read_str<'a>(path: &CStr, buf: &'a mut [u8]) -> Result<&'a str> {
     let n = read(path, buf)?;
-    core::str::from_utf8(&buf[..n]).map(str::trim).map_err(|_| Error::Os { call: "read", errno: libc::EILSEQ })
+    ascii(buf[..n].trim_ascii())
+}
+
+/// `bytes` as text if they are ASCII. (Not `str::from_utf8`: see
+/// [`PathBuf::push`] for why start-up code avoids core's out-of-line helpers.)
+#[unsafe(link_section = ".text.hot.numaweave")]
+fn ascii(bytes: &[u8]) -> Result<&str> {
+    if !bytes.is_ascii() {
+        return Err(Error::Os { call: "read", errno: libc::EILSEQ });
+    }
+    // SAFETY: ASCII is valid UTF-8.
+    Ok(unsafe { core::str::from_utf8_unchecked(bytes) })
+}
+
+/// Calls `f` with the rest of the first line of the file at `path` that
+/// starts with `key` (`Mems_allowed_list:` in `/proc/self/status`), trimmed;
+/// `Ok(None)` when no line does. Reads through `buf` a piece at a time, so a
+/// small stack buffer serves a file of any length; lines longer than `buf`
+/// are passed over (the key's line must fit).
+#[unsafe(link_section = ".text.hot.numaweave")]
+pub fn find_line<T>(path: &CStr, key: &[u8], buf: &mut [u8], f: impl FnOnce(&str) -> T) -> Result<Option<T>> {
+    debug_assert!(!buf.is_empty());
+    with_fd(path, 0, |fd| {
+        // `buf[..held]` is the start of a line not yet seen whole; `skipping`:
+        // it is the middle of a line too long for `buf`, whose start was dropped.
+        let mut held = 0;
+        let mut skipping = false;
+        loop {
+            // SAFETY: the destination is the unfilled tail of `buf`, of the
+            // length given.
+            let r = retry("read", || unsafe { libc::read(fd, buf[held..].as_mut_ptr().cast(), buf.len() - held) })?;
+            let end = held + r;
+            let mut start = 0;
+            loop {
+                // At the end of the file the last line needs no newline.
+                let (line_end, next) = match buf[start..end].iter().position(|&b| b == b'\n') {
+                    Some(i) => (start + i, start + i + 1),
+                    None if r == 0 && start < end => (end, end),
+                    None => break,
+                };
+                let line = &buf[start..line_end];
+                if !skipping && line.starts_with(key) {
+                    return Ok(Some(f(ascii(line[key.len()..].trim_ascii())?)));
+                }
+                skipping = false;
+                start = next;
+            }
+            if r == 0 {
+                return Ok(None);
+            }
+            if start == 0 && end == buf.len() {
+                skipping = true;
+                held = 0;
+            } else {
+                buf.copy_within(start..end, 0);
+                held = end - start;
+            }
+        }
+    })
 }
 
 /// Calls `f` with the name of each entry of the directory at `path` (not
@@ -174,6 +274,39 @@ pub fn for_each_entry(path: &CStr, mut f: impl FnMut(&str)) -> Result<()> {
 pub fn exists(path: &CStr) -> bool {
     // SAFETY: `path` is NUL-terminated.
     unsafe { libc::access(path.as_ptr(), libc::F_OK) == 0 }
+}
+
+/// Whether the name of some environment variable starts with `prefix`
+/// (which holds no NUL): one pass over `environ`, so that start-up parses
+/// its `NUMAWEAVE_*` variables, out-of-line code, only when one is set. The
+/// same caveat as [`env()`]: no racing `setenv`.
+#[unsafe(link_section = ".text.hot.numaweave")]
+pub fn env_has_prefix(prefix: &[u8]) -> bool {
+    unsafe extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    debug_assert!(!prefix.contains(&0));
+    // SAFETY: libc's `environ` is null or a null-terminated array of
+    // NUL-terminated strings; read once, by value.
+    let mut at = unsafe { environ };
+    if at.is_null() {
+        return false;
+    }
+    loop {
+        // SAFETY: `at` points into the array, at most at its null end.
+        let e = unsafe { *at };
+        if e.is_null() {
+            return false;
+        }
+        // Stops at the first byte that differs: at the latest the string's
+        // NUL, which no byte of `prefix` matches, so no read passes it.
+        // SAFETY: `e.add(i)` is at or before that NUL.
+        if prefix.iter().enumerate().all(|(i, &b)| unsafe { *e.add(i) } as u8 == b) {
+            return true;
+        }
+        // SAFETY: `e` was not the terminating null, so the next entry exists.
+        at = unsafe { at.add(1) };
+    }
 }
 
 /// The value of an environment variable, without allocating.
@@ -294,5 +427,70 @@ pub(crate) mod paths {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::Os { call: "read", errno: e.raw_os_error().unwrap_or(libc::EIO) }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of `text` in the temporary directory, removed on drop.
+    struct Temp(std::path::PathBuf, std::ffi::CString);
+
+    impl Temp {
+        fn new(name: &str, text: &[u8]) -> Self {
+            let p = std::env::temp_dir().join(format!("numaweave-{}-{name}", std::process::id()));
+            std::fs::write(&p, text).unwrap();
+            let c = std::ffi::CString::new(p.clone().into_os_string().into_encoded_bytes()).unwrap();
+            Self(p, c)
+        }
+    }
+
+    impl Drop for Temp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn find_line_reads_a_file_of_any_length_through_a_small_buffer() {
+        let long = "x".repeat(100);
+        let text = format!("Name:\tcafé\nCpus_allowed:\t{long}\nMems_allowed_list:\t0-3\nlast:\t7");
+        let f = Temp::new("status", text.as_bytes());
+        for len in [32, 33, 64, 512] {
+            let mut buf = vec![0u8; len];
+            let got = find_line(&f.1, b"Mems_allowed_list:", &mut buf, str::to_owned).unwrap();
+            assert_eq!(got.as_deref(), Some("0-3"), "buffer of {len}");
+            // The last line needs no newline; a key inside a line is no match.
+            assert_eq!(find_line(&f.1, b"last:", &mut buf, str::to_owned).unwrap().as_deref(), Some("7"));
+            assert_eq!(find_line(&f.1, b"allowed_list:", &mut buf, str::to_owned).unwrap(), None);
+        }
+        // Neither is the line after a longer-than-the-buffer line taken for
+        // the rest of that line, nor the long line's tail for a line.
+        let f = Temp::new("long", format!("A:{long}B: tail\nB: 5\n").as_bytes());
+        let mut buf = [0u8; 16];
+        assert_eq!(find_line(&f.1, b"B:", &mut buf, str::to_owned).unwrap().as_deref(), Some("5"));
+        // The key's own line longer than the buffer: passed over.
+        assert_eq!(find_line(&f.1, b"A:", &mut buf, str::to_owned).unwrap(), None);
+    }
+
+    #[test]
+    fn read_str_takes_trimmed_ascii_only() {
+        let mut buf = [0u8; 64];
+        let f = Temp::new("list", b" 0-3,8\n");
+        assert_eq!(read_str(&f.1, &mut buf).unwrap(), "0-3,8");
+        let f = Temp::new("utf8", "caf\u{e9}\n".as_bytes());
+        assert!(matches!(read_str(&f.1, &mut buf), Err(Error::Os { errno: libc::EILSEQ, .. })));
+    }
+
+    #[test]
+    fn path_buf_refuses_what_does_not_fit() {
+        let mut p = PathBuf::new();
+        p.push("/a").push_num(0).push("/").push_num(usize::MAX);
+        assert_eq!(p.as_str(), "/a0/18446744073709551615");
+        p.push(&"y".repeat(PathBuf::CAPACITY)).push("\0");
+        assert_eq!(p.as_str(), "/a0/18446744073709551615");
+        assert!(core::fmt::Write::write_str(&mut p, &"y".repeat(PathBuf::CAPACITY)).is_err());
+        assert_eq!(p.as_cstr().to_bytes(), p.as_str().as_bytes());
     }
 }

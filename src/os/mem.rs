@@ -278,6 +278,7 @@ pub fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
 /// Like [`map`], placed so that `start + offset` is a multiple of `align` (a
 /// power of two): for a header followed by a block aligned to `align`.
 /// `offset` must be a multiple of the page size.
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull<u8>> {
     let page = page_size();
     if !align.is_power_of_two() || offset % page != 0 || offset > len {

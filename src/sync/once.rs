@@ -81,12 +81,49 @@ impl<T> InitCell<T> {
     pub fn get_or_init(&self, init: impl FnOnce() -> T) -> &T {
         match self.get() {
             Some(v) => v,
+            None => self.init_slow(|slot| {
+                slot.write(init());
+            }),
+        }
+    }
+
+    /// [`get_or_init`](Self::get_or_init) for a large `T`: `init` writes the
+    /// value straight into the cell, where a returned value would be built
+    /// on the stack and copied (the allocator's state is 18 KiB; every stack
+    /// page its start-up touches stays in the program's RSS).
+    ///
+    /// # Safety
+    /// `init` must leave `slot` fully initialised when it returns.
+    ///
+    /// ```
+    /// use core::mem::MaybeUninit;
+    /// use numaweave::sync::InitCell;
+    /// static TABLE: InitCell<[u64; 4096]> = InitCell::new();
+    /// // SAFETY: the closure writes every element.
+    /// let t = unsafe {
+    ///     TABLE.get_or_init_in_place(|slot: &mut MaybeUninit<[u64; 4096]>| {
+    ///         let p = slot.as_mut_ptr().cast::<u64>();
+    ///         for i in 0..4096 {
+    ///             // SAFETY: `i` is within the array `slot` holds.
+    ///             unsafe { p.add(i).write(i as u64 * 3) };
+    ///         }
+    ///     })
+    /// };
+    /// assert_eq!(t[4095], 12285);
+    /// ```
+    #[inline]
+    pub unsafe fn get_or_init_in_place(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> &T {
+        match self.get() {
+            Some(v) => v,
             None => self.init_slow(init),
         }
     }
 
+    /// Runs `init` on the empty slot once; it leaves the slot initialised
+    /// (both callers' contract).
+    #[unsafe(link_section = ".text.hot.numaweave")]
     #[cold]
-    fn init_slow(&self, init: impl FnOnce() -> T) -> &T {
+    fn init_slow(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> &T {
         let mut init = Some(init);
         let mut spins = 0u32;
         loop {
@@ -101,11 +138,10 @@ impl<T> InitCell<T> {
                     }
                     let reset = Reset(&self.state);
                     let f = init.take().expect("InitCell: initialiser consumed twice");
-                    let v = f();
                     self.value.with_mut(|p| {
                         // SAFETY: the RUNNING state gives this thread exclusive
                         // access: nobody reads before READY, nobody else writes.
-                        unsafe { (*p).write(v) };
+                        f(unsafe { &mut *p });
                     });
                     core::mem::forget(reset);
                     self.state.store(READY, Ordering::Release);

@@ -118,6 +118,7 @@ impl Topology {
     /// The machine's topology, read from sysfs and procfs now (no environment
     /// override, no caching). Without a NUMA kernel it is one node 0
     /// ([`Source::NoNuma`]). Never allocates.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub fn detect() -> Result<Self> {
         sysfs::detect()
     }
@@ -356,26 +357,43 @@ impl Iterator for NodeOrder {
 }
 
 /// Builds the process topology as `NUMAWEAVE_TOPOLOGY` asks.
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn from_env() -> Topology {
-    let real = || match Topology::detect() {
+    // Each way out its own function, so that the common one's stack frame
+    // holds one topology, not one per branch (start-up's stack pages stay
+    // in every program's RSS).
+    match crate::os::file::env(c"NUMAWEAVE_TOPOLOGY") {
+        None => real_topology(),
+        Some(spec) => from_spec(spec),
+    }
+}
+
+/// This machine's topology, or one node if discovery fails.
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+fn real_topology() -> Topology {
+    match Topology::detect() {
         Ok(t) => t,
         Err(e) => {
             crate::os::file::report(format_args!("numaweave: topology discovery failed ({e}); assuming one node"));
             sysfs::single_node_fallback()
         }
-    };
-    let Some(spec) = crate::os::file::env(c"NUMAWEAVE_TOPOLOGY") else {
-        return real();
-    };
+    }
+}
+
+/// The topology `NUMAWEAVE_TOPOLOGY` asks for.
+#[cold]
+#[inline(never)]
+fn from_spec(spec: &str) -> Topology {
     match parse_spec(spec) {
-        Ok(Spec::Sysfs) => real(),
-        Ok(Spec::Fake(n)) => match SyntheticBuilder::fake(&real(), n) {
+        Ok(Spec::Sysfs) => real_topology(),
+        Ok(Spec::Fake(n)) => match SyntheticBuilder::fake(&real_topology(), n) {
             Ok(t) => t,
             Err(e) => {
                 crate::os::file::report(format_args!(
                     "numaweave: NUMAWEAVE_TOPOLOGY={spec}: {e}; using the real topology"
                 ));
-                real()
+                real_topology()
             }
         },
         #[cfg(feature = "hwloc")]
@@ -383,14 +401,14 @@ fn from_env() -> Topology {
             Ok(t) => t,
             Err(e) => {
                 crate::os::file::report(format_args!("numaweave: NUMAWEAVE_TOPOLOGY=hwloc: {e}; using sysfs"));
-                real()
+                real_topology()
             }
         },
         Err(why) => {
             crate::os::file::report(format_args!(
                 "numaweave: ignoring NUMAWEAVE_TOPOLOGY={spec:?}: {why} (want sysfs, fake:N or hwloc)"
             ));
-            real()
+            real_topology()
         }
     }
 }

@@ -18,6 +18,16 @@ fn path(args: core::fmt::Arguments<'_>) -> PathBuf {
     p
 }
 
+/// `/sys/devices/system/node/node<n>/<leaf>`, without `core::fmt` (this
+/// runs inside the allocator's start-up: see [`PathBuf::push`]).
+#[unsafe(link_section = ".text.hot.numaweave")]
+fn node_file(n: usize, leaf: &str) -> PathBuf {
+    let mut p = PathBuf::new();
+    p.push(NODE_DIR).push("/node").push_num(n).push("/").push(leaf);
+    p
+}
+
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(super) fn detect() -> Result<Topology> {
     // 4 KiB holds any list file below MAX_CPUS and one node's distance row.
     let mut buf = [0u8; 4096];
@@ -42,7 +52,7 @@ pub(super) fn detect() -> Result<Topology> {
     for n in online.iter() {
         read_distances(&mut t, n, &mut buf)?;
         t.memory[n] = read_node_memory(n, &mut buf)?;
-        let p = path(format_args!("{NODE_DIR}/node{n}/cpulist"));
+        let p = node_file(n, "cpulist");
         let (cpus, dropped) = super::CpuSet::parse_list(file::read_str(p.as_cstr(), &mut buf)?)?;
         t.ignored_cpus += dropped as u16;
         for c in cpus.iter() {
@@ -93,6 +103,7 @@ pub(super) fn single_node_fallback() -> Topology {
     t
 }
 
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn read_set(p: &core::ffi::CStr, buf: &mut [u8]) -> Result<Option<NodeSet>> {
     match file::read_str(p, buf) {
         Ok(s) => Ok(Some(NodeSet::parse_list(s)?.0)),
@@ -101,8 +112,9 @@ fn read_set(p: &core::ffi::CStr, buf: &mut [u8]) -> Result<Option<NodeSet>> {
     }
 }
 
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn read_distances(t: &mut Topology, n: usize, buf: &mut [u8]) -> Result<()> {
-    let p = path(format_args!("{NODE_DIR}/node{n}/distance"));
+    let p = node_file(n, "distance");
     // The row lists distances to every online node, in ascending id order.
     let row = match file::read_str(p.as_cstr(), buf) {
         Ok(s) => s,
@@ -125,8 +137,9 @@ fn read_distances(t: &mut Topology, n: usize, buf: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn read_node_memory(n: usize, buf: &mut [u8]) -> Result<u64> {
-    let p = path(format_args!("{NODE_DIR}/node{n}/meminfo"));
+    let p = node_file(n, "meminfo");
     match file::read_str(p.as_cstr(), buf) {
         // Lines look like "Node 0 MemTotal:       16303300 kB".
         Ok(s) => Ok(meminfo_kb(s, "MemTotal:").unwrap_or(0) * 1024),
@@ -135,12 +148,18 @@ fn read_node_memory(n: usize, buf: &mut [u8]) -> Result<u64> {
     }
 }
 
-/// The kB figure after `key` in a meminfo-style text.
+/// The kB figure after `key` in a meminfo-style text. (Byte searches, not
+/// `str::find`: start-up code, see [`PathBuf::push`].)
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let rest = &l[l.find(key)? + key.len()..];
-        rest.split_ascii_whitespace().next()?.parse().ok()
-    })
+    let (text, key) = (text.as_bytes(), key.as_bytes());
+    let at = text.windows(key.len()).position(|w| w == key)? + key.len();
+    let rest = text[at..].trim_ascii_start();
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || rest.get(digits).is_some_and(|b| !b.is_ascii_whitespace()) {
+        return None;
+    }
+    rest[..digits].iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add(u64::from(d - b'0')))
 }
 
 /// The page size a sysfs huge-page directory is named for
@@ -190,16 +209,14 @@ pub(super) fn huge_pages(n: usize) -> Result<HugePages> {
 
 /// `Mems_allowed_list` from `/proc/self/status`; `None` when the kernel does not
 /// report it (no cpusets).
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn read_mems_allowed() -> Result<Option<NodeSet>> {
-    // The status file grows with the CPU count (Cpus_allowed); 16 KiB holds
-    // MAX_CPUS comfortably.
-    let mut buf = [0u8; 16384];
-    let text = file::read_str(c"/proc/self/status", &mut buf)?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix("Mems_allowed_list:"))
-        .and_then(|v| NodeSet::parse_list(v.trim()).ok())
-        .map(|(s, _)| s))
+    // The status file grows with the CPU count (`Cpus_allowed`), the line
+    // wanted does not (at most MAX_NODES ids): read it a piece at a time
+    // rather than whole into a stack buffer as large as the file.
+    let mut buf = [0u8; 512];
+    let found = file::find_line(c"/proc/self/status", b"Mems_allowed_list:", &mut buf, NodeSet::parse_list)?;
+    Ok(found.and_then(|r| r.ok()).map(|(s, _)| s))
 }
 
 /// The kernel node whose memory holds physical frame `pfn` (from
