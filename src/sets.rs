@@ -208,6 +208,8 @@ impl Iterator for Ranges<'_> {
 }
 
 /// A decimal id with blanks around it, as the kernel's lists write them.
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 fn parse_id(b: &[u8]) -> Option<usize> {
     let b = b.trim_ascii();
     if b.is_empty() {

@@ -125,7 +125,6 @@ macro_rules! new_fns {
         /// # Safety
         /// The C++ contract of the operator.
         #[unsafe(no_mangle)]
-        #[unsafe(link_section = ".text.hot.numaweave")]
         pub unsafe extern "C-unwind" fn $name($($arg: $t),*) -> *mut c_void {
             // SAFETY: forwarded contract.
             unsafe { $body }
@@ -133,18 +132,25 @@ macro_rules! new_fns {
     )*};
 }
 
+// The throwing forms sit with the other hot code; the nothrow ones, which
+// programs seldom call, are left out of it to keep it small (see
+// ARCHITECTURE.md, "Resident text and start-up stack").
 new_fns! {
     /// `operator new(size_t)`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     _Znwm(size: usize) => new_impl(size, false);
     /// `operator new[](size_t)`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     _Znam(size: usize) => new_impl(size, false);
     /// `operator new(size_t, const std::nothrow_t&)`.
     _ZnwmRKSt9nothrow_t(size: usize, _nt: *const c_void) => new_impl(size, true);
     /// `operator new[](size_t, const std::nothrow_t&)`.
     _ZnamRKSt9nothrow_t(size: usize, _nt: *const c_void) => new_impl(size, true);
     /// `operator new(size_t, std::align_val_t)`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     _ZnwmSt11align_val_t(size: usize, align: usize) => new_aligned_impl(size, align, false);
     /// `operator new[](size_t, std::align_val_t)`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
     _ZnamSt11align_val_t(size: usize, align: usize) => new_aligned_impl(size, align, false);
     /// `operator new(size_t, std::align_val_t, const std::nothrow_t&)`.
     _ZnwmSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, _nt: *const c_void) => new_aligned_impl(size, align, true);

@@ -407,9 +407,16 @@ impl State {
     /// (`NUMAWEAVE_SHOW_STATS`).
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn settle(&'static self) {
-        if self.settled.swap(true, Ordering::Relaxed) {
-            return;
+        if (self.config.verbose || self.config.show_stats) && !self.settled.swap(true, Ordering::Relaxed) {
+            self.settle_slow();
         }
+    }
+
+    /// What `settle` does when asked to: out of line and not in the hot
+    /// text (formatting code).
+    #[cold]
+    #[inline(never)]
+    fn settle_slow(&'static self) {
         if self.config.verbose {
             let c = &self.config;
             file::write_stderr(format_args!(

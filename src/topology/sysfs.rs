@@ -20,6 +20,7 @@ fn path(args: core::fmt::Arguments<'_>) -> PathBuf {
 
 /// `/sys/devices/system/node/node<n>/<leaf>`, without `core::fmt` (this
 /// runs inside the allocator's start-up: see [`PathBuf::push`]).
+#[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 fn node_file(n: usize, leaf: &str) -> PathBuf {
     let mut p = PathBuf::new();
