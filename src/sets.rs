@@ -207,10 +207,13 @@ impl Iterator for Ranges<'_> {
     }
 }
 
-/// A decimal id with blanks around it, as the kernel's lists write them.
+/// A decimal id with blanks around it, as the kernel's lists write them;
+/// `None` for anything else or a figure too large for a word. Also the
+/// figure parser of the rest of start-up's sysfs reading (meminfo,
+/// distances), which must keep off `core::str`'s parsers.
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
-fn parse_id(b: &[u8]) -> Option<usize> {
+pub(crate) fn parse_id(b: &[u8]) -> Option<usize> {
     let b = b.trim_ascii();
     if b.is_empty() {
         return None;

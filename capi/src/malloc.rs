@@ -163,16 +163,13 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return ptr::null_mut();
     }
-    // SAFETY: a live block of ours; its usable size is what may be copied,
-    // the new layout (`MIN_ALIGN`) is valid.
-    unsafe {
-        let old = A.usable_size(p.cast());
-        let q = A.realloc(p.cast(), Layout::from_size_align_unchecked(old, MIN_ALIGN), size);
-        if q.is_null() {
-            set_errno(libc::ENOMEM);
-        }
-        q.cast()
+    // SAFETY: a live block of ours, a size checked above (`realloc_unsized`
+    // aligns as `MIN_ALIGN` does).
+    let q = unsafe { A.realloc_unsized(p.cast(), size) };
+    if q.is_null() {
+        set_errno(libc::ENOMEM);
     }
+    q.cast()
 }
 
 /// `realloc(p, n * size)`, null with `ENOMEM` (and `p` untouched) when the

@@ -267,6 +267,46 @@ impl NumaAlloc {
         unsafe { free_if_ours(p) }
     }
 
+    /// Resizes the block at `p` to `new_size` bytes without its layout, as
+    /// C's `realloc` does: contents kept up to the smaller of the block's
+    /// usable size and `new_size`, a moved block aligned to 8 (16 from 16
+    /// bytes, as `malloc`'s); null (with `p` untouched) when out of memory.
+    /// The block's segment is looked at once, for both its size and the
+    /// choice between keeping, resizing in place and moving it.
+    ///
+    /// ```
+    /// use core::alloc::{GlobalAlloc, Layout};
+    /// use numaweave::NumaAlloc;
+    /// static A: NumaAlloc = NumaAlloc::new();
+    /// // SAFETY: a live block of `A`, resized once, freed once.
+    /// unsafe {
+    ///     let p = A.alloc(Layout::from_size_align(24, 8).unwrap());
+    ///     assert!(!p.is_null());
+    ///     p.write_bytes(7, 24);
+    ///     let q = A.realloc_unsized(p, 1000);
+    ///     assert!(!q.is_null() && (0..24).all(|i| *q.add(i) == 7));
+    ///     A.free(q);
+    /// }
+    /// ```
+    ///
+    /// # Safety
+    /// `p` must be a live block of this allocator; `new_size` must be
+    /// non-zero and, rounded up to 16, at most `isize::MAX`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub unsafe fn realloc_unsized(&self, p: *mut u8, new_size: usize) -> *mut u8 {
+        #[cfg(feature = "hardened")]
+        if hardened::full() {
+            // SAFETY: forwarded contract; the asked size with alignment 8
+            // is the block's layout as far as the red zone is concerned.
+            unsafe {
+                let old = usable_size(p);
+                return self.realloc(p, Layout::from_size_align_unchecked(old, 8), new_size);
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.realloc_plain(p, 8, None, new_size) }
+    }
+
     /// The node whose arena owns the block at `p` (its segment's node).
     ///
     /// # Safety
@@ -622,7 +662,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
             }
         }
         // SAFETY: forwarded contract.
-        unsafe { self.realloc_plain(p, layout, new_size) }
+        unsafe { self.realloc_plain(p, layout.align(), Some(layout.size()), new_size) }
     }
 }
 
@@ -646,14 +686,14 @@ impl NumaAlloc {
         unsafe { self.alloc_slow(size, layout.align(), false) }
     }
 
-    /// `GlobalAlloc::realloc` without red zones.
+    /// `GlobalAlloc::realloc` without red zones, for a block whose size is
+    /// `old_size` where the caller knows it, its usable size where not (C).
     #[unsafe(link_section = ".text.hot.numaweave")]
-    unsafe fn realloc_plain(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let align = layout.align();
+    unsafe fn realloc_plain(&self, p: *mut u8, align: usize, old_size: Option<usize>, new_size: usize) -> *mut u8 {
         let seg = segment_of(p);
         // SAFETY: `p` is a live block (caller's contract).
         unsafe {
-            match (*seg).kind {
+            let usable = match (*seg).kind {
                 SegmentKind::Small | SegmentKind::Region => {
                     let usable = usable_size(p);
                     // Keep the block if the new size fits and would not waste
@@ -662,23 +702,29 @@ impl NumaAlloc {
                     if new_size <= usable && (new_size >= usable / 2 || usable <= 64) && new_size <= SMALL_MAX {
                         return p;
                     }
+                    usable
                 }
-                SegmentKind::Huge if new_size > SMALL_MAX => {
-                    if let Some(state) = State::try_get() {
+                SegmentKind::Huge => {
+                    let state = if new_size > SMALL_MAX { State::try_get() } else { None };
+                    if let Some(state) = state {
                         let q = huge::realloc(state, p, align, new_size);
                         if !q.is_null() {
                             return q;
                         }
                     }
+                    match old_size {
+                        Some(size) => size,
+                        None => huge::usable_size(seg, p),
+                    }
                 }
-                SegmentKind::Huge => {}
-            }
+            };
+            debug_assert!(old_size.is_none_or(|size| size <= usable));
             // SAFETY: `new_size` with the old alignment is a valid layout per
             // the GlobalAlloc contract.
             let new_layout = Layout::from_size_align_unchecked(new_size, align);
             let q = self.alloc(new_layout);
             if !q.is_null() {
-                ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                ptr::copy_nonoverlapping(p, q, old_size.unwrap_or(usable).min(new_size));
                 free(p);
             }
             q

@@ -1,8 +1,6 @@
 //! Discovery from `/sys/devices/system/node`, `/sys/devices/system/cpu` and
 //! `/proc/self/status`, into fixed tables with stack buffers only.
 
-use core::fmt::Write;
-
 use super::{
     HugePages, HugePool, LOCAL_DISTANCE, MAX_CPUS, MAX_NODES, NO_NODE, NodeSet, REMOTE_DISTANCE, Source, Topology,
 };
@@ -10,13 +8,6 @@ use crate::error::{Error, Result};
 use crate::os::file::{self, PathBuf};
 
 const NODE_DIR: &str = "/sys/devices/system/node";
-
-/// Builds a path from format arguments; every path here is far below the cap.
-fn path(args: core::fmt::Arguments<'_>) -> PathBuf {
-    let mut p = PathBuf::new();
-    let _ = p.write_fmt(args);
-    p
-}
 
 /// `/sys/devices/system/node/node<n>/<leaf>`, without `core::fmt` (this
 /// runs inside the allocator's start-up: see [`PathBuf::push`]).
@@ -125,7 +116,8 @@ fn read_distances(t: &mut Topology, n: usize, buf: &mut [u8]) -> Result<()> {
     let mut targets = t.online.iter();
     let mut seen = 0;
     for tok in row.split_ascii_whitespace() {
-        let d: u8 = tok.parse().map_err(|_| Error::InvalidTopology { reason: "malformed node distance" })?;
+        let d = crate::sets::parse_id(tok.as_bytes()).and_then(|d| u8::try_from(d).ok());
+        let d = d.ok_or(Error::InvalidTopology { reason: "malformed node distance" })?;
         let Some(m) = targets.next() else { break };
         t.distance[n][m] = d;
         seen += 1;
@@ -156,11 +148,10 @@ fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
     let (text, key) = (text.as_bytes(), key.as_bytes());
     let at = text.windows(key.len()).position(|w| w == key)? + key.len();
     let rest = text[at..].trim_ascii_start();
-    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || rest.get(digits).is_some_and(|b| !b.is_ascii_whitespace()) {
-        return None;
-    }
-    rest[..digits].iter().try_fold(0u64, |v, &d| v.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+    // The figure is the token up to the next blank; `parse_id` refuses one
+    // with anything but digits in it ("12kB") or too large for a word.
+    let digits = rest.iter().position(u8::is_ascii_whitespace).unwrap_or(rest.len());
+    crate::sets::parse_id(&rest[..digits]).map(|kb| kb as u64)
 }
 
 /// The page size a sysfs huge-page directory is named for
@@ -174,7 +165,7 @@ fn huge_dir_size(name: &str) -> Option<usize> {
 /// the kernel has no hugetlb support or no such node.
 pub(super) fn huge_pages(n: usize) -> Result<HugePages> {
     let mut out = HugePages::default();
-    let dir = path(format_args!("{NODE_DIR}/node{n}/hugepages"));
+    let dir = node_file(n, "hugepages");
     let mut sizes = [0usize; HugePages::MAX_SIZES];
     let mut len = 0;
     match file::for_each_entry(dir.as_cstr(), |name| {
@@ -193,7 +184,8 @@ pub(super) fn huge_pages(n: usize) -> Result<HugePages> {
     let mut buf = [0u8; 64];
     for &size in &sizes[..len] {
         let mut count = |what: &str| -> Result<u64> {
-            let p = path(format_args!("{}/hugepages-{}kB/{what}", dir.as_str(), size / 1024));
+            let mut p = node_file(n, "hugepages/hugepages-");
+            p.push_num(size / 1024).push("kB/").push(what);
             let s = file::read_str(p.as_cstr(), &mut buf)?;
             s.parse().map_err(|_| Error::Os { call: "read", errno: libc::EINVAL })
         };
@@ -232,8 +224,10 @@ pub fn node_of_frame(pfn: u64) -> Result<Option<usize>> {
         return Ok(None);
     }
     let id = pfn * crate::os::page_size() as u64 / block;
+    let Ok(id) = usize::try_from(id) else { return Ok(None) };
     for n in 0..MAX_NODES {
-        if file::exists(path(format_args!("{NODE_DIR}/node{n}/memory{id}")).as_cstr()) {
+        let mut p = node_file(n, "memory");
+        if file::exists(p.push_num(id).as_cstr()) {
             return Ok(Some(n));
         }
     }
@@ -283,6 +277,10 @@ mod tests {
         assert_eq!(meminfo_kb(s, "MemTotal:"), Some(16303300));
         assert_eq!(meminfo_kb(s, "MemFree:"), Some(1));
         assert_eq!(meminfo_kb(s, "Nope:"), None);
+        assert_eq!(meminfo_kb("MemTotal: 12kB\n", "MemTotal:"), None);
+        assert_eq!(meminfo_kb("MemTotal:\t7", "MemTotal:"), Some(7));
+        assert_eq!(meminfo_kb("MemTotal: 99999999999999999999999 kB", "MemTotal:"), None);
+        assert_eq!(meminfo_kb("MemTotal:   \n", "MemTotal:"), None);
     }
 
     #[test]
