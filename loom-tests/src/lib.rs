@@ -2,7 +2,7 @@
 //! crate only exists so they build with `--cfg loom` in their own target dir:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" cargo test -p numaweave-loom-tests --release --target-dir target/loom
+//! RUSTFLAGS="--cfg loom" cargo test -p numaweave-loom-tests --profile ci --target-dir target/loom
 //! ```
 //!
 //! [`region_model`] holds the bump region as the two region lifetime models
