@@ -992,9 +992,10 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
 const EXPIRE_EVERY: u32 = 64;
 /// A class that has not refilled in this many of its heap's refills is
 /// idle. (Refills come once per [`CARVE_BYTES`] of a fresh page's blocks or
-/// per page of freed ones: a class in steady use, even a rare one, refills
-/// well within this; lua's tree classes sit idle for a few hundred while
-/// it builds its strings.)
+/// per page of freed ones: a class in steady use refills well within this
+/// and keeps its page; one used rarely gives it back, as mimalloc's retired
+/// pages expire after some of the heap's slow-path calls. Lua's tree
+/// classes sit idle for a few hundred refills while it builds its strings.)
 const IDLE_REFILLS: u32 = 256;
 
 /// How much of a page's untouched tail one [`carve`] puts on its free list:

@@ -269,8 +269,9 @@ impl NumaAlloc {
 
     /// Resizes the block at `p` to `new_size` bytes without its layout, as
     /// C's `realloc` does: contents kept up to the smaller of the block's
-    /// usable size and `new_size`, a moved block aligned to 8 (16 from 16
-    /// bytes, as `malloc`'s); null (with `p` untouched) when out of memory.
+    /// usable size and `new_size`, a moved block aligned as the C library's
+    /// `malloc` aligns (16 for a multiple of 16 or above 128 bytes, else 8);
+    /// null (with `p` untouched) when out of memory.
     /// The block's segment is looked at once, for both its size and the
     /// choice between keeping, resizing in place and moving it.
     ///
