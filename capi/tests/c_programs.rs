@@ -86,9 +86,10 @@ fn src(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(name)
 }
 
-/// A scratch directory of this test process.
+/// A scratch directory for one test's programs, under the target
+/// directory (each run overwrites the last; nothing is left in `/tmp`).
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("numaweave-capi-{}-{name}", std::process::id()));
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-{name}"));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

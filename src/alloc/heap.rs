@@ -1147,37 +1147,82 @@ mod tests {
         });
     }
 
+    /// The page descriptor of a block a heap handed out.
+    ///
+    /// # Safety
+    /// `b` is a live small block.
+    unsafe fn page_of_block(b: *mut u8) -> *mut Page {
+        // SAFETY: a small block lies in a page of its small segment.
+        unsafe { super::super::segment::page_of(segment_of(b).cast(), b) }
+    }
+
+    /// Whether `page` is on the heap's list of `class`'s pages (a page given
+    /// back to the arena is not). Looked at instead of the arena's page
+    /// counts, which the tests running beside this one change too.
+    ///
+    /// # Safety
+    /// `heap` is this thread's heap.
+    unsafe fn listed(heap: *mut Heap, class: usize, page: *mut Page) -> bool {
+        // SAFETY: the caller's heap; its listed pages are live.
+        unsafe {
+            let mut p = (*heap).lists[class].head;
+            while !p.is_null() && p != page {
+                p = (*p).next;
+            }
+            !p.is_null()
+        }
+    }
+
+    /// Fills two pages of `class` (four 16 KiB blocks each) and frees the
+    /// first page's blocks while the second is direct, so the first is kept
+    /// empty. Returns the second page's blocks and the kept page.
+    ///
+    /// # Safety
+    /// `heap` is this thread's heap, `class` holds four blocks a page.
+    unsafe fn keep_an_emptied_page(state: &'static State, heap: *mut Heap, class: usize) -> (Vec<*mut u8>, *mut Page) {
+        let node = state.current_arena().node;
+        // SAFETY: the caller's heap and the blocks it hands out.
+        unsafe {
+            let mut ps = Vec::new();
+            for _ in 0..8 {
+                let mut p = Heap::pop(heap, class);
+                if p.is_null() {
+                    p = Heap::refill(heap, class, state, &mut Anywhere(node));
+                }
+                ps.push(p);
+            }
+            let first = page_of_block(ps[0]);
+            for &p in &ps[..4] {
+                Heap::free_local(heap, first, p.cast());
+            }
+            assert_eq!((*heap).kept_empty[class], first, "emptied while not direct: kept");
+            assert!(listed(heap, class, first));
+            (ps.split_off(4), first)
+        }
+    }
+
+    /// Frees blocks of one page back to this thread's heap.
+    ///
+    /// # Safety
+    /// `heap` is this thread's heap, the blocks its own and live.
+    unsafe fn free_all(heap: *mut Heap, blocks: &[*mut u8]) {
+        for &p in blocks {
+            // SAFETY: the caller's heap and live blocks.
+            unsafe { Heap::free_local(heap, page_of_block(p), p.cast()) };
+        }
+    }
+
     #[test]
     fn an_emptied_page_is_kept_once_then_released() {
         on_fresh_heap(|state, heap| {
             let class = class_of(16 * 1024);
-            let node = state.current_arena().node;
-            let arena = state.node_arena(node);
             // SAFETY: this thread's heap and its blocks.
             unsafe {
-                // Two full pages of four blocks.
-                let mut ps = Vec::new();
-                for _ in 0..8 {
-                    let mut p = Heap::pop(heap, class);
-                    if p.is_null() {
-                        p = Heap::refill(heap, class, state, &mut Anywhere(node));
-                    }
-                    ps.push(p);
-                }
-                let first = super::super::segment::page_of(segment_of(ps[0]).cast(), ps[0]);
-                let in_use = arena.counters.pages_in_use.load(Ordering::Relaxed);
-                // The first page empties while not direct: kept.
-                for &p in &ps[..4] {
-                    Heap::free_local(heap, first, p.cast());
-                }
-                assert_eq!((*heap).kept_empty[class], first);
-                assert_eq!(arena.counters.pages_in_use.load(Ordering::Relaxed), in_use);
+                let (rest, first) = keep_an_emptied_page(state, heap, class);
                 Heap::release_empty_pages(heap);
-                assert!(arena.counters.pages_in_use.load(Ordering::Relaxed) < in_use, "released to the arena");
-                let second = super::super::segment::page_of(segment_of(ps[4]).cast(), ps[4]);
-                for &p in &ps[4..] {
-                    Heap::free_local(heap, second, p.cast());
-                }
+                assert!((*heap).kept_empty[class].is_null());
+                assert!(!listed(heap, class, first), "released to the arena");
+                free_all(heap, &rest);
             }
         });
     }
@@ -1187,57 +1232,29 @@ mod tests {
         on_fresh_heap(|state, heap| {
             let (class, other) = (class_of(16 * 1024), class_of(64));
             let node = state.current_arena().node;
-            // (Not the arena's page counts: other tests share the arena.)
-            let listed = |page: *mut Page| {
-                // SAFETY: this thread's heap; its listed pages are live.
-                unsafe {
-                    let mut p = (*heap).lists[class].head;
-                    while !p.is_null() && p != page {
-                        p = (*p).next;
-                    }
-                    !p.is_null()
-                }
-            };
             // SAFETY: this thread's heap and its blocks.
             unsafe {
-                let mut ps = Vec::new();
-                for _ in 0..8 {
-                    let mut p = Heap::pop(heap, class);
-                    if p.is_null() {
-                        p = Heap::refill(heap, class, state, &mut Anywhere(node));
-                    }
-                    ps.push(p);
-                }
-                let first = super::super::segment::page_of(segment_of(ps[0]).cast(), ps[0]);
-                for &p in &ps[..4] {
-                    Heap::free_local(heap, first, p.cast());
-                }
-                assert_eq!((*heap).kept_empty[class], first);
+                let (rest, first) = keep_an_emptied_page(state, heap, class);
                 // Refills of another class only: each one a tick of the
                 // heap's clock.
                 let tick = |n: u32| {
                     for _ in 0..n {
                         let b = Heap::refill(heap, other, state, &mut Anywhere(node));
                         assert!(!b.is_null());
-                        let page = super::super::segment::page_of(segment_of(b).cast(), b);
-                        Heap::free_local(heap, page, b.cast());
+                        free_all(heap, &[b]);
                     }
                 };
                 tick(IDLE_REFILLS / 2);
                 assert_eq!((*heap).kept_empty[class], first, "not idle yet");
-                assert!(listed(first));
+                assert!(listed(heap, class, first));
                 tick(IDLE_REFILLS + EXPIRE_EVERY);
                 assert!((*heap).kept_empty[class].is_null(), "an idle class's page expires");
-                assert!(!listed(first), "given back to the arena");
+                assert!(!listed(heap, class, first), "given back to the arena");
                 // The class still serves, from its other page and fresh ones.
-                let second = super::super::segment::page_of(segment_of(ps[4]).cast(), ps[4]);
-                for &p in &ps[4..] {
-                    Heap::free_local(heap, second, p.cast());
-                }
+                free_all(heap, &rest);
                 let p = Heap::refill(heap, class, state, &mut Anywhere(node));
                 assert!(!p.is_null());
-                let page = super::super::segment::page_of(segment_of(p).cast(), p);
-                Heap::free_local(heap, page, p.cast());
+                free_all(heap, &[p]);
             }
         });
     }

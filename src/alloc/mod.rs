@@ -82,7 +82,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "hardened")]
 use crate::hardened;
 use heap::Heap;
-use segment::{Block, SegmentKind, SmallSegment, page_of, segment_of};
+use segment::{Block, Segment, SegmentKind, SmallSegment, page_of, segment_of};
 use size_class::{class_for, class_of, class_of_aligned, class_size};
 use state::State;
 
@@ -605,9 +605,23 @@ unsafe fn raw_usable_size(p: *const u8) -> usize {
     // SAFETY: per the caller's contract the segment header is live.
     unsafe {
         match (*seg).kind {
-            SegmentKind::Small => (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize,
-            SegmentKind::Region => region::usable_size(seg, p),
             SegmentKind::Huge => huge::usable_size(seg, p),
+            kind => paged_usable_size(seg, kind, p),
+        }
+    }
+}
+
+/// The size of the live block at `p` of a small or region segment `seg`
+/// whose kind the caller has read already.
+#[inline(always)]
+unsafe fn paged_usable_size(seg: *mut Segment, kind: SegmentKind, p: *const u8) -> usize {
+    debug_assert!(kind != SegmentKind::Huge);
+    // SAFETY: per the caller's contract `p` is a live block of `seg`.
+    unsafe {
+        if kind == SegmentKind::Small {
+            (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize
+        } else {
+            region::usable_size(seg, p)
         }
     }
 }
@@ -695,8 +709,10 @@ impl NumaAlloc {
         // SAFETY: `p` is a live block (caller's contract).
         unsafe {
             let usable = match (*seg).kind {
-                SegmentKind::Small | SegmentKind::Region => {
-                    let usable = usable_size(p);
+                kind @ (SegmentKind::Small | SegmentKind::Region) => {
+                    // (Never under `NUMAWEAVE_CHECK=full`: the whole block
+                    // is the caller's.)
+                    let usable = paged_usable_size(seg, kind, p);
                     // Keep the block if the new size fits and would not waste
                     // over half of it (shrinking to a much smaller class
                     // frees memory).
