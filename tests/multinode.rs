@@ -92,7 +92,17 @@ fn main() {
         cpuset_child(&args[i + 1], &args[i + 2]);
         return;
     }
-    let filter = args.iter().find(|a| !a.starts_with('-')).cloned();
+    // As libtest reads them: a name filter, and `--skip NAME` (given to every
+    // test binary of a `cargo test -- --skip NAME` run).
+    let (mut filter, mut skips) = (None, Vec::new());
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        if a == "--skip" {
+            skips.extend(rest.next().cloned());
+        } else if !a.starts_with('-') && filter.is_none() {
+            filter = Some(a.clone());
+        }
+    }
     let layout = Guest::from_env();
     let topo = Topology::detect().expect("topology discovery");
     println!("{topo}");
@@ -123,7 +133,7 @@ fn main() {
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, check) in checks {
-        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) || skips.iter().any(|s| name.contains(s.as_str())) {
             continue;
         }
         print!("test {name} ... ");
