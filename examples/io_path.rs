@@ -97,7 +97,7 @@ fn parse_args() -> Args {
             other => usage(&format!("unknown argument {other}")),
         }
     }
-    if a.request_kib == 0 || a.request_kib % 4 != 0 || a.request_kib > 1024 {
+    if a.request_kib == 0 || !a.request_kib.is_multiple_of(4) || a.request_kib > 1024 {
         usage("--request-kib must be a multiple of 4, at most 1024");
     }
     if a.file_mib * 1024 < a.request_kib {
@@ -287,7 +287,7 @@ fn main() {
                 totals.bytes.fetch_add((per_req * BLOCK) as u64, Ordering::Relaxed);
                 totals.segments.fetch_add(iov.len() as u64, Ordering::Relaxed);
                 // Physical segments (pagemap: root only), every 64th request.
-                if tag % 64 == 0 {
+                if tag.is_multiple_of(64) {
                     let phys: Result<usize, _> =
                         iov.iter().map(|v| phys_segments(v.iov_base.cast::<u8>().cast_const(), v.iov_len)).sum();
                     match phys {

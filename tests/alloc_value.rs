@@ -317,7 +317,7 @@ fn word_sized_objects_get_blocks_of_their_size_aligned_as_asked() {
         for size in [8usize, 24, 40, 56, 72, 120] {
             let l = Layout::from_size_align(size, 8).unwrap();
             let p = A.alloc(l);
-            assert!(!p.is_null() && p as usize % 8 == 0);
+            assert!(!p.is_null() && (p as usize).is_multiple_of(8));
             let want = if hardened && !full { size.max(16) } else { size };
             assert_eq!(A.usable_size(p), want, "a {size}-byte object takes no more than its size");
             A.dealloc(p, l);
@@ -325,7 +325,7 @@ fn word_sized_objects_get_blocks_of_their_size_aligned_as_asked() {
             let l16 = Layout::from_size_align(size, 16).unwrap();
             let q: Vec<*mut u8> = (0..64).map(|_| A.alloc(l16)).collect();
             for &p in &q {
-                assert!(!p.is_null() && p as usize % 16 == 0, "{size} bytes aligned to 16 at {p:p}");
+                assert!(!p.is_null() && (p as usize).is_multiple_of(16), "{size} bytes aligned to 16 at {p:p}");
                 assert_eq!(A.usable_size(p), if full { size } else { size.next_multiple_of(16) });
             }
             for p in q {

@@ -213,7 +213,7 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
     // SAFETY: errno is restored: POSIX says posix_memalign leaves it.

@@ -259,10 +259,10 @@ impl Usage {
             3
         };
         for w in &words {
-            if let Some((n, pages)) = w.strip_prefix('N').and_then(|r| r.split_once('=')) {
-                if let (Ok(n), Ok(pages)) = (n.parse::<usize>(), pages.parse::<u64>()) {
-                    self.nodes.entry(n).or_default()[kind] += pages * page;
-                }
+            if let Some((n, pages)) = w.strip_prefix('N').and_then(|r| r.split_once('='))
+                && let (Ok(n), Ok(pages)) = (n.parse::<usize>(), pages.parse::<u64>())
+            {
+                self.nodes.entry(n).or_default()[kind] += pages * page;
             }
         }
     }

@@ -166,10 +166,8 @@ impl Arena {
             }
             e
         };
-        if !exhausted {
-            if let Some(p) = self.map_and_take(state, class, heap) {
-                return Some(p);
-            }
+        if !exhausted && let Some(p) = self.map_and_take(state, class, heap) {
+            return Some(p);
         }
         self.fallback_page(state, class, heap, within)
     }
@@ -254,7 +252,7 @@ impl Arena {
     /// elsewhere (nothing is left mapped). No guard page: it would cost a
     /// whole huge page.
     pub(crate) fn map_hugetlb_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
-        debug_assert!(len <= SEGMENT_SIZE && len % mem::HUGE_PAGE == 0);
+        debug_assert!(len <= SEGMENT_SIZE && len.is_multiple_of(mem::HUGE_PAGE));
         mem::map_hugetlb_on(len, SEGMENT_SIZE, mem::HUGE_PAGE, self.policy(state), self.bind_to).ok()
     }
 

@@ -70,7 +70,9 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
         // one multiplication, its low half.
         let inv = (*page).info.inv;
         let at_start = (off as u64).wrapping_mul(inv) < inv;
-        debug_assert!(off >= (*page).info.span as usize || at_start == (off % (*page).info.block_size as usize == 0));
+        debug_assert!(
+            off >= (*page).info.span as usize || at_start == off.is_multiple_of((*page).info.block_size as usize)
+        );
         if off >= (*page).info.span as usize || !at_start {
             return small_misuse(small, p, Why::Interior);
         }
@@ -178,7 +180,7 @@ pub(super) unsafe fn region(seg: *mut Segment, p: *mut u8) {
         let node = (*seg).arena;
         let bs = region::usable_size(seg, p);
         if bs == 0 {
-            if p as usize % region::UNIT == 0 && hardened::is_marked_freed(p) {
+            if (p as usize).is_multiple_of(region::UNIT) && hardened::is_marked_freed(p) {
                 misuse(format_args!("double free of {p:p} (interleaved block, node {node})"));
             } else {
                 misuse(format_args!("free of {p:p}, not the start of an interleaved block (node {node})"));
@@ -255,7 +257,8 @@ pub(super) unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) 
     let Some(size) = layout.size().checked_add(hardened::PAD) else { return ptr::null_mut() };
     // The padded size must not lose the alignment the size class of the
     // plain size gives (C's malloc relies on it: 16 for a multiple of 16).
-    let align = if layout.size() % CLASS_ALIGN == 0 { layout.align().max(CLASS_ALIGN) } else { layout.align() };
+    let align =
+        if layout.size().is_multiple_of(CLASS_ALIGN) { layout.align().max(CLASS_ALIGN) } else { layout.align() };
     let Ok(padded) = Layout::from_size_align(size, align) else { return ptr::null_mut() };
     // SAFETY: a valid layout; the block is ours until returned.
     unsafe {

@@ -289,7 +289,7 @@ impl Heap {
             let now = (*heap).refills.wrapping_add(1);
             (*heap).refills = now;
             (*heap).last_refill[class] = now;
-            if now % EXPIRE_EVERY == 0 {
+            if now.is_multiple_of(EXPIRE_EVERY) {
                 Heap::expire_kept(heap, now);
             }
             let direct = (*heap).direct[class];

@@ -126,7 +126,7 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     // SAFETY: the whole mapping of a block nobody uses any more.
     let base = unsafe { NonNull::new_unchecked(base) };
     // Segment-aligned mappings can be reused for any huge block of this node.
-    if base.as_ptr() as usize % SEGMENT_SIZE == 0 && a.keep_huge(state, base, len) {
+    if (base.as_ptr() as usize).is_multiple_of(SEGMENT_SIZE) && a.keep_huge(state, base, len) {
         return;
     }
     c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
@@ -229,7 +229,7 @@ mod tests {
         for align in [16, 4096, 1 << 20, 8 << 20] {
             let size = 300_000;
             let p = alloc_on(state, node, size, align, true);
-            assert!(!p.is_null() && p as usize % align == 0, "align {align}");
+            assert!(!p.is_null() && (p as usize).is_multiple_of(align), "align {align}");
             // SAFETY: a live huge block of `size` zeroed bytes.
             unsafe {
                 assert!(std::slice::from_raw_parts(p, size).iter().all(|&b| b == 0));
@@ -245,7 +245,7 @@ mod tests {
                     free(state, segment_of(p));
                     continue;
                 }
-                assert!(q as usize % align == 0);
+                assert!((q as usize).is_multiple_of(align));
                 assert!(std::slice::from_raw_parts(q, size).iter().all(|&b| b == 0x5a), "contents lost");
                 assert!(usable_size(segment_of(q), q) >= 40 << 20);
                 let r = realloc(state, q, align, 1 << 20);

@@ -91,7 +91,7 @@ pub(crate) struct Region {
 
 /// Units the header takes.
 const FIRST: usize = core::mem::size_of::<Region>().div_ceil(UNIT);
-const _: () = assert!(FIRST == 1 && UNITS % 64 == 0);
+const _: () = assert!(FIRST == 1 && UNITS.is_multiple_of(64));
 
 /// `x` rounded up to `a`, a power of two.
 #[inline(always)]
@@ -264,7 +264,7 @@ impl Region {
     /// The length in bytes of the block at `p` (0 if no block starts there).
     #[inline]
     pub(crate) fn block_size(&self, p: *const u8) -> usize {
-        if p as usize % UNIT != 0 {
+        if !(p as usize).is_multiple_of(UNIT) {
             return 0;
         }
         self.units.block_len(self.index(p)) * UNIT
@@ -336,7 +336,7 @@ impl Region {
     pub(crate) unsafe fn pop_reuse(&self, units: usize, align: usize) -> Option<*mut u8> {
         let list = self.reuse.get(units - 1)?;
         let b = list.get();
-        if b.is_null() || b as usize % align != 0 {
+        if b.is_null() || !(b as usize).is_multiple_of(align) {
             return None;
         }
         // SAFETY: a free block on the list: its first word is the link.

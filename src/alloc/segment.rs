@@ -66,7 +66,7 @@ impl Segment {
     /// the arena of `node`.
     pub(crate) fn new(kind: SegmentKind, node: usize, map_base: *mut u8, map_len: usize) -> Self {
         debug_assert!(node < crate::topology::MAX_NODES);
-        debug_assert!(map_len >= crate::os::page_size() && map_base as usize % crate::os::page_size() == 0);
+        debug_assert!(map_len >= crate::os::page_size() && (map_base as usize).is_multiple_of(crate::os::page_size()));
         Self {
             kind,
             arena: node as u8,

@@ -97,7 +97,7 @@ pub fn class_for(size: usize, align: usize) -> Option<usize> {
     }
     let mut c = class_of(size.max(align));
     while c < CLASSES {
-        if class_size(c) % align == 0 {
+        if class_size(c).is_multiple_of(align) {
             return Some(c);
         }
         c += 1;
@@ -135,7 +135,7 @@ mod tests {
         for c in 0..CLASSES {
             assert!(class_size(c) > prev, "class sizes increase");
             assert_eq!(class_size(c) % MIN_BLOCK, 0);
-            assert!(class_size(c) <= 128 || class_size(c) % CLASS_ALIGN == 0);
+            assert!(class_size(c) <= 128 || class_size(c).is_multiple_of(CLASS_ALIGN));
             prev = class_size(c);
         }
         let smallest = if cfg!(feature = "hardened") { 16 } else { 1 };
@@ -147,8 +147,13 @@ mod tests {
             assert!(bs - size <= (size / 4).max(15), "waste over 25% for {size}: {bs}");
             for align in [1, 2, 4, 8, 16] {
                 let ca = class_of_aligned(size, align);
-                assert!(class_size(ca) >= size && class_size(ca) % align == 0, "{size} aligned to {align}");
-                assert!(ca == 0 || size <= smallest || class_size(ca - 1) < size || class_size(ca - 1) % align != 0);
+                assert!(class_size(ca) >= size && class_size(ca).is_multiple_of(align), "{size} aligned to {align}");
+                assert!(
+                    ca == 0
+                        || size <= smallest
+                        || class_size(ca - 1) < size
+                        || !class_size(ca - 1).is_multiple_of(align)
+                );
             }
         }
         assert_eq!(class_of(0), class_of(1));

@@ -143,7 +143,7 @@ pub const GIGANTIC_PAGE: usize = 1 << 30;
 /// (`ENOMEM` when it has too few) and taken at the first touch, under the
 /// range's policy.
 pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>> {
-    if !page.is_power_of_two() || len == 0 || len % page != 0 || !align.is_power_of_two() || align < page {
+    if !page.is_power_of_two() || len == 0 || !len.is_multiple_of(page) || !align.is_power_of_two() || align < page {
         return Err(Error::LayoutTooLarge { size: len, align });
     }
     // The kernel aligns hugetlb mappings to their page; a larger alignment
@@ -281,7 +281,7 @@ pub fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
 #[unsafe(link_section = ".text.hot.numaweave")]
 pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull<u8>> {
     let page = page_size();
-    if !align.is_power_of_two() || offset % page != 0 || offset > len {
+    if !align.is_power_of_two() || !offset.is_multiple_of(page) || offset > len {
         return Err(Error::LayoutTooLarge { size: len, align });
     }
     if align <= page {
@@ -627,7 +627,7 @@ impl Mapping {
     fn sub(&self, offset: usize, len: usize) -> Result<NonNull<u8>> {
         let page = page_size();
         let end = offset.checked_add(len).ok_or(Error::LayoutTooLarge { size: len, align: page })?;
-        if offset % page != 0 || end > self.len || len == 0 {
+        if !offset.is_multiple_of(page) || end > self.len || len == 0 {
             return Err(Error::Os { call: "region range", errno: libc::EINVAL });
         }
         // SAFETY: offset < self.len, so the result stays in the mapping.

@@ -458,7 +458,7 @@ impl Core {
         // off the default release build's free path).
         let off = obj.as_ptr() as usize - s as usize;
         let checked = cfg!(any(debug_assertions, feature = "hardened"));
-        if off < self.first || (checked && (off - self.first) % self.stride != 0) {
+        if off < self.first || (checked && !(off - self.first).is_multiple_of(self.stride)) {
             return reject(format_args!(
                 "{obj:p} is inside an object of slab cache \"{}\", not at its start",
                 self.name

@@ -212,7 +212,7 @@ impl<const W: usize> UnitMap<W> {
     /// `decommit(start, chunk)` and counts them clean; how many. Any number
     /// of threads at once.
     pub fn purge_free_chunk(&self, i: usize, chunk: usize, decommit: impl FnOnce(usize, usize)) -> usize {
-        debug_assert!(chunk % 64 == 0);
+        debug_assert!(chunk.is_multiple_of(64));
         let start = i / chunk * chunk;
         let words = start / 64..(start + chunk) / 64;
         // Acquire: the frees of every block that was there are over.

@@ -157,7 +157,7 @@ fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
 /// The page size a sysfs huge-page directory is named for
 /// (`hugepages-2048kB` → 2 MiB).
 fn huge_dir_size(name: &str) -> Option<usize> {
-    let kb: usize = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+    let kb = crate::sets::parse_id(name.strip_prefix("hugepages-")?.strip_suffix("kB")?.as_bytes())?;
     kb.checked_mul(1024)
 }
 
@@ -187,7 +187,7 @@ pub(super) fn huge_pages(n: usize) -> Result<HugePages> {
             let mut p = node_file(n, "hugepages/hugepages-");
             p.push_num(size / 1024).push("kB/").push(what);
             let s = file::read_str(p.as_cstr(), &mut buf)?;
-            s.parse().map_err(|_| Error::Os { call: "read", errno: libc::EINVAL })
+            crate::sets::parse_id(s.as_bytes()).map(|v| v as u64).ok_or(Error::Os { call: "read", errno: libc::EINVAL })
         };
         let pool = HugePool {
             page_size: size,
