@@ -24,13 +24,43 @@ fn thread_start(a: &Arena) -> usize {
     }
 }
 
+/// The planted bug: the orphan chosen under the lock and taken under a
+/// second one, so two starting threads may choose the same orphan.
+fn thread_start_split(a: &Arena) -> usize {
+    let chosen = a.inner.lock().0.last().copied();
+    let mut g = a.inner.lock();
+    match chosen {
+        Some(h) => {
+            g.0.retain(|&x| x != h);
+            h
+        }
+        None => {
+            g.1 += 1;
+            100 + g.1
+        }
+    }
+}
+
 fn thread_exit(a: &Arena, heap: usize) {
     a.inner.lock().0.push(heap);
 }
 
 #[test]
 fn every_heap_has_one_owner() {
-    loom::model(|| {
+    adoption_model(thread_start);
+}
+
+/// Negative control: with the orphan chosen and taken under two locks,
+/// loom must find both threads adopting the same heap; if this test
+/// stopped panicking, the model above would prove nothing.
+#[test]
+#[should_panic(expected = "adopted twice")]
+fn planted_split_adoption_is_caught() {
+    adoption_model(thread_start_split);
+}
+
+fn adoption_model(start: fn(&Arena) -> usize) {
+    loom::model(move || {
         let a = Arc::new(Arena { inner: SpinLock::new((vec![1], 0)) });
         let in_use = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)]);
         let slot = |h: usize| if h == 1 { 0 } else { h - 100 };
@@ -38,7 +68,7 @@ fn every_heap_has_one_owner() {
             .map(|_| {
                 let (a, in_use) = (a.clone(), in_use.clone());
                 thread::spawn(move || {
-                    let h = thread_start(&a);
+                    let h = start(&a);
                     // Nobody else may hold this heap now.
                     assert_eq!(in_use[slot(h)].fetch_add(1, Ordering::Relaxed), 0, "heap {h} adopted twice");
                     in_use[slot(h)].fetch_sub(1, Ordering::Relaxed);
@@ -52,7 +82,7 @@ fn every_heap_has_one_owner() {
         let g = a.inner.lock();
         // Every heap is back on the list; at most one was made (the other
         // thread adopted the orphan, or both ran one after the other).
-        assert_eq!(g.0.len(), 1 + g.1);
+        assert_eq!(g.0.len(), 1 + g.1, "a heap was adopted twice, then left twice: {:?}", g.0);
         assert!(g.1 <= 1);
     });
 }

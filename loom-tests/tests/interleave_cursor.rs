@@ -15,18 +15,33 @@ fn cursor(g: Granularity) -> Arc<Cursor> {
 
 #[test]
 fn count_turns_stay_exact() {
-    loom::model(|| {
+    count_model(|c| c.next(8));
+}
+
+/// Negative control: the same model with every thread taking the cursor's
+/// exclusive path (plain loads and stores, for a cursor one thread owns).
+/// Loom must find the interleaving where two threads read the same count
+/// and an allocation is lost; if this test stopped panicking, the model
+/// above would prove nothing.
+#[test]
+#[should_panic(expected = "assertion `left == right` failed")]
+fn planted_exclusive_picks_on_a_shared_cursor_are_caught() {
+    count_model(|c| c.pick_exclusive_shared(8).node);
+}
+
+fn count_model(next: fn(&Cursor) -> usize) {
+    loom::model(move || {
         let c = cursor(Granularity::Count(2));
         let ts: Vec<_> = (0..2)
             .map(|_| {
                 let c = c.clone();
-                thread::spawn(move || c.next(8))
+                thread::spawn(move || next(&c))
             })
             .collect();
-        let mine = c.next(8);
+        let mine = next(&c);
         let mut got: Vec<usize> = ts.into_iter().map(|t| t.join().unwrap()).collect();
         got.push(mine);
-        got.push(c.next(8));
+        got.push(next(&c));
         got.sort_unstable();
         // Four allocations, turns of two: exactly two per node.
         assert_eq!(got, [0, 0, 1, 1]);

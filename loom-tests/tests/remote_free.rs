@@ -91,9 +91,24 @@ fn free_remote(w: &World, page: *mut Page, block: *mut Block) {
     }
 }
 
+/// When the owner's walk reads a page's link to the next queued page.
+#[derive(Clone, Copy, PartialEq)]
+enum LinkRead {
+    /// Before taking the page's blocks, as the allocator does.
+    BeforeTake,
+    /// After: the planted bug (once the page's list is empty, a remote
+    /// free queues the page again and rewrites the link being read).
+    AfterTake,
+}
+
 /// `collect_remote` + `take_remote` in `src/alloc/heap.rs`: returns the
 /// payloads collected, checking counts and that no page is seen twice.
 fn collect(w: &World) -> Vec<usize> {
+    collect_reading(w, LinkRead::BeforeTake)
+}
+
+/// [`collect`], reading each page's link at `when`.
+fn collect_reading(w: &World, when: LinkRead) -> Vec<usize> {
     let mut got = Vec::new();
     let mut seen = Vec::new();
     let mut page = w.heap.remote_pages.take_all();
@@ -103,8 +118,10 @@ fn collect(w: &World) -> Vec<usize> {
             assert!(!seen.contains(&page), "page queued twice");
             seen.push(page);
             // The link is read before the page's blocks are taken.
-            let next = (*page).link.with(|_| (*page).remote_next);
+            let read_link = || (*page).link.with(|_| (*page).remote_next);
+            let early = if when == LinkRead::BeforeTake { read_link() } else { ptr::null_mut() };
             let (mut b, n) = (*page).thread_free.take_all();
+            let next = if when == LinkRead::BeforeTake { early } else { read_link() };
             assert!(!b.is_null(), "a queued page had no block");
             let mut walked = 0;
             while !b.is_null() {
@@ -172,7 +189,21 @@ fn concurrent_remote_frees_reach_the_owner_once() {
 /// rewrites must not race with the owner's read of it.
 #[test]
 fn requeue_while_the_owner_walks() {
-    loom::model(|| {
+    requeue_model(LinkRead::BeforeTake);
+}
+
+/// Negative control: the same model with the owner reading a page's link
+/// after taking its blocks. Loom must find the remote free that queues the
+/// page again meanwhile and report the race on the link; if this test
+/// stopped panicking, the model above would prove nothing.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn planted_late_link_read_is_caught() {
+    requeue_model(LinkRead::AfterTake);
+}
+
+fn requeue_model(when: LinkRead) {
+    loom::model(move || {
         let w = world(2);
         // Both pages start with one remote free queued.
         free_remote(&w, w.pages[0], new_block(1));
@@ -184,7 +215,7 @@ fn requeue_while_the_owner_walks() {
                 free_remote(&w, w.pages[0], new_block(4));
             })
         };
-        let mut got = collect(&w);
+        let mut got = collect_reading(&w, when);
         freer.join().unwrap();
         got.extend(collect(&w));
         got.sort_unstable();

@@ -125,19 +125,39 @@ fn depot_exchange_never_shares_or_loses_an_object() {
 
 #[test]
 fn remote_frees_arrive_once_with_their_contents() {
-    loom::model(|| {
+    remote_model(false);
+}
+
+/// Negative control: the freeing thread writes the first object's payload
+/// after pushing it. Loom must find the drain reading the payload before
+/// the write and report the race; if this test stopped panicking, the
+/// model above would prove nothing.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn planted_write_after_the_push_is_caught() {
+    remote_model(true);
+}
+
+fn remote_model(write_after_push: bool) {
+    loom::model(move || {
         let w = World::new(3, 1);
         let link = std::mem::offset_of!(Obj, link);
         let remote = {
             let w = w.clone();
             thread::spawn(move || {
-                for i in 0..3 {
+                let write = |i: usize| {
                     // SAFETY (loom-checked): the freeing thread owns them.
                     w.objs[i].payload.with_mut(|p| unsafe { *p = 1000 + i });
+                };
+                for i in usize::from(write_after_push)..3 {
+                    write(i);
                 }
                 // SAFETY: objects 0..3 are ours and free; link words are at `link`.
                 unsafe {
                     w.remote.push_chain(w.ptr(0), w.ptr(0), link);
+                    if write_after_push {
+                        write(0);
+                    }
                     // A bulk free: 1 -> 2 linked first, pushed as one chain.
                     w.ptr(1).as_ptr().add(link).cast::<*mut u8>().write(w.ptr(2).as_ptr());
                     w.remote.push_chain(w.ptr(1), w.ptr(2), link);

@@ -147,7 +147,6 @@ impl Cursor {
     /// No other thread uses the cursor while this runs (nor ever, between
     /// two exclusive picks, without synchronising with the caller).
     #[inline(always)]
-    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) unsafe fn pick_exclusive(&self, size: usize) -> Pick {
         match self.granularity {
             Granularity::Count(n) => {
@@ -179,6 +178,19 @@ impl Cursor {
                 Pick { node, turn: s }
             }
         }
+    }
+
+    /// Loom builds only: [`pick_exclusive`](Self::pick_exclusive) without
+    /// its contract, for the models' negative control: a cursor that threads
+    /// share must not take the exclusive path, and the model must see the
+    /// allocations it then loses.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn pick_exclusive_shared(&self, size: usize) -> Pick {
+        // SAFETY: the exclusive path touches atomics only (relaxed loads and
+        // stores, in-bounds indices): shared, its sequence breaks, which is
+        // what the control looks for; memory does not.
+        unsafe { self.pick_exclusive(size) }
     }
 
     /// Exclusive picks: what is left of the turn `last` (the last pick)
