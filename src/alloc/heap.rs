@@ -1201,7 +1201,7 @@ mod tests {
         }
     }
 
-    /// Frees blocks of one page back to this thread's heap.
+    /// Frees blocks (of any pages) back to this thread's heap.
     ///
     /// # Safety
     /// `heap` is this thread's heap, the blocks its own and live.
