@@ -15,7 +15,10 @@
 //! thread frees: it clears the block's bits, and the units become *dirty*
 //! (free but still committed); the carver returns dirty units to the OS
 //! (`MADV_DONTNEED`) once more than [`DIRTY_MAX`] of them pile up, so a
-//! long-lived block pins its own pages, not the region's megabytes.
+//! long-lived block pins its own pages, not the region's megabytes; under a
+//! purge delay in rounds a delay apart, each returning only the units dirty
+//! since the round before (a unit freed behind the carver's top would
+//! otherwise be returned and faulted in again when the carver comes back).
 //!
 //! An exclusive space's thread (the region's *owner*) also keeps what it
 //! frees on LIFO reuse lists by length, for the node's next allocation of
@@ -76,6 +79,10 @@ pub(crate) struct Region {
     top: Cell<usize>,
     limit: Cell<usize>,
     last_turn: Cell<u64>,
+    /// The carver's purge rounds (under a purge delay): the units dirty at
+    /// the last round, and when the next may run (monotonic ms).
+    aged: Cell<[u64; WORDS]>,
+    next_purge: Cell<u64>,
     /// The owner's: references charged up front and not yet handed out, and
     /// blocks it freed (references dropped without an atomic operation);
     /// both settled when the region is retired.
@@ -290,11 +297,29 @@ impl Region {
     }
 
     /// Returns dirty free units to the OS once more than [`DIRTY_MAX`] are
-    /// waiting.
+    /// waiting. Under a purge delay, in rounds at least a delay apart, each
+    /// returning the units dirty since the round before (the heap's pages
+    /// likewise wait their delay): a region whose blocks come and go reuses
+    /// its committed units instead of faulting them in again, and what it
+    /// keeps is bounded by its size and what was freed within two delays.
     fn purge_if_dirty(&self) {
-        if self.units.dirty_units() > DIRTY_MAX {
-            self.purge();
+        if self.units.dirty_units() <= DIRTY_MAX {
+            return;
         }
+        let delay = State::try_get().map_or(0, |s| s.config.purge_delay_ms);
+        if delay == 0 {
+            self.purge();
+            return;
+        }
+        let now = crate::os::monotonic_ms();
+        if now < self.next_purge.get() {
+            return;
+        }
+        self.next_purge.set(now + delay);
+        let mut aged = self.aged.get();
+        let purged = self.units.purge_aged(&mut aged, |s, n| self.decommit(s, n));
+        self.aged.set(aged);
+        self.count_purged(purged);
     }
 
     /// Returns every dirty free unit to the OS (the carver only).

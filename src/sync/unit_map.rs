@@ -181,13 +181,33 @@ impl<const W: usize> UnitMap<W> {
     /// Calls `decommit(start, n)` for every run of dirty free units and
     /// counts them clean; how many. The carver only (no unit gets taken
     /// meanwhile); freeing threads may go on.
-    pub fn purge(&self, mut decommit: impl FnMut(usize, usize)) -> usize {
+    pub fn purge(&self, decommit: impl FnMut(usize, usize)) -> usize {
+        self.purge_masked(|_| !0, decommit)
+    }
+
+    /// [`purge`](Self::purge) of the units that were dirty already when the
+    /// carver last called this (their bits in `aged`), so that a unit freed
+    /// a moment before a purge is not returned to the OS just to be faulted
+    /// in again; then `aged` holds the units left dirty, for the next call.
+    /// The carver only.
+    pub fn purge_aged(&self, aged: &mut [u64; W], decommit: impl FnMut(usize, usize)) -> usize {
+        let purged = self.purge_masked(|w| aged[w], decommit);
+        for (a, d) in aged.iter_mut().zip(self.dirty()) {
+            *a = d.load(Ordering::Relaxed);
+        }
+        purged
+    }
+
+    /// [`purge`](Self::purge) of the units whose bit is set in `mask(word)`.
+    fn purge_masked(&self, mask: impl Fn(usize) -> u64, mut decommit: impl FnMut(usize, usize)) -> usize {
         let mut purged = 0;
         let mut run = None;
         for i in 0..=self.units() {
             let cand = i < self.units() && {
                 let (w, b) = (i / 64, 1u64 << (i % 64));
-                self.dirty()[w].load(Ordering::Relaxed) & b != 0 && self.used()[w].load(Ordering::Acquire) & b == 0
+                mask(w) & b != 0
+                    && self.dirty()[w].load(Ordering::Relaxed) & b != 0
+                    && self.used()[w].load(Ordering::Acquire) & b == 0
             };
             match (cand, run) {
                 (true, None) => run = Some(i),
@@ -277,5 +297,26 @@ mod tests {
         assert_eq!(m.purge_free_chunk(70, 64, |s, n| assert_eq!((s, n), (64, 64))), 10);
         assert_eq!(m.dirty_units(), 71 - 10);
         assert_eq!(m.purge_free_chunk(70, 64, |_, _| panic!("clean already")), 0);
+    }
+
+    /// A round returns only what was dirty at the round before; a unit
+    /// taken again meanwhile, or freed since, stays.
+    #[test]
+    fn aged_purges_skip_units_freed_since_the_last_round() {
+        let m = UnitMap::<2>::new();
+        let mut aged = [0u64; 2];
+        assert_eq!((m.take(0, 4), m.take(4, 4), m.take(8, 4)), (0, 0, 0));
+        m.untake(0, 4);
+        m.untake(4, 4);
+        assert_eq!(m.purge_aged(&mut aged, |_, _| panic!("nothing aged yet")), 0);
+        assert_eq!(aged, [0xff, 0]);
+        // Units 4..8 reused, 8..12 freed: only 0..4 were dirty at both rounds.
+        assert_eq!(m.take(4, 4), 4);
+        m.untake(8, 4);
+        let mut calls = Vec::new();
+        assert_eq!(m.purge_aged(&mut aged, |s, n| calls.push((s, n))), 4);
+        assert_eq!((calls, m.dirty_units(), aged), (vec![(0, 4)], 4, [0xf00, 0]));
+        assert_eq!(m.purge_aged(&mut aged, |s, n| assert_eq!((s, n), (8, 4))), 4);
+        assert_eq!((m.dirty_units(), aged), (0, [0, 0]));
     }
 }

@@ -28,15 +28,25 @@ use super::region::{REGION_ALIGN_MAX, REGION_MAX, Region, UNIT, units_for};
 use super::segment::{Block, Segment};
 use super::size_class::{PAGE_CLASS, class_size};
 use super::state::State;
+use crate::os::mem::Huge;
 use crate::policy::{Cursor, Granularity, Interleave, Pick};
 pub(crate) use space::SharedSpace;
 use space::ThreadSpace;
 
 /// Where the turns of an interleave start: a page, or 2 MiB for byte turns
-/// of 2 MiB or more over several nodes (whole huge pages on one node).
+/// of 2 MiB or more over several nodes where huge pages may back the
+/// regions (hugetlb or THP asked, or THP in `always` mode): a 2 MiB turn in
+/// one huge page is one physical run. On base pages the alignment buys no
+/// contiguity and costs room (a 4 MiB region, its header in its first
+/// unit, has one 2 MiB-aligned start), so turns start on any page.
 fn turn_align(i: &Interleave) -> usize {
+    let huge = i.huge_pages().or_else(|| State::try_get().map(|s| s.config.huge)).unwrap_or(Huge::Off);
     match i.granularity() {
-        Granularity::Bytes(b) if b >= 2 << 20 && i.nodes().len() > 1 => 2 << 20,
+        Granularity::Bytes(b)
+            if b >= 2 << 20 && i.nodes().len() > 1 && (huge != Huge::Off || crate::os::mem::thp_always()) =>
+        {
+            2 << 20
+        }
         _ => crate::os::page_size(),
     }
 }

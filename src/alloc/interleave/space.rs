@@ -23,8 +23,8 @@ use crate::topology::MAX_NODES;
 const CREDIT: usize = 1 << 24;
 
 /// A turn's first block starts on `turn_align` bytes (a page, or 2 MiB for
-/// byte turns of 2 MiB or more, so whole huge pages belong to one node),
-/// within what a region can give.
+/// byte turns of 2 MiB or more, so whole huge pages belong to one node, in
+/// regions that huge pages may back), within what a region can give.
 fn turn_units(turn_align: usize) -> usize {
     turn_align.clamp(UNIT, crate::alloc::segment::SEGMENT_SIZE / 2) / UNIT
 }
