@@ -680,7 +680,7 @@ pub(crate) fn guard_len() -> usize {
 
 /// Now (ms, monotonic), if a purge delay is configured.
 #[inline]
-fn delay_clock(state: &State) -> Option<u64> {
+pub(super) fn delay_clock(state: &State) -> Option<u64> {
     (state.config.purge_delay_ms > 0).then(crate::os::monotonic_ms)
 }
 

@@ -144,7 +144,7 @@ impl NumaAlloc {
     pub fn interleave(&self, policy: Interleave) -> Result<InterleaveHandle> {
         let state = self.state();
         Policy::Interleave(policy).validate(&state.topology)?;
-        let il = Box::new(SharedInterleaver::new(&policy));
+        let il = Box::new(SharedInterleaver::new(&policy, state));
         Ok(InterleaveHandle { placer: Arc::new(Placer { state, place: Place::Interleave(il) }) })
     }
 }

@@ -136,7 +136,7 @@ impl ThreadPolicy {
         }
         let il = spare_interleaver(state)?;
         // SAFETY: metadata memory of the right layout, holding nothing.
-        unsafe { ThreadInterleaver::write(il, i) };
+        unsafe { ThreadInterleaver::write(il, i, state) };
         self.default_il.set(il);
         // Dropped at thread exit; without the key it stays (its regions
         // with it) until the process ends.
@@ -513,7 +513,7 @@ pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
             let b = Box::<ThreadInterleaver>::new_uninit();
             let p = Box::into_raw(b).cast::<ThreadInterleaver>();
             // SAFETY: fresh, uninitialised memory for one interleaver.
-            unsafe { ThreadInterleaver::write(p, i) };
+            unsafe { ThreadInterleaver::write(p, i, state) };
             // SAFETY: initialised just above, from `Box::into_raw`.
             Some(unsafe { Box::from_raw(p) })
         }

@@ -306,16 +306,14 @@ impl Region {
         if self.units.dirty_units() <= DIRTY_MAX {
             return;
         }
-        let delay = State::try_get().map_or(0, |s| s.config.purge_delay_ms);
-        if delay == 0 {
+        let Some((state, now)) = State::try_get().and_then(|s| Some((s, super::arena::delay_clock(s)?))) else {
             self.purge();
             return;
-        }
-        let now = crate::os::monotonic_ms();
+        };
         if now < self.next_purge.get() {
             return;
         }
-        self.next_purge.set(now + delay);
+        self.next_purge.set(now + state.config.purge_delay_ms);
         let mut aged = self.aged.get();
         let purged = self.units.purge_aged(&mut aged, |s, n| self.decommit(s, n));
         self.aged.set(aged);

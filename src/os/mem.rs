@@ -440,19 +440,14 @@ pub unsafe fn set_hugepages(ptr: NonNull<u8>, len: usize, enable: bool) -> Resul
 /// `/sys/kernel/mm/transparent_hugepage/enabled`; false for `madvise`,
 /// `never`, or no THP). Read once, then remembered.
 pub fn thp_always() -> bool {
-    use core::sync::atomic::{AtomicU8, Ordering};
-    // 0: not read yet, 1: no, 2: yes (racing readers read the same file).
-    static MODE: AtomicU8 = AtomicU8::new(0);
-    match MODE.load(Ordering::Relaxed) {
-        0 => {
-            let mut buf = [0u8; 64];
-            let on = super::file::read_str(c"/sys/kernel/mm/transparent_hugepage/enabled", &mut buf)
-                .is_ok_and(|s| s.as_bytes().starts_with(b"[always]"));
-            MODE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        m => m == 2,
-    }
+    // 1: no, 2: yes.
+    static MODE: super::ReadOnce = super::ReadOnce::new();
+    MODE.get(|| {
+        let mut buf = [0u8; 64];
+        let on = super::file::read_str(c"/sys/kernel/mm/transparent_hugepage/enabled", &mut buf)
+            .is_ok_and(|s| s.as_bytes().starts_with(b"[always]"));
+        1 + on as usize
+    }) == 2
 }
 
 /// Bytes the kernel backs with transparent huge pages in the mappings that

@@ -40,19 +40,41 @@ pub(crate) fn errno() -> i32 {
 
 /// The size of a base page in bytes (read once from `sysconf`, 4096 on x86-64).
 pub fn page_size() -> usize {
-    // A plain std atomic, not the loom shim: this cache is not a modelled
-    // structure, and a racing first call only repeats an idempotent sysconf.
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static PAGE: AtomicUsize = AtomicUsize::new(0);
-    let p = PAGE.load(Ordering::Relaxed);
-    if p != 0 {
-        return p;
+    static PAGE: ReadOnce = ReadOnce::new();
+    PAGE.get(|| {
+        // SAFETY: sysconf has no preconditions.
+        let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if v > 0 { v as usize } else { 4096 }
+    })
+}
+
+/// A fact about the machine read from the OS once, then remembered.
+///
+/// A plain std atomic, not the loom shim nor `sync::InitCell` (whose loom
+/// build cannot live in a static): these caches are not modelled
+/// structures, and racing first calls only repeat an idempotent read.
+pub(crate) struct ReadOnce(std::sync::atomic::AtomicUsize);
+
+impl ReadOnce {
+    pub(crate) const fn new() -> Self {
+        Self(std::sync::atomic::AtomicUsize::new(0))
     }
-    // SAFETY: sysconf has no preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let v = if v > 0 { v as usize } else { 4096 };
-    PAGE.store(v, Ordering::Relaxed);
-    v
+
+    /// The remembered value, else `read()`'s, remembered; `read` must not
+    /// return 0 (taken for "not read yet").
+    #[inline]
+    pub(crate) fn get(&self, read: impl FnOnce() -> usize) -> usize {
+        use std::sync::atomic::Ordering;
+        match self.0.load(Ordering::Relaxed) {
+            0 => {
+                let v = read();
+                debug_assert_ne!(v, 0);
+                self.0.store(v, Ordering::Relaxed);
+                v
+            }
+            v => v,
+        }
+    }
 }
 
 /// A monotonic clock in milliseconds, cheap enough for slow paths

@@ -39,8 +39,7 @@ use space::ThreadSpace;
 /// one huge page is one physical run. On base pages the alignment buys no
 /// contiguity and costs room (a 4 MiB region, its header in its first
 /// unit, has one 2 MiB-aligned start), so turns start on any page.
-fn turn_align(i: &Interleave) -> usize {
-    let huge = i.huge_pages().or_else(|| State::try_get().map(|s| s.config.huge)).unwrap_or(Huge::Off);
+fn turn_align(i: &Interleave, huge: Huge) -> usize {
     match i.granularity() {
         Granularity::Bytes(b)
             if b >= 2 << 20 && i.nodes().len() > 1 && (huge != Huge::Off || crate::os::mem::thp_always()) =>
@@ -49,6 +48,12 @@ fn turn_align(i: &Interleave) -> usize {
         }
         _ => crate::os::page_size(),
     }
+}
+
+/// The pages backing an interleave's regions: the policy's, else the
+/// process's.
+fn regions_huge(i: &Interleave, state: &State) -> Huge {
+    i.huge_pages().unwrap_or(state.config.huge)
 }
 
 /// A thread's interleave; see the module docs.
@@ -70,7 +75,8 @@ impl ThreadInterleaver {
     /// # Safety
     /// `at` is valid for writes of a `ThreadInterleaver`, suitably aligned,
     /// and holds nothing that needs dropping.
-    pub(crate) unsafe fn write(at: *mut ThreadInterleaver, i: &Interleave) {
+    pub(crate) unsafe fn write(at: *mut ThreadInterleaver, i: &Interleave, state: &State) {
+        let huge = regions_huge(i, state);
         let per_page = match i.granularity() {
             Granularity::Count(_) => Granularity::Bytes(1),
             Granularity::Bytes(b) => Granularity::Bytes(b),
@@ -81,7 +87,7 @@ impl ThreadInterleaver {
             at.write(Self {
                 cursor: Cursor::new(i),
                 pages: Cursor::new(pages.as_ref().unwrap_or(i)),
-                space: ThreadSpace::new(turn_align(i), i.huge_pages()),
+                space: ThreadSpace::new(turn_align(i, huge), huge),
                 window: window::Window::new(matches!(i.granularity(), Granularity::Count(_))),
                 pool: pool::Pool::new(),
             });
@@ -407,8 +413,9 @@ pub(crate) struct SharedInterleaver {
 }
 
 impl SharedInterleaver {
-    pub(crate) fn new(i: &Interleave) -> Self {
-        Self { cursor: Cursor::new(i), space: SharedSpace::new(turn_align(i), i.huge_pages()) }
+    pub(crate) fn new(i: &Interleave, state: &State) -> Self {
+        let huge = regions_huge(i, state);
+        Self { cursor: Cursor::new(i), space: SharedSpace::new(turn_align(i, huge), huge) }
     }
 }
 

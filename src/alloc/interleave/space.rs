@@ -40,12 +40,12 @@ pub(crate) struct ThreadSpace {
     /// The owning interleaver's address, written into its regions (set when
     /// the interleaver has its final address, before it carves).
     owner: Cell<usize>,
-    /// The policy's pages for its regions (`None`: the process's).
-    huge: Option<Huge>,
+    /// The pages for its regions (the policy's, else the process's).
+    huge: Huge,
 }
 
 impl ThreadSpace {
-    pub(crate) fn new(turn_align: usize, huge: Option<Huge>) -> Self {
+    pub(crate) fn new(turn_align: usize, huge: Huge) -> Self {
         Self {
             current: core::array::from_fn(|_| Cell::new(ptr::null_mut())),
             others: core::array::from_fn(|_| Cell::new(ptr::null_mut())),
@@ -141,8 +141,7 @@ impl ThreadSpace {
         if found.is_null() {
             let Some(state) = State::try_get() else { return false };
             debug_assert_ne!(self.owner.get(), 0);
-            let huge = self.huge.unwrap_or(state.config.huge);
-            let Some(fresh) = region::map(state, node, CREDIT, self.owner.get(), huge) else { return false };
+            let Some(fresh) = region::map(state, node, CREDIT, self.owner.get(), self.huge) else { return false };
             found = fresh.as_ptr();
         }
         if !cur.is_null() {
@@ -183,8 +182,8 @@ pub(crate) struct SharedSpace {
     current: [AtomicPtr<Region>; MAX_NODES],
     locks: [SpinLock<()>; MAX_NODES],
     turn_units: usize,
-    /// The policy's pages for its regions (`None`: the process's).
-    huge: Option<Huge>,
+    /// The pages for its regions (the policy's, else the process's).
+    huge: Huge,
 }
 
 // SAFETY: the current regions are carved under their node's lock; a region
@@ -194,7 +193,7 @@ unsafe impl Sync for SharedSpace {}
 unsafe impl Send for SharedSpace {}
 
 impl SharedSpace {
-    pub(crate) fn new(turn_align: usize, huge: Option<Huge>) -> Self {
+    pub(crate) fn new(turn_align: usize, huge: Huge) -> Self {
         Self {
             current: core::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             locks: core::array::from_fn(|_| SpinLock::new(())),
@@ -226,8 +225,7 @@ impl SharedSpace {
                 }
             }
             let Some(state) = State::try_get() else { return ptr::null_mut() };
-            let huge = self.huge.unwrap_or(state.config.huge);
-            let Some(fresh) = region::map(state, node, 0, 0, huge) else { return ptr::null_mut() };
+            let Some(fresh) = region::map(state, node, 0, 0, self.huge) else { return ptr::null_mut() };
             let old = self.current[node].swap(fresh.as_ptr(), Ordering::Relaxed);
             if let Some(old) = NonNull::new(old) {
                 // SAFETY: no longer current, under the lock: retired once.
