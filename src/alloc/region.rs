@@ -16,8 +16,8 @@
 //! (free but still committed); the carver returns dirty units to the OS
 //! (`MADV_DONTNEED`) once more than [`DIRTY_MAX`] of them pile up, so a
 //! long-lived block pins its own pages, not the region's megabytes; under a
-//! purge delay in rounds a delay apart, each returning only the units dirty
-//! since the round before (a unit freed behind the carver's top would
+//! purge delay in rounds a delay apart, each returning only the units that
+//! were dirty already at the round before (a unit freed behind the carver's top would
 //! otherwise be returned and faulted in again when the carver comes back).
 //!
 //! An exclusive space's thread (the region's *owner*) also keeps what it
@@ -298,7 +298,7 @@ impl Region {
 
     /// Returns dirty free units to the OS once more than [`DIRTY_MAX`] are
     /// waiting. Under a purge delay, in rounds at least a delay apart, each
-    /// returning the units dirty since the round before (the heap's pages
+    /// returning the units dirty already at the round before (the heap's pages
     /// likewise wait their delay): a region whose blocks come and go reuses
     /// its committed units instead of faulting them in again, and what it
     /// keeps is bounded by its size and what was freed within two delays.
