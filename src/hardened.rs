@@ -28,11 +28,11 @@
 //! block is leaked and the program goes on.
 
 use core::fmt;
-use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::os::file;
 
-/// The process secret (never 0 once set).
+/// The process secret (odd once set).
 static SECRET: AtomicU64 = AtomicU64::new(0);
 /// Bits: 1 `NUMAWEAVE_CHECK=full`, 2 `NUMAWEAVE_ON_ERROR=report`, 4 guards,
 /// 0x80 set once read.
@@ -41,6 +41,12 @@ const FULL: u8 = 1;
 const REPORT: u8 = 2;
 const GUARD: u8 = 4;
 const READ: u8 = 0x80;
+
+/// Sizes below this may take a heap page's block without a red zone: the
+/// small sizes' bound, or 0 (none) under `NUMAWEAVE_CHECK=full` and until
+/// the switches are read. One compare then stands for the size's bound, the
+/// switch's test and (for `alloc`) the first-use check.
+static FAST_BELOW: AtomicUsize = AtomicUsize::new(0);
 
 /// Bytes a block gets beyond its request under `NUMAWEAVE_CHECK=full`: the
 /// requested size's distance to the block's end, and a canary.
@@ -60,9 +66,9 @@ pub(crate) fn init() {
         // No getrandom: the clock and an address, better than a constant.
         crate::os::monotonic_ms() ^ (&SECRET as *const _ as u64).rotate_left(29)
     });
-    if s == 0 {
-        s = 0x9e37_79b9_7f4a_7c15;
-    }
+    // Odd: a freed mark (below) is then odd for every block's start, with
+    // no `| 1` on the free's path.
+    s |= 1;
     // The first caller's secret wins: links already encoded stay readable.
     let _ = SECRET.compare_exchange(0, s, Ordering::AcqRel, Ordering::Acquire);
     let mut flags = READ;
@@ -89,6 +95,18 @@ pub(crate) fn init() {
         }
     }
     FLAGS.store(flags, Ordering::Release);
+    let below = if flags & FULL != 0 { 0 } else { crate::alloc::size_class::SMALL_MAX + 1 };
+    FAST_BELOW.store(below, Ordering::Relaxed);
+}
+
+/// Whether `malloc` may take a block of `size` bytes off a heap page's
+/// free list without a red zone: a small size, `NUMAWEAVE_CHECK=full` off.
+/// False until the switches are read; a thread that has a heap reads them
+/// true (they are read before any heap exists, and the heap reached the
+/// thread through the state's publication).
+#[inline(always)]
+pub(crate) fn fast_size(size: usize) -> bool {
+    size < FAST_BELOW.load(Ordering::Relaxed)
 }
 
 #[inline(always)]
@@ -146,13 +164,15 @@ pub(crate) fn decode<T>(v: *mut T, key: usize) -> *mut T {
     ((v as usize).wrapping_sub(key).rotate_right((key & 63) as u32) ^ key) as *mut T
 }
 
-/// The freed mark of the block at `p` (never 0). The secret makes it
-/// unguessable without a read of freed memory (which would give the secret
-/// away through any function of it, a multiplication included); `| 1` keeps
-/// it off every aligned pointer and off 0.
+/// The freed mark of the block at `p` (8-aligned, as every block's start;
+/// never 0). The secret makes it unguessable without a read of freed memory
+/// (which would give the secret away through any function of it, a
+/// multiplication included); being odd, the secret keeps it off every
+/// aligned pointer and off 0.
 #[inline(always)]
 pub(crate) fn freed_mark(p: *const u8) -> usize {
-    ((p as u64 ^ secret()) | 1) as usize
+    debug_assert!((p as usize).is_multiple_of(8));
+    (p as u64 ^ secret()) as usize
 }
 
 /// Whether the block at `p` carries its freed mark (in its second word).

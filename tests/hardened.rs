@@ -27,6 +27,14 @@ fn layout(size: usize, align: usize) -> Layout {
     Layout::from_size_align(size, align).unwrap()
 }
 
+/// A small segment's size and alignment.
+const SEGMENT: usize = 4 << 20;
+
+/// `full` under `NUMAWEAVE_CHECK=full`, else `plain`.
+fn full_or(full: usize, plain: usize) -> usize {
+    if std::env::var("NUMAWEAVE_CHECK").is_ok_and(|v| v == "full") { full } else { plain }
+}
+
 /// The misuses, by name; each ends in the report (and abort) or returns.
 fn misuse(case: &str) {
     // SAFETY: deliberate misuse of blocks of this allocator, which a
@@ -124,6 +132,43 @@ fn misuse(case: &str) {
                 let i = p.add(16);
                 expect(format!("numaweave: free of {i:p}, inside the 64-byte block at {p:p} (node 0)"));
                 A.free(i);
+            }
+            // The cases below also run under `NUMAWEAVE_CHECK=full`, where a
+            // request gets 8 bytes more (its class: 72 -> 80, 40 -> 48) and
+            // every small free is checked out of line.
+            "double-free-72" => {
+                let p = A.alloc(layout(72, 8));
+                A.dealloc(p, layout(72, 8));
+                expect(format!("numaweave: double free of {p:p} ({}-byte block, node 0)", full_or(80, 72)));
+                A.dealloc(p, layout(72, 8));
+            }
+            "interior-72" => {
+                let p = A.alloc(layout(72, 8));
+                let i = p.add(16);
+                let bs = full_or(80, 72);
+                expect(format!("numaweave: free of {i:p}, inside the {bs}-byte block at {p:p} (node 0)"));
+                A.free(i);
+            }
+            "outside-the-blocks" => {
+                // A one-slot page of 48-byte blocks: 1365 of them span
+                // 65,520 bytes, and the last 16 hold none.
+                let p = A.alloc(layout(full_or(40, 48), 8));
+                let q = (p as usize & !0xffff) + 65_520;
+                expect(format!("numaweave: free of {q:#x}, outside the blocks of a 48-byte page (node 0)"));
+                A.free(q as *mut u8);
+            }
+            "header-pointer" => {
+                let p = A.alloc(layout(64, 8));
+                let h = ((p as usize & !(SEGMENT - 1)) + 0x200) as *mut u8;
+                expect(format!("numaweave: free of {h:p}, inside a segment's header (node 0): not a block"));
+                A.free(h);
+            }
+            "segment-end" => {
+                // Rounded as `p - 1`, the segment's end maps to the segment.
+                let p = A.alloc(layout(64, 8));
+                let e = ((p as usize & !(SEGMENT - 1)) + SEGMENT) as *mut u8;
+                expect(format!("numaweave: free of {e:p}, which numaweave did not allocate"));
+                A.free(e);
             }
             "wrong-slab-cache" => {
                 let a = RawCache::builder("io_cmd", 256).build().unwrap();
@@ -358,6 +403,17 @@ fn free_of_a_stack_pointer() {
 #[test]
 fn free_of_an_interior_pointer() {
     aborts_with_report("interior-pointer", &[]);
+}
+
+/// Small blocks' frees that fail the fast path's one bound, told apart out
+/// of line; under `NUMAWEAVE_CHECK=full` every small free goes that way.
+#[test]
+fn small_misuses_with_and_without_full_checks() {
+    for env in [&[][..], &[("NUMAWEAVE_CHECK", "full")][..]] {
+        for case in ["double-free-72", "interior-72", "outside-the-blocks", "header-pointer", "segment-end"] {
+            aborts_with_report(case, env);
+        }
+    }
 }
 
 #[test]

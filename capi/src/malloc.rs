@@ -100,13 +100,11 @@ unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
 #[unsafe(link_section = ".text.hot.numaweave")]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     // The hardened library's free checks ownership itself (and reports a
-    // pointer that is not ours): one lookup, not two.
+    // pointer that is not ours, null excepted): one lookup, not two.
     #[cfg(feature = "hardened")]
     {
-        if !p.is_null() {
-            // SAFETY: a hardened free reads nothing it has not checked.
-            unsafe { A.free(p.cast()) };
-        }
+        // SAFETY: a hardened free reads nothing it has not checked.
+        unsafe { A.free(p.cast()) };
         return;
     }
     // The segment map says whether `p` is ours and, if so, its segment's

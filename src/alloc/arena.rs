@@ -332,6 +332,11 @@ impl Arena {
             debug_assert_eq!((*seg).free_slots & mask, 0, "a page freed twice");
             debug_assert_eq!((*page).used, 0);
             (*page).info.heap.store(ptr::null_mut(), Ordering::Relaxed);
+            // A free into the page now fails the hardened free's bound.
+            #[cfg(feature = "hardened")]
+            {
+                (*page).info.span = 0;
+            }
             (*seg).free_slots |= mask;
             (*seg).dirty_slots |= mask;
         }
@@ -805,7 +810,8 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         {
             (*page).info.key = crate::hardened::page_key(page.cast());
             (*page).info.inv = u64::MAX / bs as u64 + 1;
-            (*page).info.span = (*page).info.capacity * bs as u32;
+            // (Full-mode frees are all checked out of line: see `Info::span`.)
+            (*page).info.span = if crate::hardened::full_now() { 0 } else { (*page).info.capacity * bs as u32 };
             (*page).info.links = slots * SLOT_SIZE;
         }
         NonNull::new_unchecked(page)

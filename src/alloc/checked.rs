@@ -4,9 +4,10 @@
 //! and every block handed out by another path than a heap page's pop.
 //!
 //! The checks of a small block's free sit inline in `free`, where the
-//! segment and page are found anyway: a few loads, two multiplications and
-//! a store; every call they make is a tail call, so `free` keeps no stack
-//! frame. The reports and `NUMAWEAVE_CHECK=full` are out of line.
+//! segment and page are found anyway: a few loads, one bound, one
+//! multiplication, the mark's compare and store; every call they make is a
+//! tail call, so `free` keeps no stack frame. The reports and
+//! `NUMAWEAVE_CHECK=full` are out of line.
 
 use core::alloc::Layout;
 use core::ptr;
@@ -46,23 +47,27 @@ pub(super) unsafe fn foreign(p: *mut u8) {
 /// under `NUMAWEAVE_CHECK=full` a free finished here (red zone checked, body
 /// poisoned). Every call in it is a tail call.
 ///
+/// One bound covers four cases: a page's `span` is 0 where no free may
+/// reach it (the header's descriptor, a free page's) and under
+/// `NUMAWEAVE_CHECK=full` (whose frees are checked out of line), so a
+/// pointer into the header or a freed page, a full-mode free and one past
+/// the blocks all fail `off < span` and go to [`small_slow`], which tells
+/// them apart.
+///
 /// # Safety
 /// `small` is a live small segment (the segment map says so) holding `p`.
 #[inline(always)]
 pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
-    // SAFETY: the segment header is live; the page and the block's two first
-    // words are read only once the slot is known to be a live page's and
-    // `p` a block's start.
+    // SAFETY: the segment header is live and every descriptor in it is
+    // readable (written when the segment was made); the block's second word
+    // is read only once `p` is known to be a block's start in a live page.
     unsafe {
-        let slot = (p as usize - small as usize) >> segment::SLOT_SHIFT;
+        // `p` may be the segment's end exactly (`segment_of` rounds `p - 1`
+        // down): slot 64 wraps to the header's 0, whose descriptor fails.
+        let slot = ((p as usize - small as usize) >> segment::SLOT_SHIFT) & (segment::SLOTS - 1);
         let first = usize::from(*(*small).slot_page.get_unchecked(slot));
-        if slot == 0 || (*small).free_slots & (1 << first) != 0 {
-            return small_misuse(small, p, Why::NoPage);
-        }
         let page = (*small).pages.as_mut_ptr().add(first);
-        debug_assert_eq!(page, page_of(small, p));
-        let start = (*page).info.start as usize;
-        let off = (p as usize).wrapping_sub(start);
+        let off = (p as usize).wrapping_sub((*page).info.start as usize);
         // Inside the blocks' span (a pointer below `start` wraps above it),
         // then a block's start: for `off < 2^32` and `inv = ceil(2^64 / bs)`,
         // `bs` divides `off` exactly when `off * inv mod 2^64 < inv` (Lemire,
@@ -70,39 +75,75 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
         // one multiplication, its low half.
         let inv = (*page).info.inv;
         let at_start = (off as u64).wrapping_mul(inv) < inv;
-        debug_assert!(
-            off >= (*page).info.span as usize || at_start == off.is_multiple_of((*page).info.block_size as usize)
-        );
         if off >= (*page).info.span as usize || !at_start {
-            return small_misuse(small, p, Why::Interior);
+            return small_slow(small, p);
         }
+        debug_assert_eq!(page, page_of(small, p));
+        debug_assert!(off.is_multiple_of((*page).info.block_size as usize) && !hardened::full_now());
         // The mark computed once (the secret is an atomic: never merged).
         let mark = hardened::freed_mark(p);
         let word = p.cast::<usize>().add(1);
         if word.read() == mark {
-            return small_misuse(small, p, Why::Double);
-        }
-        if hardened::full_now() {
-            return small_full(page, p);
+            return small_double(small, p);
         }
         word.write(mark);
         page
     }
 }
 
-/// [`small`] under `NUMAWEAVE_CHECK=full`: the red zone checked (else
-/// reported; leaked), the body poisoned, the block marked and freed. Null.
+/// [`small`] when `p` failed its bound: checks a slot at a time, then
+/// reports what is wrong (null; the block is leaked) or, under
+/// `NUMAWEAVE_CHECK=full`, frees it (red zone checked, body poisoned; null).
 ///
 /// # Safety
-/// `p` is a live block of `page`, handed out with its red zone.
+/// As [`small`].
 #[cold]
 #[inline(never)]
-unsafe fn small_full(page: *mut Page, p: *mut u8) -> *mut Page {
-    // SAFETY: per the contract.
+unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
+    // SAFETY: as in `small`; the page's fields are read only once its first
+    // slot is known to be in use.
     unsafe {
-        let bs = (*page).info.block_size as usize;
-        let node = usize::from((*page).info.node);
-        if full_free(p, bs, B::Sized(bs, node)) {
+        let node = (*small).seg.arena;
+        let slot = (p as usize - small as usize) >> segment::SLOT_SHIFT;
+        if slot == 0 {
+            misuse(format_args!("free of {p:p}, inside a segment's header (node {node}): not a block"));
+            return ptr::null_mut();
+        }
+        if slot >= segment::SLOTS {
+            foreign(p);
+            return ptr::null_mut();
+        }
+        // A live page's first slot is in use and maps to itself; a freed
+        // page's descriptor may survive in the map of slots a newer page
+        // does not cover (its first slot now inside another page).
+        let first = usize::from((*small).slot_page[slot]);
+        if (*small).free_slots & (1 << first) != 0 || usize::from((*small).slot_page[first]) != first {
+            misuse(format_args!("double free of {p:p} (node {node}): its page was freed already"));
+            return ptr::null_mut();
+        }
+        let page = (*small).pages.as_mut_ptr().add(first);
+        let (start, bs) = ((*page).info.start as usize, (*page).info.block_size as usize);
+        let q = (p as usize).wrapping_sub(start) / bs;
+        if (p as usize) < start || q >= (*page).info.capacity as usize {
+            misuse(format_args!("free of {p:p}, outside the blocks of a {bs}-byte page (node {node})"));
+            return ptr::null_mut();
+        }
+        if !(p as usize - start).is_multiple_of(bs) {
+            let b = (start + q * bs) as *const u8;
+            misuse(format_args!("free of {p:p}, inside the {bs}-byte block at {b:p} (node {node})"));
+            return ptr::null_mut();
+        }
+        if hardened::is_marked_freed(p) {
+            return small_double(small, p);
+        }
+        // Only `NUMAWEAVE_CHECK=full` sends a good free here (its pages'
+        // `span` is 0); the fast path would have taken any other.
+        debug_assert!(hardened::full_now());
+        if !hardened::full_now() {
+            hardened::mark_freed(p);
+            return page;
+        }
+        if full_free(p, bs, B::Sized(bs, usize::from(node))) {
             hardened::mark_freed(p);
             super::free_small(page, p);
         }
@@ -110,42 +151,18 @@ unsafe fn small_full(page: *mut Page, p: *mut u8) -> *mut Page {
     ptr::null_mut()
 }
 
-/// What is wrong with a small block's free.
-#[derive(Clone, Copy)]
-enum Why {
-    NoPage,
-    Interior,
-    Double,
-}
-
-/// Reports a small block's bad free; null (the block is leaked).
+/// Reports a double free of `p`, a small block's start; null (the block is
+/// leaked).
+///
+/// # Safety
+/// As [`small`], `p` a block's start in a live page.
 #[cold]
 #[inline(never)]
-unsafe fn small_misuse(small: *mut SmallSegment, p: *mut u8, why: Why) -> *mut Page {
-    // SAFETY: as for `small`, which found what is read here valid.
+unsafe fn small_double(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
+    // SAFETY: per the contract.
     unsafe {
-        let node = (*small).seg.arena;
-        match why {
-            Why::NoPage if (p as usize - small as usize) >> segment::SLOT_SHIFT == 0 => {
-                misuse(format_args!("free of {p:p}, inside a segment's header (node {node}): not a block"))
-            }
-            Why::NoPage => misuse(format_args!("double free of {p:p} (node {node}): its page was freed already")),
-            Why::Interior => {
-                let page = page_of(small, p);
-                let (start, bs) = ((*page).info.start as usize, (*page).info.block_size as usize);
-                let q = (p as usize).wrapping_sub(start) / bs;
-                if p < (*page).info.start || q >= (*page).info.capacity as usize {
-                    misuse(format_args!("free of {p:p}, outside the blocks of a {bs}-byte page (node {node})"));
-                } else {
-                    let b = (start + q * bs) as *const u8;
-                    misuse(format_args!("free of {p:p}, inside the {bs}-byte block at {b:p} (node {node})"));
-                }
-            }
-            Why::Double => {
-                let bs = (*page_of(small, p)).info.block_size;
-                misuse(format_args!("double free of {p:p} ({bs}-byte block, node {node})"));
-            }
-        }
+        let bs = (*page_of(small, p)).info.block_size;
+        misuse(format_args!("double free of {p:p} ({bs}-byte block, node {})", (*small).seg.arena));
     }
     ptr::null_mut()
 }

@@ -194,14 +194,13 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_fast(&self, size: usize) -> *mut u8 {
-        // The switches are read before any heap exists (the state reads
-        // them), so a thread with a heap may look without the first-use
-        // check; one without goes to the slow path anyway.
+        // A hardened build's bound is 0 under `NUMAWEAVE_CHECK=full` (red
+        // zones need the slow path), so one compare tests both.
         #[cfg(feature = "hardened")]
-        if hardened::full_now() {
-            return ptr::null_mut();
-        }
-        if size <= SMALL_MAX {
+        let small = hardened::fast_size(size);
+        #[cfg(not(feature = "hardened"))]
+        let small = size <= SMALL_MAX;
+        if small {
             let heap = heap::current();
             if !heap.is_null() {
                 // SAFETY: the calling thread's heap; class_of is in range;
@@ -422,12 +421,13 @@ unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
 unsafe fn free(p: *mut u8) {
     // A hardened build takes the kind from the segment map, which also says
     // whether `p` is ours at all (`checked`); a misuse reported without
-    // aborting leaks the block.
+    // aborting leaks the block. Null is in no segment of ours: C's
+    // `free(NULL)` costs its test only on the way out.
     // SAFETY: `p` is a live block (caller's contract) or, a misuse, in no
     // segment of ours: then nothing of it is read.
     #[cfg(feature = "hardened")]
     unsafe {
-        if !free_if_ours(p) {
+        if !free_if_ours(p) && !p.is_null() {
             checked::foreign(p);
         }
     }
@@ -634,8 +634,10 @@ unsafe fn paged_usable_size(seg: *mut Segment, kind: SegmentKind, p: *const u8) 
 unsafe impl GlobalAlloc for NumaAlloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // (A small size under the fast bound answers "switches read, `full`
+        // off" in one compare; only the others ask.)
         #[cfg(feature = "hardened")]
-        if hardened::full() {
+        if !hardened::fast_size(layout.size()) && hardened::full() {
             // SAFETY: forwarded contract.
             return unsafe { alloc_red_zoned(self, layout, false) };
         }

@@ -149,7 +149,11 @@ pub(crate) struct Info {
     /// a division.
     #[cfg(feature = "hardened")]
     pub(crate) inv: u64,
-    /// Hardened builds: `capacity * block_size`, the bytes the blocks span.
+    /// Hardened builds: `capacity * block_size`, the bytes the blocks span,
+    /// where `free` checks a block on its fast path; 0 where it must not:
+    /// a descriptor of no live page (the header's, a free page's) and every
+    /// page under `NUMAWEAVE_CHECK=full` (whose frees are checked out of
+    /// line), so that one bound sends all of them to the slow path.
     #[cfg(feature = "hardened")]
     pub(crate) span: u32,
     /// Hardened builds: how far past `start` a free block's link may point
