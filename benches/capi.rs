@@ -2,7 +2,8 @@
 //! mixed-size churn (256 live blocks of 16 B – 16 KiB, replaced one by one,
 //! the same sequence) through `#[global_allocator]` in this process, and
 //! through `malloc`/`free` of `libnumaweave.so` in a C program
-//! (`benches/c/churn.c`, compiled here), alternating, pinned, each figure
+//! (`benches/c/churn.c`, compiled here, with PLT stubs as usual and once
+//! more with `-fno-plt`), alternating, pinned, each figure
 //! the thread's CPU time per alloc+free pair; the ratio is the median of the
 //! rounds' ratios. Needs a C compiler (says so and stops otherwise).
 //!
@@ -122,39 +123,56 @@ fn main() {
     let st = Command::new(cargo).args(["build", "-q", "--release", "-p", "numaweave-capi"]).status().unwrap();
     assert!(st.success(), "building libnumaweave.so failed");
     let lib = dir.join("libnumaweave.so");
-    let exe = std::env::temp_dir().join(format!("numaweave-churn-{}", std::process::id()));
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/c/churn.c");
-    let d = dir.to_str().unwrap();
-    let st = Command::new(cc)
-        .args(["-O2", src, "-o", exe.to_str().unwrap(), "-L", d, "-lnumaweave", &format!("-Wl,-rpath,{d}")])
-        .status()
-        .unwrap();
-    assert!(st.success(), "compiling churn.c failed");
-    assert!(lib.is_file());
     let cpu = numaweave::Topology::global().cpus().first().unwrap_or(0);
     let _ = numaweave::os::cpu::pin_current_thread(cpu);
     let rounds = 2_000_000;
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/c/churn.c");
+    let d = dir.to_str().unwrap();
+    // The same program twice: as C programs are usually built (each call
+    // to `malloc` through a PLT stub: a jump to a jump), and with
+    // `-fno-plt` (an indirect call through the GOT, as Arch Linux builds
+    // its packages): what the caller's PLT costs is not the library's.
+    let build = |name: &str, extra: &[&str]| {
+        let exe = std::env::temp_dir().join(format!("numaweave-{name}-{}", std::process::id()));
+        let st = Command::new(cc)
+            .args(["-O2", src, "-o", exe.to_str().unwrap(), "-L", d, "-lnumaweave", &format!("-Wl,-rpath,{d}")])
+            .args(extra)
+            .status()
+            .unwrap();
+        assert!(st.success(), "compiling churn.c failed");
+        exe
+    };
+    let exe = build("churn", &[]);
+    let exe_noplt = build("churn-noplt", &["-fno-plt"]);
+    assert!(lib.is_file());
+    let run_c = |exe: &PathBuf| {
+        let out = Command::new("taskset").args(["-c", &cpu.to_string()]).arg(exe).arg(rounds.to_string()).output();
+        let out = match out {
+            Ok(o) if o.status.success() => o,
+            _ => Command::new(exe).arg(rounds.to_string()).output().unwrap(),
+        };
+        String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().unwrap()
+    };
     churn::<false>(rounds / 10);
-    let (mut rust, mut called, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rust, mut called, mut c, mut c_noplt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..9 {
         rust.push(churn::<false>(rounds));
         called.push(churn::<true>(rounds));
-        let out = Command::new("taskset").args(["-c", &cpu.to_string()]).arg(&exe).arg(rounds.to_string()).output();
-        let out = match out {
-            Ok(o) if o.status.success() => o,
-            _ => Command::new(&exe).arg(rounds.to_string()).output().unwrap(),
-        };
-        c.push(String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().unwrap());
+        c.push(run_c(&exe));
+        c_noplt.push(run_c(&exe_noplt));
     }
-    let ratio = |base: &[f64]| median(c.iter().zip(base).map(|(a, b)| a / b).collect());
+    let ratio = |x: &[f64], base: &[f64]| median(x.iter().zip(base).map(|(a, b)| a / b).collect());
     println!("churn 256 x 16 B-16 KiB, ns per alloc+free pair (thread CPU time, 9 rounds):");
     println!("  #[global_allocator], inlined (LTO)    {:.2}  {rust:.2?}", median(rust.clone()));
     println!("  #[global_allocator], a call per op    {:.2}  {called:.2?}", median(called.clone()));
     println!("  libnumaweave.so (C malloc/free)       {:.2}  {c:.2?}", median(c.clone()));
+    println!("  the same, caller built -fno-plt       {:.2}  {c_noplt:.2?}", median(c_noplt.clone()));
     println!(
-        "  C / Rust = {:.3} against calls, {:.3} against inlined (medians of the rounds' ratios)",
-        ratio(&called),
-        ratio(&rust)
+        "  C / Rust = {:.3} against calls, {:.3} against inlined; -fno-plt {:.3} against calls (medians of the rounds' ratios)",
+        ratio(&c, &called),
+        ratio(&c, &rust),
+        ratio(&c_noplt, &called)
     );
     let _ = std::fs::remove_file(exe);
+    let _ = std::fs::remove_file(exe_noplt);
 }

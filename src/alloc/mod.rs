@@ -645,7 +645,8 @@ unsafe impl GlobalAlloc for NumaAlloc {
         unsafe { self.alloc_plain(layout) }
     }
 
-    #[inline]
+    #[cfg_attr(not(feature = "hardened"), inline)]
+    #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
         // SAFETY: forwarded contract: `p` is a live block of this allocator.
         unsafe { free(p) }
