@@ -94,9 +94,11 @@ pub(crate) fn init() {
             ));
         }
     }
-    FLAGS.store(flags, Ordering::Release);
+    // Before the flags' release: whoever sees them read sees the bound too
+    // (a bound still 0 would only send allocations to the slow path).
     let below = if flags & FULL != 0 { 0 } else { crate::alloc::size_class::SMALL_MAX + 1 };
     FAST_BELOW.store(below, Ordering::Relaxed);
+    FLAGS.store(flags, Ordering::Release);
 }
 
 /// Whether `malloc` may take a block of `size` bytes off a heap page's
