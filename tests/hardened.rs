@@ -157,6 +157,19 @@ fn misuse(case: &str) {
                 expect(format!("numaweave: free of {q:#x}, outside the blocks of a 48-byte page (node 0)"));
                 A.free(q as *mut u8);
             }
+            "page-freed-already" => {
+                // A block over 64 KiB has a page of its own: freed, the page
+                // is empty; `collect` gives it back to the arena.
+                // (The report's text is made first: an allocation after
+                // `collect` could take the page's slots again.)
+                let l = layout(100 << 10, 8);
+                let p = A.alloc(l);
+                let line = format!("numaweave: double free of {p:p} (node 0): its page was freed already");
+                A.dealloc(p, l);
+                A.collect();
+                expect(line);
+                A.dealloc(p, l);
+            }
             "header-pointer" => {
                 let p = A.alloc(layout(64, 8));
                 let h = ((p as usize & !(SEGMENT - 1)) + 0x200) as *mut u8;
@@ -410,7 +423,14 @@ fn free_of_an_interior_pointer() {
 #[test]
 fn small_misuses_with_and_without_full_checks() {
     for env in [&[][..], &[("NUMAWEAVE_CHECK", "full")][..]] {
-        for case in ["double-free-72", "interior-72", "outside-the-blocks", "header-pointer", "segment-end"] {
+        for case in [
+            "double-free-72",
+            "interior-72",
+            "outside-the-blocks",
+            "page-freed-already",
+            "header-pointer",
+            "segment-end",
+        ] {
             aborts_with_report(case, env);
         }
     }
