@@ -25,17 +25,18 @@ fn target_root() -> PathBuf {
 
 /// `target/<profile>` of the library: cargo does not build a `cdylib` for
 /// its package's integration tests, so they build it (once per process):
-/// the dev profile for the C tests, release for the fast-path check (the
-/// shipped library's code).
+/// the test profile for the C tests (debug assertions on; its `numaweave`
+/// and dependencies are the ones `cargo test` has just built, so only the
+/// C library itself is compiled: 9 s against 35 s for the dev profile's),
+/// release for the fast-path check (the shipped library's code).
 fn lib_dir(release: bool) -> PathBuf {
     static BUILT: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
     BUILT[usize::from(release)]
         .get_or_init(|| {
             let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-            c.args(["build", "-q", "-p", "numaweave-capi"]).current_dir(env!("CARGO_MANIFEST_DIR"));
-            if release {
-                c.arg("--release");
-            }
+            c.args(["build", "-q", "-p", "numaweave-capi", "--profile"])
+                .arg(if release { "release" } else { "test" })
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
             let st = c.status().expect("cargo");
             assert!(st.success(), "building libnumaweave failed");
             target_root().join(if release { "release" } else { "debug" })
@@ -43,22 +44,23 @@ fn lib_dir(release: bool) -> PathBuf {
         .clone()
 }
 
-/// `libnumaweave_hardened.so` (dev profile): a workspace of its own (with
-/// the plain library in one cargo run, Cargo would harden both), built into
-/// `target/hardened/`.
+/// `libnumaweave_hardened.so`, the release build that ships (and that
+/// `.ci/run` and the hardened bench then find built): a workspace of its
+/// own (with the plain library in one cargo run, Cargo would harden both),
+/// built into `target/hardened/`.
 fn hardened_lib() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let dir = target_root().join("hardened");
             let st = Command::new(option_env!("CARGO").unwrap_or("cargo"))
-                .args(["build", "-q", "--manifest-path", "hardened/Cargo.toml", "--target-dir"])
+                .args(["build", "-q", "--release", "--manifest-path", "hardened/Cargo.toml", "--target-dir"])
                 .arg(&dir)
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .status()
                 .expect("cargo");
             assert!(st.success(), "building libnumaweave_hardened failed");
-            dir.join("debug/libnumaweave_hardened.so")
+            dir.join("release/libnumaweave_hardened.so")
         })
         .clone()
 }
@@ -67,7 +69,7 @@ fn target_dir() -> PathBuf {
     lib_dir(false)
 }
 
-/// The library (dev profile).
+/// The library (test profile).
 fn lib() -> PathBuf {
     let l = target_dir().join("libnumaweave.so");
     assert!(l.is_file(), "{} not built", l.display());
