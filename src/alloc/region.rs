@@ -17,8 +17,9 @@
 //! (`MADV_DONTNEED`) once more than [`DIRTY_MAX`] of them pile up, so a
 //! long-lived block pins its own pages, not the region's megabytes; under a
 //! purge delay in rounds a delay apart, each returning only the units that
-//! were dirty already at the round before (a unit freed behind the carver's top would
-//! otherwise be returned and faulted in again when the carver comes back).
+//! were dirty already at the round before (a unit freed behind the carver's
+//! top would otherwise be returned and faulted in again when the carver
+//! comes back).
 //!
 //! An exclusive space's thread (the region's *owner*) also keeps what it
 //! frees on LIFO reuse lists by length, for the node's next allocation of
