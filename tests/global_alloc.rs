@@ -97,3 +97,36 @@ fn stats_see_this_binary_allocating() {
     assert!(t.in_use > 0 && t.committed >= t.in_use.min(t.committed));
     drop(v);
 }
+
+#[test]
+fn huge_blocks_moved_by_realloc_stay_known_while_other_threads_map() {
+    // A huge block that cannot grow in place moves to a new range, which
+    // frees its old one: a mapping another thread makes at that moment may
+    // land there. The allocator's map of its address space must then know
+    // both (a lost mark makes C's `free` hand our block to the next
+    // allocator).
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|s| {
+        let mapper = s.spawn(|| {
+            let mut rounds = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 20 {
+                // Sizes no cached mapping fits, so most are fresh mappings.
+                let size = (1 + rounds as usize % 7) << 20;
+                let v: Vec<Vec<u8>> = (0..4).map(|k| vec![k as u8; size + k * 4096]).collect();
+                assert!(v.iter().all(|b| A.owns(b.as_ptr())));
+                rounds += 1;
+            }
+            rounds
+        });
+        for i in 0..100usize {
+            let mut v = vec![i as u8; (4 + i % 5) << 20];
+            for grow in [12usize << 20, 20 << 20] {
+                v.resize(grow, 1);
+                assert!(A.owns(v.as_ptr()), "a moved block lost its mark");
+                assert_eq!(v[0], i as u8);
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(mapper.join().unwrap() >= 20);
+    });
+}

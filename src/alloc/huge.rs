@@ -165,9 +165,15 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
             Ok(b) => Some(b),
             Err(_) if total > len => {
                 // Move the pages to a fresh, segment-aligned range.
+                // The move releases the old range, where a mapping another
+                // thread makes next may land and be marked: unmark it first
+                // (nobody else may use this block meanwhile), or its mark
+                // would be found taken and then lost.
                 reserve(total, align, off).and_then(|to| {
+                    super::segmap::remove(old.as_ptr());
                     // SAFETY: `to` is our fresh reservation of `total` bytes.
                     unsafe { mem::remap_to(old, len, total, to) }.ok().or_else(|| {
+                        super::segmap::insert(old.as_ptr(), super::segment::SegmentKind::Huge);
                         // SAFETY: the reservation is unused.
                         let _ = unsafe { mem::unmap(to, total) };
                         None
@@ -181,7 +187,6 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     };
     let Some(b) = new_base else { return ptr::null_mut() };
     if b != old {
-        super::segmap::remove(old.as_ptr());
         super::segmap::insert(b.as_ptr(), super::segment::SegmentKind::Huge);
     }
     // SAFETY: the header moved with the pages (it is their first page).
