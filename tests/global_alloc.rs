@@ -1,6 +1,7 @@
 //! NumaAlloc as this test binary's global allocator, under a real
 //! multi-threaded workload: every result is checked.
 
+use std::alloc::GlobalAlloc;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc;
 use std::thread;
@@ -129,4 +130,32 @@ fn huge_blocks_moved_by_realloc_stay_known_while_other_threads_map() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(mapper.join().unwrap() >= 20);
     });
+}
+
+#[test]
+fn addresses_beside_a_huge_block_are_not_ours() {
+    // A huge block's mapping may end well before its 4 MiB chunk does, and
+    // the rest of the chunk is free address space for anyone's mappings. A
+    // pointer there, given to C's `free` (another allocator's block), must
+    // be told foreign from the pointer alone: freeing it as ours would free
+    // the huge block. (Nothing at those addresses is read, so they need not
+    // be mapped: other tests' threads may have mapped them or not.)
+    let layout = std::alloc::Layout::from_size_align(300_000, 8).unwrap();
+    // SAFETY: a valid layout; the block is freed once below.
+    let p = unsafe { A.alloc(layout) };
+    assert!(!p.is_null() && A.owns(p));
+    let chunk = (p as usize - 1) & !((4 << 20) - 1);
+    for off in [512 << 10, 1 << 20, 2 << 20, (4 << 20) - 4096] {
+        let q = (chunk + off) as *mut u8;
+        assert!(!A.owns(q), "{q:p}, past the huge block {p:p}'s mapping, taken for ours");
+        // SAFETY: `q` is not ours: the call must say so and read nothing of
+        // it. (A hardened build reports it instead: `tests/hardened.rs`.)
+        #[cfg(not(feature = "hardened"))]
+        assert!(!unsafe { A.free_if_owned(q) });
+    }
+    // Inside the block, only its start is a block.
+    assert!(!A.owns(p.wrapping_add(4096)));
+    assert!(A.owns(p));
+    // SAFETY: the block allocated above, alive.
+    unsafe { A.dealloc(p, layout) };
 }

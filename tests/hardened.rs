@@ -133,6 +133,20 @@ fn misuse(case: &str) {
                 expect(format!("numaweave: free of {i:p}, inside the 64-byte block at {p:p} (node 0)"));
                 A.free(i);
             }
+            "huge-interior" => {
+                let p = A.alloc(layout(300_000, 8));
+                let i = p.add(4096);
+                expect(format!("numaweave: free of {i:p}, inside the huge block at {p:p} (node 0)"));
+                A.free(i);
+            }
+            "beside-huge" => {
+                // Past the block's mapping, in its chunk: anyone's address
+                // space (nothing of it is read).
+                let p = A.alloc(layout(300_000, 8));
+                let q = (p as usize & !(SEGMENT - 1)) + SEGMENT / 2;
+                expect(format!("numaweave: free of {q:#x}, which numaweave did not allocate"));
+                A.free(q as *mut u8);
+            }
             // The cases below also run under `NUMAWEAVE_CHECK=full`, where a
             // request gets 8 bytes more (its class: 72 -> 80, 40 -> 48) and
             // every small free is checked out of line.
@@ -416,6 +430,12 @@ fn free_of_a_stack_pointer() {
 #[test]
 fn free_of_an_interior_pointer() {
     aborts_with_report("interior-pointer", &[]);
+    aborts_with_report("huge-interior", &[]);
+}
+
+#[test]
+fn free_of_a_pointer_beside_a_huge_block() {
+    aborts_with_report("beside-huge", &[]);
 }
 
 /// Small blocks' frees that fail the fast path's one bound, told apart out

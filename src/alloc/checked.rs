@@ -228,7 +228,16 @@ pub(super) unsafe fn huge(seg: *mut Segment, p: *mut u8) {
     // SAFETY: the segment is live; its block's red zone lies in it.
     unsafe {
         if (*seg).block != p {
-            misuse(format_args!("free of {p:p}, inside the huge block at {:p} (node {})", (*seg).block, (*seg).arena));
+            // Past the block's mapping the chunk is anyone's address space.
+            if (p as usize).wrapping_sub((*seg).map_base as usize) >= (*seg).map_len {
+                foreign(p);
+            } else {
+                misuse(format_args!(
+                    "free of {p:p}, inside the huge block at {:p} (node {})",
+                    (*seg).block,
+                    (*seg).arena
+                ));
+            }
             return;
         }
         if hardened::full_now() && !hardened::check_red_zone(p, huge::usable_size(seg, p), B::Huge) {

@@ -78,7 +78,7 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     unsafe {
         ptr::write(h, Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total));
     }
-    super::segmap::insert(base.as_ptr(), super::segment::SegmentKind::Huge);
+    super::segmap::insert_huge(base.as_ptr(), off);
     let c = &arena.counters;
     // The header page, just touched, tells where the block's memory comes from.
     if fresh && arena.spilled(state, base) {
@@ -173,7 +173,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
                     super::segmap::remove(old.as_ptr());
                     // SAFETY: `to` is our fresh reservation of `total` bytes.
                     unsafe { mem::remap_to(old, len, total, to) }.ok().or_else(|| {
-                        super::segmap::insert(old.as_ptr(), super::segment::SegmentKind::Huge);
+                        super::segmap::insert_huge(old.as_ptr(), off);
                         // SAFETY: the reservation is unused.
                         let _ = unsafe { mem::unmap(to, total) };
                         None
@@ -187,7 +187,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     };
     let Some(b) = new_base else { return ptr::null_mut() };
     if b != old {
-        super::segmap::insert(b.as_ptr(), super::segment::SegmentKind::Huge);
+        super::segmap::insert_huge(b.as_ptr(), off);
     }
     // SAFETY: the header moved with the pages (it is their first page).
     unsafe {

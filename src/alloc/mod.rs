@@ -174,11 +174,13 @@ impl NumaAlloc {
     /// segment of its has its blocks (found from the pointer alone, without
     /// reading what it points to). False for null, the stack, statics, and
     /// other allocators' memory; true for any pointer to the start of a live
-    /// block. (An interior or already freed pointer of a live segment is
-    /// not told apart: a hardened build checks those further.)
+    /// block. (An interior or already freed pointer of a live small segment
+    /// or region is not told apart: a hardened build checks those further.
+    /// Of a huge block only its start is ours: the rest of its 4 MiB chunk
+    /// may lie past its mapping, in another allocator's.)
     #[inline(always)]
     pub fn owns(&self, p: *const u8) -> bool {
-        !p.is_null() && segmap::contains(p)
+        !p.is_null() && segmap::owns(p)
     }
 
     /// The C library's `malloc` fast path: a block of `size` bytes (aligned
@@ -448,12 +450,28 @@ unsafe fn free(p: *mut u8) {
 /// allocator (a hardened build checks that too).
 #[inline(always)]
 unsafe fn free_if_ours(p: *mut u8) -> bool {
-    let kind = segmap::kind(p);
-    if kind == 0 {
-        return false;
-    }
+    const SMALL: u8 = SegmentKind::Small as u8;
+    const REGION: u8 = SegmentKind::Region as u8;
+    // One dispatch on the mark (each arm gets `free_as` for its kind).
     // SAFETY: a live segment of ours, of `kind`; `p` a block in it.
-    unsafe { free_as(p, kind) };
+    unsafe {
+        match segmap::kind(p) {
+            0 => return false,
+            SMALL => free_as(p, SMALL),
+            REGION => free_as(p, REGION),
+            huge => {
+                // Only the block's start is ours in a huge block's chunk
+                // (the rest may be another allocator's): tested here, off
+                // the small path. A hardened build checks it in
+                // `checked::huge`, which names the misuse.
+                #[cfg(not(feature = "hardened"))]
+                if !segmap::is_huge_block(p, huge) {
+                    return false;
+                }
+                free_as(p, huge)
+            }
+        }
+    }
     true
 }
 
@@ -474,7 +492,10 @@ unsafe fn free_as(p: *mut u8, kind: u8) {
     // free itself where its checks need more than the fast path: every call
     // here is a tail call, so `free` keeps no stack frame.)
     unsafe {
-        debug_assert_eq!(kind, (*seg).kind as u8, "the segment map names another kind");
+        debug_assert!(
+            kind == (*seg).kind as u8 || (segmap::is_huge(kind) && (*seg).kind == SegmentKind::Huge),
+            "the segment map names another kind"
+        );
         match kind {
             SMALL => {
                 #[cfg(feature = "hardened")]

@@ -8,7 +8,14 @@
 //! Every segment, region and huge mapping starts on a chunk boundary and a
 //! block's owner is found from `segment_of(p)`, so one mark, for the chunk
 //! of the header, is enough: a pointer is ours if its `segment_of` chunk is
-//! marked. The marks cover user addresses below 2^47: 32 MiB of zeroed
+//! marked, and, for a huge block, if it is the block's start. Small
+//! segments and regions fill their chunk, but a huge block's mapping may
+//! end well before its chunk does, and the rest of the chunk is anyone's
+//! address space: another allocator's block may lie there. So a huge
+//! block's mark holds the block's offset from its header (a power of two:
+//! a page, the block's alignment, or the segment size), and a pointer of
+//! unknown origin in its chunk is ours only at that offset, told from the
+//! mark alone (reading the header could race with the block's unmapping). The marks cover user addresses below 2^47: 32 MiB of zeroed
 //! static memory (`.bss`: address space only; the kernel commits a page of
 //! it when a segment in the 16 GiB it covers is first marked), at a fixed
 //! address, so that the check is a shift, a bound and one byte compared
@@ -37,12 +44,51 @@ fn slot(base: usize) -> Option<usize> {
     (i < CHUNKS).then_some(i)
 }
 
-/// Marks the chunk at `base` (4 MiB aligned) as holding a live segment of
-/// `kind` (its header written already).
+/// The bit of a huge block's mark; the low five bits are the log2 of the
+/// block's offset from its header. (Small and region marks have it clear.)
+const HUGE_MARK: u8 = 0x80;
+const _: () = assert!(SegmentKind::Small as u8 & HUGE_MARK == 0 && SegmentKind::Region as u8 & HUGE_MARK == 0);
+
+/// Marks the chunk at `base` (4 MiB aligned) as holding a live small
+/// segment or region (`kind`; its header written already).
 pub(crate) fn insert(base: *const u8, kind: SegmentKind) {
+    debug_assert!(kind != SegmentKind::Huge, "a huge block is marked with its offset");
+    mark(base, kind as u8);
+}
+
+/// Marks the chunk at `base` as holding a live huge block at `base +
+/// offset` (its header written already).
+pub(crate) fn insert_huge(base: *const u8, offset: usize) {
+    debug_assert!(offset.is_power_of_two() && offset <= 1 << SEGMENT_SHIFT);
+    mark(base, HUGE_MARK | offset.trailing_zeros() as u8);
+}
+
+/// Whether a mark (non-zero) is a huge block's.
+#[inline(always)]
+pub(crate) fn is_huge(mark: u8) -> bool {
+    mark & HUGE_MARK != 0
+}
+
+/// Whether `p`, in a chunk marked `mark` (non-zero), may be a block of
+/// ours: anywhere in a small segment or region, only the block's start in
+/// a huge block's chunk.
+#[inline(always)]
+pub(crate) fn may_be_block(p: *const u8, mark: u8) -> bool {
+    !is_huge(mark) || is_huge_block(p, mark)
+}
+
+/// Whether `p`, in a chunk marked `mark` (a huge block's), is the block's
+/// start.
+#[inline(always)]
+pub(crate) fn is_huge_block(p: *const u8, mark: u8) -> bool {
+    debug_assert!(is_huge(mark));
+    (p as usize).wrapping_sub(segment_of(p) as usize) == 1 << (mark & 0x1f)
+}
+
+fn mark(base: *const u8, mark: u8) {
     debug_assert_eq!(base as usize & ((1 << SEGMENT_SHIFT) - 1), 0);
     if let Some(i) = slot(base as usize) {
-        let old = MAP[i].swap(kind as u8, Ordering::Relaxed);
+        let old = MAP[i].swap(mark, Ordering::Relaxed);
         debug_assert_eq!(old, 0, "a segment marked twice");
         #[cfg(feature = "hardened")]
         FREED_HUGE[i].store(0, Ordering::Relaxed);
@@ -73,7 +119,8 @@ pub(crate) fn remove(base: *const u8) {
     }
 }
 
-/// Whether `p` may be a block of this allocator: its segment is live.
+/// Whether `p` lies in the chunk of a live segment of ours (which, for a
+/// huge block, says nothing of the rest of the chunk: see [`owns`]).
 ///
 /// Relaxed is enough: a thread holding a pointer to a block got it through
 /// whatever ordered the block's allocation, which came after the marking.
@@ -82,8 +129,17 @@ pub(crate) fn contains(p: *const u8) -> bool {
     kind(p) != 0
 }
 
-/// The kind (`SegmentKind as u8`) of `p`'s segment if it is live, else 0.
-/// Relaxed, as [`contains`].
+/// Whether `p` may be a block of ours: its segment is live and, in a huge
+/// block's chunk, it is the block's start. Relaxed, as [`contains`].
+#[inline(always)]
+pub(crate) fn owns(p: *const u8) -> bool {
+    let m = kind(p);
+    m != 0 && may_be_block(p, m)
+}
+
+/// The mark of `p`'s segment if it is live, else 0: `SegmentKind as u8` for
+/// a small segment or a region, a huge block's mark (see [`is_huge`])
+/// otherwise. Relaxed, as [`contains`].
 #[inline(always)]
 pub(crate) fn kind(p: *const u8) -> u8 {
     slot(segment_of(p) as usize).map_or(0, |i| MAP[i].load(Ordering::Relaxed))
