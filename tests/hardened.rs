@@ -147,6 +147,15 @@ fn misuse(case: &str) {
                 expect(format!("numaweave: free of {q:#x}, which numaweave did not allocate"));
                 A.free(q as *mut u8);
             }
+            "beside-freed-huge" => {
+                // The same once the block is freed: a double free is its
+                // start's only.
+                let p = A.alloc(layout(300_000, 8));
+                A.free(p);
+                let q = (p as usize & !(SEGMENT - 1)) + SEGMENT / 2;
+                expect(format!("numaweave: free of {q:#x}, which numaweave did not allocate"));
+                A.free(q as *mut u8);
+            }
             // The cases below also run under `NUMAWEAVE_CHECK=full`, where a
             // request gets 8 bytes more (its class: 72 -> 80, 40 -> 48) and
             // every small free is checked out of line.
@@ -436,6 +445,7 @@ fn free_of_an_interior_pointer() {
 #[test]
 fn free_of_a_pointer_beside_a_huge_block() {
     aborts_with_report("beside-huge", &[]);
+    aborts_with_report("beside-freed-huge", &[]);
 }
 
 /// Small blocks' frees that fail the fast path's one bound, told apart out

@@ -32,8 +32,8 @@ const CHUNKS: usize = 1 << (ADDR_BITS as usize - SEGMENT_SHIFT);
 /// The marks (zeroed: nothing is ours until marked).
 static MAP: [AtomicU8; CHUNKS] = [const { AtomicU8::new(0) }; CHUNKS];
 
-/// Hardened builds: chunks that held a huge block freed since (a second
-/// free of it is a double free, not a foreign pointer).
+/// Hardened builds: the marks of chunks that held a huge block freed since
+/// (a second free of its start is a double free, not a foreign pointer).
 #[cfg(feature = "hardened")]
 static FREED_HUGE: [AtomicU8; CHUNKS] = [const { AtomicU8::new(0) }; CHUNKS];
 
@@ -96,19 +96,24 @@ fn mark(base: *const u8, mark: u8) {
 }
 
 /// Hardened builds: unmarks the chunk of a huge block being freed, and
-/// remembers it was one.
+/// remembers its mark.
 #[cfg(feature = "hardened")]
 pub(crate) fn remove_huge(base: *const u8) {
-    remove(base);
     if let Some(i) = slot(base as usize) {
-        FREED_HUGE[i].store(1, Ordering::Relaxed);
+        let old = MAP[i].swap(0, Ordering::Relaxed);
+        debug_assert!(is_huge(old), "a huge block's chunk marked {old:#x}");
+        FREED_HUGE[i].store(old, Ordering::Relaxed);
     }
 }
 
-/// Hardened builds: whether `p`'s chunk held a huge block freed since.
+/// Hardened builds: whether `p` is the start of a huge block freed since
+/// (rather than any other address of its chunk, which may be anyone's).
 #[cfg(feature = "hardened")]
 pub(crate) fn was_freed_huge(p: *const u8) -> bool {
-    slot(segment_of(p) as usize).is_some_and(|i| FREED_HUGE[i].load(Ordering::Relaxed) != 0)
+    slot(segment_of(p) as usize).is_some_and(|i| {
+        let m = FREED_HUGE[i].load(Ordering::Relaxed);
+        m != 0 && is_huge_block(p, m)
+    })
 }
 
 /// Unmarks the chunk at `base` (its segment is going away).
