@@ -15,9 +15,11 @@
 //! block's mark holds the block's offset from its header (a power of two:
 //! a page, the block's alignment, or the segment size), and a pointer of
 //! unknown origin in its chunk is ours only at that offset, told from the
-//! mark alone (reading the header could race with the block's unmapping). The marks cover user addresses below 2^47: 32 MiB of zeroed
-//! static memory (`.bss`: address space only; the kernel commits a page of
-//! it when a segment in the 16 GiB it covers is first marked), at a fixed
+//! mark alone (reading the header could race with the block's unmapping).
+//!
+//! The marks cover user addresses below 2^47: 32 MiB of zeroed static
+//! memory (`.bss`: address space only; the kernel commits a page of it
+//! when a segment in the 16 GiB it covers is first marked), at a fixed
 //! address, so that the check is a shift, a bound and one byte compared
 //! (`free` runs it on every call of a C program: a byte rather than a bit
 //! saves the word index, the bit index and the bit test, and holding the
