@@ -43,9 +43,9 @@ pub(super) unsafe fn foreign(p: *mut u8) {
 /// Checks the free of `p`, in the small segment `small`: the start of a
 /// block of a live page, not free already. Returns the page, `p` marked
 /// freed, for the caller to free it on; or null when there is nothing more
-/// to do: a misuse reported without aborting (the block is leaked), or
-/// under `NUMAWEAVE_CHECK=full` a free finished here (red zone checked, body
-/// poisoned). Every call in it is a tail call.
+/// to do: a misuse reported without aborting (the block is leaked), or a
+/// free finished out of line (under `NUMAWEAVE_CHECK=full`, red zone
+/// checked, body poisoned). Every call in it is a tail call.
 ///
 /// One bound covers four cases: a page's `span` is 0 where no free may
 /// reach it (the header's descriptor, a free page's) and under
@@ -76,7 +76,10 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
         let inv = (*page).info.inv;
         let at_start = (off as u64).wrapping_mul(inv) < inv;
         if off >= (*page).info.span as usize || !at_start {
-            return small_slow(small, p);
+            // Finished there, so that this is a tail call: `free` keeps no
+            // frame (a page handed back would need `p` kept across it).
+            small_slow(small, p);
+            return ptr::null_mut();
         }
         debug_assert_eq!(page, page_of(small, p));
         debug_assert!(off.is_multiple_of((*page).info.block_size as usize) && !hardened::full_now());
@@ -92,14 +95,14 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
 }
 
 /// [`small`] when `p` failed its bound: checks a slot at a time, then
-/// reports what is wrong (null; the block is leaked) or, under
-/// `NUMAWEAVE_CHECK=full`, frees it (red zone checked, body poisoned; null).
+/// reports what is wrong (the block is leaked) or frees it (under
+/// `NUMAWEAVE_CHECK=full`, red zone checked, body poisoned).
 ///
 /// # Safety
 /// As [`small`].
 #[cold]
 #[inline(never)]
-unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
+unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) {
     // SAFETY: as in `small`; the page's fields are read only once its first
     // slot is known to be in use.
     unsafe {
@@ -107,11 +110,11 @@ unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
         let slot = (p as usize - small as usize) >> segment::SLOT_SHIFT;
         if slot == 0 {
             misuse(format_args!("free of {p:p}, inside a segment's header (node {node}): not a block"));
-            return ptr::null_mut();
+            return;
         }
         if slot >= segment::SLOTS {
             foreign(p);
-            return ptr::null_mut();
+            return;
         }
         // A live page's first slot is in use and maps to itself; a freed
         // page's descriptor may survive in the map of slots a newer page
@@ -119,36 +122,37 @@ unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
         let first = usize::from((*small).slot_page[slot]);
         if (*small).free_slots & (1 << first) != 0 || usize::from((*small).slot_page[first]) != first {
             misuse(format_args!("double free of {p:p} (node {node}): its page was freed already"));
-            return ptr::null_mut();
+            return;
         }
         let page = (*small).pages.as_mut_ptr().add(first);
         let (start, bs) = ((*page).info.start as usize, (*page).info.block_size as usize);
         let q = (p as usize).wrapping_sub(start) / bs;
         if (p as usize) < start || q >= (*page).info.capacity as usize {
             misuse(format_args!("free of {p:p}, outside the blocks of a {bs}-byte page (node {node})"));
-            return ptr::null_mut();
+            return;
         }
         if !(p as usize - start).is_multiple_of(bs) {
             let b = (start + q * bs) as *const u8;
             misuse(format_args!("free of {p:p}, inside the {bs}-byte block at {b:p} (node {node})"));
-            return ptr::null_mut();
+            return;
         }
         if hardened::is_marked_freed(p) {
-            return small_double(small, p);
+            small_double(small, p);
+            return;
         }
         // Only `NUMAWEAVE_CHECK=full` sends a good free here (its pages'
         // `span` is 0); the fast path would have taken any other.
         debug_assert!(hardened::full_now());
         if !hardened::full_now() {
             hardened::mark_freed(p);
-            return page;
+            super::free_small(page, p);
+            return;
         }
         if full_free(p, bs, B::Sized(bs, usize::from(node))) {
             hardened::mark_freed(p);
             super::free_small(page, p);
         }
     }
-    ptr::null_mut()
 }
 
 /// Reports a double free of `p`, a small block's start; null (the block is
