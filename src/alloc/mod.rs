@@ -268,6 +268,19 @@ impl NumaAlloc {
         unsafe { free_if_ours(p) }
     }
 
+    /// [`free_if_owned`](Self::free_if_owned) for blocks of small segments
+    /// only (false for any other pointer, having read nothing of it): C's
+    /// `free` tries it first, and the rest out of line.
+    ///
+    /// # Safety
+    /// As [`free_if_owned`](Self::free_if_owned).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn free_if_small(&self, p: *mut u8) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { free_if_small(p) }
+    }
+
     /// Resizes the block at `p` to `new_size` bytes without its layout, as
     /// C's `realloc` does: contents kept up to the smaller of the block's
     /// usable size and `new_size`, a moved block aligned as the C library's
@@ -429,16 +442,54 @@ unsafe fn free(p: *mut u8) {
     // segment of ours: then nothing of it is read.
     #[cfg(feature = "hardened")]
     unsafe {
-        if !free_if_ours(p) && !p.is_null() {
-            checked::foreign(p);
+        if !free_if_small(p) {
+            free_checked_not_small(p);
         }
     }
+    // Small blocks fall straight through; the other kinds are reached by a
+    // tail call.
     // SAFETY: `p` is a live block (caller's contract), so its segment
     // header is live.
     #[cfg(not(feature = "hardened"))]
     unsafe {
-        free_as(p, (*segment_of(p)).kind as u8)
+        const SMALL: u8 = SegmentKind::Small as u8;
+        let kind = (*segment_of(p)).kind as u8;
+        if kind == SMALL {
+            free_as(p, SMALL);
+        } else {
+            free_not_small(p, kind);
+        }
     };
+}
+
+/// [`free`] of a block that is not in a small segment (default builds).
+///
+/// # Safety
+/// As [`free`]; `kind` is `p`'s segment's.
+#[cfg(not(feature = "hardened"))]
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+unsafe fn free_not_small(p: *mut u8, kind: u8) {
+    // SAFETY: per the contract.
+    unsafe { free_as(p, kind) }
+}
+
+/// A hardened build's `free` of a pointer in no small segment of ours: a
+/// region or huge block, or a misuse (reported). Out of line, reached by a
+/// tail call, so that a small block's free falls straight through.
+///
+/// # Safety
+/// As [`free`].
+#[cfg(feature = "hardened")]
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+unsafe fn free_checked_not_small(p: *mut u8) {
+    // SAFETY: as in `free`.
+    unsafe {
+        if !free_if_ours(p) && !p.is_null() {
+            checked::foreign(p);
+        }
+    }
 }
 
 /// Frees `p` and returns true if the segment map says it is in a live
@@ -453,7 +504,8 @@ unsafe fn free_if_ours(p: *mut u8) -> bool {
     const SMALL: u8 = SegmentKind::Small as u8;
     const REGION: u8 = SegmentKind::Region as u8;
     // One dispatch on the mark (each arm gets `free_as` for its kind).
-    // SAFETY: a live segment of ours, of `kind`; `p` a block in it.
+    // SAFETY: a live segment of ours, of the kind its mark names; `p` a
+    // block in it (the caller's contract).
     unsafe {
         match segmap::kind(p) {
             0 => return false,
@@ -472,6 +524,25 @@ unsafe fn free_if_ours(p: *mut u8) -> bool {
             }
         }
     }
+    true
+}
+
+/// Frees `p` and returns true if the segment map says it is in a live
+/// small segment of ours, else returns false having read nothing of `p`:
+/// [`free_if_ours`] for the common case alone, so that C's `free` takes it
+/// on its straight path and reaches the rest by a tail call.
+///
+/// # Safety
+/// As [`free_if_ours`].
+#[inline(always)]
+unsafe fn free_if_small(p: *mut u8) -> bool {
+    const SMALL: u8 = SegmentKind::Small as u8;
+    if segmap::kind(p) != SMALL {
+        return false;
+    }
+    // SAFETY: a live small segment of ours holding `p`, so a live block of
+    // it (the caller's contract).
+    unsafe { free_as(p, SMALL) };
     true
 }
 
