@@ -108,30 +108,30 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return;
     }
     // The segment map says whether `p` is ours and, if so, its segment's
-    // kind: a small block's free falls straight through; any other pointer
-    // goes on by a tail call (so `free` keeps no stack frame).
+    // kind: a small block's free falls straight through; null (which C
+    // programs free often) returns on the way out; any other pointer goes
+    // on by a tail call (so `free` keeps no stack frame).
     // SAFETY: a pointer in a live segment of ours is a live block of ours
     // (the contract); nothing of any other is read.
     #[allow(unreachable_code)]
-    if unsafe { !A.free_if_small(p.cast()) } {
+    if unsafe { !A.free_if_small(p.cast()) } && !p.is_null() {
         // SAFETY: forwarded contract.
         unsafe { free_not_small(p) };
     }
 }
 
 /// `free` of a pointer that is not in a small segment of ours: a region or
-/// huge block of ours, null, or another allocator's (the segment map looked
-/// at again: off the common path).
+/// huge block of ours, or another allocator's (the segment map looked at
+/// again: off the common path).
 ///
 /// # Safety
 /// As `free`.
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_not_small(p: *mut c_void) {
-    // Null is not ours either (its segment would be at the top of the
-    // address space): one test for both, null checked on the way out.
+    debug_assert!(!p.is_null());
     // SAFETY: as in `free`.
-    if unsafe { !A.free_if_owned(p.cast()) } && !p.is_null() {
+    if unsafe { !A.free_if_owned(p.cast()) } {
         // SAFETY: per the contract: not ours, so the next allocator's.
         unsafe { foreign::free(p) };
     }

@@ -442,7 +442,7 @@ unsafe fn free(p: *mut u8) {
     // segment of ours: then nothing of it is read.
     #[cfg(feature = "hardened")]
     unsafe {
-        if !free_if_small(p) {
+        if !free_if_small(p) && !p.is_null() {
             free_checked_not_small(p);
         }
     }
@@ -474,9 +474,10 @@ unsafe fn free_not_small(p: *mut u8, kind: u8) {
     unsafe { free_as(p, kind) }
 }
 
-/// A hardened build's `free` of a pointer in no small segment of ours: a
-/// region or huge block, or a misuse (reported). Out of line, reached by a
-/// tail call, so that a small block's free falls straight through.
+/// A hardened build's `free` of a pointer, not null, in no small segment of
+/// ours: a region or huge block, or a misuse (reported). Out of line,
+/// reached by a tail call, so that a small block's free falls straight
+/// through.
 ///
 /// # Safety
 /// As [`free`].
@@ -484,9 +485,10 @@ unsafe fn free_not_small(p: *mut u8, kind: u8) {
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_checked_not_small(p: *mut u8) {
+    debug_assert!(!p.is_null());
     // SAFETY: as in `free`.
     unsafe {
-        if !free_if_ours(p) && !p.is_null() {
+        if !free_if_ours(p) {
             checked::foreign(p);
         }
     }
