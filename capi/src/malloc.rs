@@ -166,6 +166,19 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: forwarded contract.
         return unsafe { malloc(size) };
     }
+    // SAFETY: forwarded contract.
+    unsafe { realloc_block(p, size) }
+}
+
+/// `realloc` of a block (`p` not null): out of line, reached by a tail
+/// call, so that `realloc(NULL, n)` (some programs' every allocation: lua's)
+/// is `malloc`'s path without a stack frame.
+///
+/// # Safety
+/// The C contract of `realloc`, `p` not null.
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+unsafe fn realloc_block(p: *mut c_void, size: usize) -> *mut c_void {
     if size == 0 {
         // SAFETY: forwarded contract.
         unsafe { free(p) };
