@@ -429,6 +429,10 @@ unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
     }
 }
 
+/// The kinds as the segment map's byte and `free_as` name them.
+const SMALL: u8 = SegmentKind::Small as u8;
+const REGION: u8 = SegmentKind::Region as u8;
+
 /// Frees `p`, a live block of this allocator, whatever its size: the owner
 /// is found from the pointer alone.
 #[inline(always)]
@@ -452,7 +456,6 @@ unsafe fn free(p: *mut u8) {
     // header is live.
     #[cfg(not(feature = "hardened"))]
     unsafe {
-        const SMALL: u8 = SegmentKind::Small as u8;
         let kind = (*segment_of(p)).kind as u8;
         if kind == SMALL {
             free_as(p, SMALL);
@@ -503,8 +506,6 @@ unsafe fn free_checked_not_small(p: *mut u8) {
 /// allocator (a hardened build checks that too).
 #[inline(always)]
 unsafe fn free_if_ours(p: *mut u8) -> bool {
-    const SMALL: u8 = SegmentKind::Small as u8;
-    const REGION: u8 = SegmentKind::Region as u8;
     // One dispatch on the mark (each arm gets `free_as` for its kind).
     // SAFETY: a live segment of ours, of the kind its mark names; `p` a
     // block in it (the caller's contract).
@@ -538,7 +539,6 @@ unsafe fn free_if_ours(p: *mut u8) -> bool {
 /// As [`free_if_ours`].
 #[inline(always)]
 unsafe fn free_if_small(p: *mut u8) -> bool {
-    const SMALL: u8 = SegmentKind::Small as u8;
     if segmap::kind(p) != SMALL {
         return false;
     }
@@ -556,8 +556,6 @@ unsafe fn free_if_small(p: *mut u8) -> bool {
 /// of that), in a segment of `kind`.
 #[inline(always)]
 unsafe fn free_as(p: *mut u8, kind: u8) {
-    const SMALL: u8 = SegmentKind::Small as u8;
-    const REGION: u8 = SegmentKind::Region as u8;
     let seg = segment_of(p);
     // SAFETY: `p` is a live block (caller's contract), so its segment header
     // is live, and for a small segment the slot belongs to a page. (A
