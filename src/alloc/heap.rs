@@ -1131,9 +1131,15 @@ mod tests {
                 let mut page = Page::empty();
                 page.info.block_size = 4096;
                 let b: Vec<*mut Block> = blocks.iter_mut().map(|b| b.as_mut_ptr().cast()).collect();
-                b[0].write(Block { next: b[1] });
-                b[1].write(Block { next: b[2] });
-                b[2].write(Block { next: ptr::null_mut() });
+                // (Links as the page stores them: encoded in hardened builds,
+                // with a key as a real page's.)
+                #[cfg(feature = "hardened")]
+                {
+                    page.info.key = crate::hardened::page_key(ptr::addr_of!(page).cast());
+                }
+                b[0].write(Block { next: link(&mut page, b[1]) });
+                b[1].write(Block { next: link(&mut page, b[2]) });
+                b[2].write(Block { next: link(&mut page, ptr::null_mut()) });
                 page.free = b[0];
                 let before = (*heap).node_and_counters().1;
                 Heap::lend(heap, class, &mut page);
