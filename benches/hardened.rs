@@ -8,6 +8,15 @@
 //! into `target/hardened/`). Needs a C compiler (says so and stops
 //! otherwise).
 //!
+//! For scale, in the same rounds: mimalloc built from the sources of the
+//! `libmimalloc-sys` crate the `peers` feature uses (found in cargo's
+//! registry at the version `Cargo.lock` names; skipped, saying so, when
+//! absent), plain and with its secure mode as the `mimalloc` crate's
+//! `secure` feature builds it (`MI_SECURE=4`: encoded free lists, double
+//! free checks, a canary after each block, randomized allocation), and the
+//! latter without the canary (`MI_PADDING=0`: the checks numaweave's
+//! hardened build makes without `NUMAWEAVE_CHECK=full`).
+//!
 //! ```text
 //! cargo bench --bench hardened
 //! ```
@@ -41,6 +50,37 @@ fn churn(exe: &Path, lib: &Path, env: &[(&str, &str)], cpu: usize, rounds: usize
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
+/// The sources of the `libmimalloc-sys` crate `Cargo.lock` names, in
+/// cargo's registry (`$CARGO_HOME`, else `~/.cargo`): its mimalloc 2.x.
+fn mimalloc_sources() -> Option<PathBuf> {
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).ok()?;
+    let at = lock.find("name = \"libmimalloc-sys\"\nversion = \"")? + "name = \"libmimalloc-sys\"\nversion = \"".len();
+    let version = &lock[at..at + lock[at..].find('"')?];
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+    std::fs::read_dir(home.join("registry/src"))
+        .ok()?
+        .flatten()
+        .map(|d| d.path().join(format!("libmimalloc-sys-{version}/c_src/mimalloc/v2")))
+        .find(|d| d.join("src/static.c").exists())
+}
+
+/// mimalloc from `src` as a preloadable library, with these defines.
+fn build_mimalloc(cc: &str, src: &Path, defines: &[&str], out: &Path) -> bool {
+    Command::new(cc)
+        .args(["-O2", "-fPIC", "-shared", "-DNDEBUG", "-DMI_BUILD_RELEASE", "-DMI_MALLOC_OVERRIDE"])
+        .args(defines)
+        .arg("-I")
+        .arg(src.join("include"))
+        .arg(src.join("src/static.c"))
+        .arg("-o")
+        .arg(out)
+        .arg("-lpthread")
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -72,12 +112,37 @@ fn main() {
     let cpu = numaweave::Topology::global().cpus().first().unwrap_or(0);
     let rounds = 2_000_000;
     let full = [("NUMAWEAVE_CHECK", "full")];
+    // mimalloc plain, secure as shipped, secure without its canary.
+    let mi: Vec<PathBuf> = match mimalloc_sources() {
+        Some(src) => {
+            let variants: [&[&str]; 3] = [&[], &["-DMI_SECURE=4"], &["-DMI_SECURE=4", "-DMI_PADDING=0"]];
+            let libs: Vec<PathBuf> = (0..3)
+                .map(|i| std::env::temp_dir().join(format!("numaweave-hchurn-mi{i}-{}.so", std::process::id())))
+                .collect();
+            if variants.iter().zip(&libs).all(|(d, out)| build_mimalloc(cc, &src, d, out)) {
+                libs
+            } else {
+                println!("mimalloc from {}: did not build, not measured", src.display());
+                Vec::new()
+            }
+        }
+        None => {
+            println!(
+                "mimalloc's sources (libmimalloc-sys, fetched by `--features peers`) not in cargo's registry: its secure mode not measured"
+            );
+            Vec::new()
+        }
+    };
     churn(&exe, &plain, &[], cpu, rounds / 10);
     let (mut p, mut h, mut f) = (Vec::new(), Vec::new(), Vec::new());
+    let mut m = vec![Vec::new(); mi.len()];
     for _ in 0..9 {
         p.push(churn(&exe, &plain, &[], cpu, rounds));
         h.push(churn(&exe, &hardened, &[], cpu, rounds));
         f.push(churn(&exe, &hardened, &full, cpu, rounds));
+        for (lib, t) in mi.iter().zip(&mut m) {
+            t.push(churn(&exe, lib, &[], cpu, rounds));
+        }
     }
     let ratio = |x: &[f64]| median(x.iter().zip(&p).map(|(a, b)| a / b).collect());
     println!("churn 256 x 16 B-16 KiB through malloc/free, ns per alloc+free pair (thread CPU time, 9 rounds):");
@@ -85,5 +150,14 @@ fn main() {
     println!("  libnumaweave_hardened.so                 {:.2}  {h:.2?}", median(h.clone()));
     println!("  libnumaweave_hardened.so, CHECK=full     {:.2}  {f:.2?}", median(f.clone()));
     println!("  hardened / plain = {:.3}; with CHECK=full {:.3} (medians of the rounds' ratios)", ratio(&h), ratio(&f));
-    let _ = std::fs::remove_file(exe);
+    if let [mp, ms, mn] = &m[..] {
+        let of = |x: &[f64]| median(x.iter().zip(mp).map(|(a, b)| a / b).collect());
+        println!("  mimalloc (libmimalloc-sys's sources)     {:.2}  {mp:.2?}", median(mp.clone()));
+        println!("  mimalloc, MI_SECURE=4                    {:.2}  {ms:.2?}", median(ms.clone()));
+        println!("  mimalloc, MI_SECURE=4, MI_PADDING=0      {:.2}  {mn:.2?}", median(mn.clone()));
+        println!("  mimalloc secure / plain = {:.3}; without its canary {:.3}", of(ms), of(mn));
+    }
+    for f in mi.iter().chain([&exe]) {
+        let _ = std::fs::remove_file(f);
+    }
 }
