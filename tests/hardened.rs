@@ -193,6 +193,26 @@ fn misuse(case: &str) {
                 expect(line);
                 A.dealloc(p, l);
             }
+            "stale-descriptor" => {
+                // A page of 20,000-byte blocks (class 20 KiB, with the red
+                // zone too) spans four slots: block 4 starts in its second.
+                // Freed and given back, the page leaves its descriptor named
+                // by the slot map of all four slots; the second's entry must
+                // not be taken for a live page's.
+                let l = layout(20_000, 8);
+                let blocks: Vec<*mut u8> = (0..12).map(|_| A.alloc(l)).collect();
+                let start = blocks.iter().map(|&b| b as usize).min().unwrap();
+                assert_eq!(start & 0xffff, 0, "a fresh page's first block starts its first slot");
+                let p = (start + 4 * 20_480) as *mut u8;
+                assert!(blocks.contains(&p) && p as usize - start >= 0x10000, "block 4 in the page's second slot");
+                let line = format!("numaweave: double free of {p:p} (node 0): its page was freed already");
+                for &b in &blocks {
+                    A.dealloc(b, l);
+                }
+                A.collect();
+                expect(line);
+                A.dealloc(p, l);
+            }
             "header-pointer" => {
                 let p = A.alloc(layout(64, 8));
                 let h = ((p as usize & !(SEGMENT - 1)) + 0x200) as *mut u8;
@@ -458,6 +478,7 @@ fn small_misuses_with_and_without_full_checks() {
             "interior-72",
             "outside-the-blocks",
             "page-freed-already",
+            "stale-descriptor",
             "header-pointer",
             "segment-end",
         ] {
