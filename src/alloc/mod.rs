@@ -379,7 +379,7 @@ impl NumaAlloc {
             (Some(c), _) => {
                 let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
                 // SAFETY: the calling thread's heap; the block holds `size` bytes.
-                unsafe { alloc_class(heap, c) }
+                unsafe { alloc_class::<true>(heap, c) }
             }
             (None, Some(il)) if interleave::region_serves(size, align) => il.alloc_block(size, align),
             // Fresh huge mappings are zero already: zeroed inside if reused.
@@ -415,13 +415,17 @@ impl Default for NumaAlloc {
 /// A block of class `class` from the calling thread's heap: the fast path,
 /// else a refill under the thread's policy.
 ///
+/// With `LOOK_FULL` false the pop does not look at `NUMAWEAVE_CHECK=full`
+/// (a hardened build's caller found it off).
+///
 /// # Safety
-/// `heap` is the calling thread's heap; `class < CLASSES`.
+/// `heap` is the calling thread's heap; `class < CLASSES`; `full` is off
+/// unless `LOOK_FULL`.
 #[inline(always)]
-unsafe fn alloc_class(heap: *mut Heap, class: usize) -> *mut u8 {
+unsafe fn alloc_class<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *mut u8 {
     // SAFETY: per the contract.
     unsafe {
-        let p = Heap::pop(heap, class);
+        let p = if LOOK_FULL { Heap::pop(heap, class) } else { Heap::pop_checked_off(heap, class) };
         if !p.is_null() {
             return p;
         }
@@ -792,16 +796,8 @@ impl NumaAlloc {
     #[cfg_attr(not(feature = "hardened"), inline)]
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn alloc_plain(&self, layout: Layout) -> *mut u8 {
-        let size = layout.size();
-        if layout.align() <= size_class::CLASS_ALIGN && size <= SMALL_MAX {
-            let heap = heap::current();
-            if !heap.is_null() {
-                // SAFETY: the calling thread's heap; the class is in range.
-                return unsafe { alloc_class(heap, class_of_aligned(size, layout.align())) };
-            }
-        }
-        // SAFETY: same contract.
-        unsafe { self.alloc_slow(size, layout.align(), false) }
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_paged::<true>(layout, layout.size() <= SMALL_MAX) }
     }
 
     /// A hardened build's `GlobalAlloc::alloc` of a small size with
@@ -817,18 +813,28 @@ impl NumaAlloc {
     #[cfg(feature = "hardened")]
     #[inline(always)]
     unsafe fn alloc_checked_off(&self, layout: Layout) -> *mut u8 {
+        debug_assert!(layout.size() <= SMALL_MAX && !hardened::full());
+        // SAFETY: forwarded contract; `full` is off.
+        unsafe { self.alloc_paged::<false>(layout, true) }
+    }
+
+    /// A block for `layout` from the calling thread's heap when `small` (the
+    /// size is at most [`SMALL_MAX`]), its alignment a class's and the thread
+    /// has a heap, else from the slow path. `LOOK_FULL`: whether the pop
+    /// looks at `NUMAWEAVE_CHECK=full` (hardened builds; false only where
+    /// the caller found it off).
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`.
+    #[inline(always)]
+    unsafe fn alloc_paged<const LOOK_FULL: bool>(&self, layout: Layout, small: bool) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
-        debug_assert!(size <= SMALL_MAX && !hardened::full());
-        if align <= size_class::CLASS_ALIGN {
+        if align <= size_class::CLASS_ALIGN && small {
             let heap = heap::current();
             if !heap.is_null() {
-                let class = class_of_aligned(size, align);
-                // SAFETY: the calling thread's heap; the class is in range;
-                // `full` is off (the caller's contract).
-                unsafe {
-                    let p = Heap::pop_checked_off(heap, class);
-                    return if p.is_null() { placement::refill(heap, class) } else { p };
-                }
+                // SAFETY: the calling thread's heap; the class is in range
+                // (`small`); `full` is off unless `LOOK_FULL`.
+                return unsafe { alloc_class::<LOOK_FULL>(heap, class_of_aligned(size, align)) };
             }
         }
         // SAFETY: same contract.
