@@ -58,7 +58,22 @@ pub(crate) struct ArenaInner {
     /// The earliest time (ms, monotonic) a segment's free pages or a cached
     /// mapping is due to go back to the OS; 0: none waiting.
     purge_at: u64,
+    /// The delay in force is the configured one shifted left by this: see
+    /// [`note_reuse`].
+    delay_shift: u32,
+    /// When the shift last rose, and when purged pages were last taken back
+    /// within the delay (ms, monotonic).
+    raised_at: u64,
+    early_at: u64,
 }
+
+/// The purge delay grows to at most this many doublings of the configured
+/// one (100 ms: 1.6 s; jemalloc decays over 10 s).
+const MAX_DELAY_SHIFT: u32 = 4;
+
+/// A raised delay halves after this many delays (a power of two) with no
+/// purged page taken back early.
+const DELAY_DECAY: u64 = 16;
 
 /// A cached mapping's own description, in its first bytes.
 #[repr(C)]
@@ -107,6 +122,9 @@ impl Arena {
                 cached_count: 0,
                 cached_bytes: 0,
                 purge_at: 0,
+                delay_shift: 0,
+                raised_at: 0,
+                early_at: 0,
             }),
             counters: ArenaCounters {
                 reserved: AtomicU64::new(0),
@@ -156,7 +174,7 @@ impl Arena {
             if let Some(now) = delay_clock(state) {
                 self.purge_expired(state, &mut g, now);
             }
-            if let Some(p) = take_slots(&mut g, slots, &self.counters) {
+            if let Some(p) = take_slots(&mut g, slots, &self.counters, state) {
                 drop(g);
                 return Some(init_page(p, class, heap));
             }
@@ -195,7 +213,7 @@ impl Arena {
                 if g.exhausted > 0 {
                     continue;
                 }
-                take_slots(&mut g, page_slots(class), &other.counters)
+                take_slots(&mut g, page_slots(class), &other.counters, state)
             };
             let page = match taken {
                 Some(p) => Some(init_page(p, class, heap)),
@@ -218,7 +236,7 @@ impl Arena {
         // SAFETY: a fresh segment, ours alone until linked.
         unsafe { (*seg.as_ptr()).seg.next = g.segments };
         g.segments = seg.as_ptr();
-        let p = take_slots(&mut g, page_slots(class), &self.counters);
+        let p = take_slots(&mut g, page_slots(class), &self.counters, state);
         drop(g);
         p.map(|p| init_page(p, class, heap))
     }
@@ -361,7 +379,7 @@ impl Arena {
             unsafe {
                 (&mut (*seg).freed_at)[first..first + slots].fill(now);
                 if (*seg).purge_at == 0 {
-                    (*seg).purge_at = now + state.config.purge_delay_ms;
+                    (*seg).purge_at = now + delay_of(state, &g);
                     g.purge_at = soonest(g.purge_at, (*seg).purge_at);
                 }
             }
@@ -375,10 +393,15 @@ impl Arena {
     /// `collect`; there is no thread or timer of its own).
     #[unsafe(link_section = ".text.hot.numaweave")]
     fn purge_expired(&self, state: &State, g: &mut ArenaInner, now: u64) {
+        if g.delay_shift > 0 && now >= g.early_at + delay_of(state, g) * DELAY_DECAY {
+            // Quiet for a long while: give memory back sooner again.
+            g.delay_shift -= 1;
+            g.early_at = now;
+        }
         if g.purge_at == 0 || now < g.purge_at {
             return;
         }
-        let delay = state.config.purge_delay_ms;
+        let delay = delay_of(state, g);
         let mut next = 0;
         // Empty segments kept mapped (their pages purged): a program
         // that frees a burst and allocates again (a garbage collector's
@@ -407,6 +430,12 @@ impl Arena {
                     // memory, so the delay would bound nothing a program's
                     // peak RSS shows.
                     self.decommit_slots(seg, old);
+                    (*seg).purged_slots |= old;
+                    let mut o = old;
+                    while o != 0 {
+                        (*seg).freed_at[o.trailing_zeros() as usize] = now;
+                        o &= o - 1;
+                    }
                     if young_due != 0 {
                         (*seg).purge_at = young_due;
                         next = soonest(next, young_due);
@@ -630,7 +659,7 @@ impl Arena {
         g.cached_bytes += len;
         self.counters.dirty.fetch_add(len as u64, Ordering::Relaxed);
         if let Some(now) = now {
-            g.purge_at = soonest(g.purge_at, now + state.config.purge_delay_ms);
+            g.purge_at = soonest(g.purge_at, now + delay_of(state, &g));
         }
         // Over the bounds: the oldest go.
         while g.cached_bytes > bound || g.cached_count > count {
@@ -683,6 +712,46 @@ pub(crate) fn guard_len() -> usize {
     0
 }
 
+/// The purge delay in force in an arena (ms).
+fn delay_of(state: &State, g: &ArenaInner) -> u64 {
+    state.config.purge_delay_ms << g.delay_shift
+}
+
+/// Slots the purge delay gave back, taken again within the delay: the
+/// program's memory rests longer between uses than the delay (sqlite3's
+/// statements free tens of MiB and allocate them again 100–250 ms later,
+/// and faulted in 10,000 pages more than under glibc with 100 ms). The
+/// delay doubles, as glibc raises its mmap threshold when a freed mapping
+/// is asked again; once per purge made under the current delay, up to
+/// [`MAX_DELAY_SHIFT`] doublings, the committed bound unchanged. It comes
+/// down again in [`Arena::purge_expired`] after [`DELAY_DECAY`] quiet delays.
+///
+/// # Safety
+/// `seg` is a listed segment of the arena whose lock `g` is.
+unsafe fn note_reuse(g: &mut ArenaInner, seg: *mut SmallSegment, mask: u64, state: &State) {
+    // SAFETY: per the contract, the slot map and times are ours under the lock.
+    unsafe {
+        let purged = (*seg).purged_slots & mask;
+        if purged == 0 {
+            return;
+        }
+        (*seg).purged_slots &= !mask;
+        let (mut p, mut at) = (purged, 0);
+        while p != 0 {
+            at = at.max((*seg).freed_at[p.trailing_zeros() as usize]);
+            p &= p - 1;
+        }
+        let now = crate::os::monotonic_ms();
+        if at >= g.raised_at && now < at + delay_of(state, g) {
+            g.early_at = now;
+            if g.delay_shift < MAX_DELAY_SHIFT {
+                g.delay_shift += 1;
+                g.raised_at = now;
+            }
+        }
+    }
+}
+
 /// Now (ms, monotonic), if a purge delay is configured.
 #[inline]
 pub(super) fn delay_clock(state: &State) -> Option<u64> {
@@ -726,7 +795,12 @@ fn slot_mask(first: usize, slots: usize) -> u64 {
 /// of touching more (a GC-heavy lua script peaked 30% higher when fresh
 /// slots of a newer segment came first).
 #[unsafe(link_section = ".text.hot.numaweave")]
-fn take_slots(g: &mut ArenaInner, slots: usize, c: &ArenaCounters) -> Option<(*mut SmallSegment, usize, usize)> {
+fn take_slots(
+    g: &mut ArenaInner,
+    slots: usize,
+    c: &ArenaCounters,
+    state: &State,
+) -> Option<(*mut SmallSegment, usize, usize)> {
     if c.dirty.load(Ordering::Relaxed) != 0 {
         // SAFETY: listed segments are live; their slot maps are ours under the lock.
         let found = unsafe { find_slots(g, slots, |seg| (*seg).free_slots & (*seg).dirty_slots) };
@@ -735,7 +809,10 @@ fn take_slots(g: &mut ArenaInner, slots: usize, c: &ArenaCounters) -> Option<(*m
         }
     }
     // SAFETY: as above.
-    unsafe { find_slots(g, slots, |seg| (*seg).free_slots) }.map(|f| take_found(f, slots, c))
+    let (seg, first) = unsafe { find_slots(g, slots, |seg| (*seg).free_slots) }?;
+    // SAFETY: a listed segment, under the lock `g` is.
+    unsafe { note_reuse(g, seg, slot_mask(first, slots), state) };
+    Some(take_found((seg, first), slots, c))
 }
 
 /// The first `slots` slots, aligned to `slots`, that are all set in
@@ -981,5 +1058,44 @@ mod tests {
         a.tick(state);
         assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0, "now it has");
         assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + 2 * bytes);
+    }
+
+    #[test]
+    fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
+        let (state, a) = (state(), arena());
+        let delay = state.config.purge_delay_ms;
+        if delay == 0 {
+            return;
+        }
+        let sleep = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+        let class = class_of(20_000);
+        let bytes = (page_slots(class) * SLOT_SIZE) as u64;
+        let purged = || a.counters.purged.load(Ordering::Relaxed);
+        let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        // SAFETY: a page of this arena with no block live and no heap.
+        unsafe { a.free_page(state, p) };
+        sleep(delay + 20);
+        a.tick(state);
+        assert_eq!(purged(), bytes, "purged after the configured delay");
+        let q = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        assert_eq!(q, p, "the purged slots are taken again, within the delay");
+        assert_eq!(a.inner.lock().delay_shift, 1);
+        // SAFETY: as above.
+        unsafe { a.free_page(state, q) };
+        sleep(delay + 20);
+        a.tick(state);
+        assert_eq!(purged(), bytes, "the delay has doubled: still committed");
+        sleep(delay);
+        a.tick(state);
+        assert_eq!(purged(), 2 * bytes, "purged after the doubled delay");
+        // Taken back long after its purge: the delay was long enough.
+        sleep(2 * delay + 20);
+        let r = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        assert_eq!(r, p);
+        assert_eq!(a.inner.lock().delay_shift, 1, "a late reuse does not raise the delay");
+        // Quiet for DELAY_DECAY doubled delays: back to the configured one.
+        sleep(2 * delay * DELAY_DECAY + 20);
+        a.tick(state);
+        assert_eq!(a.inner.lock().delay_shift, 0);
     }
 }

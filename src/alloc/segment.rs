@@ -229,13 +229,17 @@ pub(crate) struct SmallSegment {
     pub(crate) free_slots: u64,
     /// Free slots whose memory is still committed (not yet purged).
     pub(crate) dirty_slots: u64,
+    /// Free slots the purge delay gave back (their `freed_at` says when):
+    /// taken again soon after, they tell the arena its delay is too short.
+    pub(crate) purged_slots: u64,
     /// When (ms, monotonic) its first dirty slot is due to be purged (0:
     /// none waiting), with a purge delay. Under the arena lock.
     pub(crate) purge_at: u64,
     /// For each slot of a page, the page's first slot.
     pub(crate) slot_page: [u8; SLOTS],
     pub(crate) pages: [Page; SLOTS],
-    /// When each dirty slot was freed (ms, monotonic), with a purge delay.
+    /// When each dirty slot was freed (ms, monotonic), with a purge delay;
+    /// for a slot of `purged_slots`, when it was purged.
     /// Last: `free` reads `slot_page` and `pages` at short offsets.
     pub(crate) freed_at: [u64; SLOTS],
 }
