@@ -6,8 +6,8 @@
 //! Above a KiB, four classes a doubling (as mimalloc's and jemalloc's) cost
 //! memory a program's buffers do not use: sqlite3's page cache holds blocks
 //! of 1,032, 4,104 and 4,368 bytes (a KiB or a page and a header), and
-//! 1,280- and 5,120-byte blocks waste 24% and 20% of them, every one
-//! touched; its peak RSS was 1.2× glibc's, which fits them to 16 bytes.
+//! 1,280- and 5,120-byte blocks are 17 – 25% more than they ask, every
+//! one touched; its peak RSS was 1.2× glibc's, which fits them to 16 bytes.
 //! Eight classes a doubling give them 1,152 and 4,608 bytes (peak RSS 90 →
 //! 83 MiB). Below a KiB the classes stay coarse: sizes there are the
 //! many small objects of a few types, and a finer class for each spreads
