@@ -96,15 +96,17 @@ fn class_of_last(t: usize) -> usize {
         return t >> 3;
     }
     let e = CLASS_SHIFTS[t.ilog2() as usize];
+    debug_assert!(e != 0, "a request past SMALL_MAX");
     // `wrapping_shr` takes the entry's low six bits, as `shr` does.
     t.wrapping_shr(u32::from(e)) + usize::from(e >> 8)
 }
 
 /// For `b`, the position of a request's last byte offset's leading bit:
 /// the shift that leaves that bit and the class bits after it (low byte),
-/// and the class of the shifted value 0 (high byte; the shifted value is at
-/// least 4, or 8 in the fine classes). Indexed by any `b` a `usize` has, so
-/// no bound is checked; only 7 ..= 17 are used.
+/// and what to add to the shifted value (high byte): the first class of the
+/// power of two less the leading bit's share of the shifted value (4, or 8
+/// in the fine classes). Indexed by any `b` a `usize` has, so no bound is
+/// checked; only 7 ..= 17 are used (0 elsewhere).
 static CLASS_SHIFTS: [u16; 64] = {
     let mut table = [0u16; 64];
     let mut b = 7;
