@@ -147,7 +147,7 @@ pub fn class_for(size: usize, align: usize) -> Option<usize> {
     if align <= CLASS_ALIGN {
         return (size <= SMALL_MAX).then(|| class_of_aligned(size, align));
     }
-    if align > super::segment::SLOT_SIZE {
+    if align > super::segment::SLOT_SIZE || size > SMALL_MAX {
         return None;
     }
     let mut c = class_of(size.max(align));
@@ -232,6 +232,8 @@ mod tests {
         assert_eq!(class_size(class_for(0, 16).unwrap()), 16);
         assert_eq!(class_for(10, 1 << 17), None);
         assert_eq!(class_for(SMALL_MAX + 1, 8), None);
+        assert_eq!(class_for(SMALL_MAX + 1, 64), None);
+        assert_eq!(class_for(usize::MAX, 64), None);
     }
 
     #[test]
