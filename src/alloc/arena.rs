@@ -431,10 +431,8 @@ impl Arena {
                     // peak RSS shows.
                     self.decommit_slots(seg, old);
                     (*seg).purged_slots |= old;
-                    let mut o = old;
-                    while o != 0 {
-                        (*seg).freed_at[o.trailing_zeros() as usize] = now;
-                        o &= o - 1;
+                    for s in slots_in(old) {
+                        (*seg).freed_at[s] = now;
                     }
                     if young_due != 0 {
                         (*seg).purge_at = young_due;
@@ -736,11 +734,7 @@ unsafe fn note_reuse(g: &mut ArenaInner, seg: *mut SmallSegment, mask: u64, stat
             return;
         }
         (*seg).purged_slots &= !mask;
-        let (mut p, mut at) = (purged, 0);
-        while p != 0 {
-            at = at.max((*seg).freed_at[p.trailing_zeros() as usize]);
-            p &= p - 1;
-        }
+        let at = slots_in(purged).map(|s| (*seg).freed_at[s]).max().unwrap_or(0);
         let now = crate::os::monotonic_ms();
         if at >= g.raised_at && now < at + delay_of(state, g) {
             g.early_at = now;
@@ -770,10 +764,7 @@ fn soonest(a: u64, b: u64) -> u64 {
 /// when the first of the others is due (0: none).
 fn aged_slots(seg: &SmallSegment, now: u64, delay: u64) -> (u64, u64) {
     let (mut old, mut due) = (0, 0);
-    let mut d = seg.dirty_slots;
-    while d != 0 {
-        let s = d.trailing_zeros() as usize;
-        d &= d - 1;
+    for s in slots_in(seg.dirty_slots) {
         let at = seg.freed_at[s] + delay;
         if at <= now {
             old |= 1 << s;
@@ -782,6 +773,16 @@ fn aged_slots(seg: &SmallSegment, now: u64, delay: u64) -> (u64, u64) {
         }
     }
     (old, due)
+}
+
+/// The slots set in `mask`, lowest first.
+fn slots_in(mask: u64) -> impl Iterator<Item = usize> {
+    let mut m = mask;
+    core::iter::from_fn(move || {
+        let s = (m != 0).then(|| m.trailing_zeros() as usize)?;
+        m &= m - 1;
+        Some(s)
+    })
 }
 
 fn slot_mask(first: usize, slots: usize) -> u64 {
@@ -909,6 +910,20 @@ mod tests {
         Arena::new(0, None)
     }
 
+    /// For the purge delay's tests: the state, an arena of its own, the
+    /// configured delay (ms), a class of 20,000-byte blocks and its page's
+    /// bytes; `None` where the delay is configured off.
+    fn with_delay() -> Option<(&'static State, Arena, u64, usize, u64)> {
+        let state = state();
+        let delay = state.config.purge_delay_ms;
+        let class = class_of(20_000);
+        (delay > 0).then(|| (state, arena(), delay, class, (page_slots(class) * SLOT_SIZE) as u64))
+    }
+
+    fn sleep(ms: u64) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+
     #[test]
     fn pages_are_disjoint_slot_aligned_and_described() {
         let (state, a) = (state(), arena());
@@ -1007,20 +1022,15 @@ mod tests {
 
     #[test]
     fn free_pages_wait_out_the_delay() {
-        let (state, a) = (state(), arena());
-        if state.config.purge_delay_ms == 0 {
-            return;
-        }
-        let class = class_of(20_000);
+        let Some((state, a, delay, class, bytes)) = with_delay() else { return };
         let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
-        let bytes = (page_slots(class) * SLOT_SIZE) as u64;
         // SAFETY: a page of this arena with no block live and no heap.
         unsafe { a.free_page(state, p) };
         assert_eq!(a.counters.dirty.load(Ordering::Relaxed), bytes, "kept committed for the delay");
         let purged = a.counters.purged.load(Ordering::Relaxed);
         a.tick(state);
         assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged, "not yet");
-        std::thread::sleep(std::time::Duration::from_millis(state.config.purge_delay_ms + 20));
+        sleep(delay + 20);
         a.tick(state);
         assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0, "purged once the delay is over");
         assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + bytes);
@@ -1028,14 +1038,7 @@ mod tests {
 
     #[test]
     fn a_page_freed_late_waits_its_own_delay() {
-        let (state, a) = (state(), arena());
-        let delay = state.config.purge_delay_ms;
-        if delay == 0 {
-            return;
-        }
-        let sleep = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
-        let class = class_of(20_000);
-        let bytes = (page_slots(class) * SLOT_SIZE) as u64;
+        let Some((state, a, delay, class, bytes)) = with_delay() else { return };
         let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
         let q = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
         // SAFETY: pages of this arena, in use.
@@ -1062,14 +1065,7 @@ mod tests {
 
     #[test]
     fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
-        let (state, a) = (state(), arena());
-        let delay = state.config.purge_delay_ms;
-        if delay == 0 {
-            return;
-        }
-        let sleep = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
-        let class = class_of(20_000);
-        let bytes = (page_slots(class) * SLOT_SIZE) as u64;
+        let Some((state, a, delay, class, bytes)) = with_delay() else { return };
         let purged = || a.counters.purged.load(Ordering::Relaxed);
         let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
         // SAFETY: a page of this arena with no block live and no heap.
