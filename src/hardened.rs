@@ -42,10 +42,11 @@ const REPORT: u8 = 2;
 const GUARD: u8 = 4;
 const READ: u8 = 0x80;
 
-/// Sizes below this may take a heap page's block without a red zone: the
-/// small sizes' bound, or 0 (none) under `NUMAWEAVE_CHECK=full` and until
-/// the switches are read. One compare then stands for the size's bound, the
-/// switch's test and (for `alloc`) the first-use check.
+/// Sizes whose last byte's offset (`size - 1`) is below this may take a
+/// heap page's block without a red zone: the small sizes' bound, or 0
+/// (none) under `NUMAWEAVE_CHECK=full` and until the switches are read. One
+/// compare then stands for the size's bound, the switch's test, (for
+/// `alloc`) the first-use check, and a zero size's (which wraps past it).
 static FAST_BELOW: AtomicUsize = AtomicUsize::new(0);
 
 /// Bytes a block gets beyond its request under `NUMAWEAVE_CHECK=full`: the
@@ -96,19 +97,20 @@ pub(crate) fn init() {
     }
     // Before the flags' release: whoever sees them read sees the bound too
     // (a bound still 0 would only send allocations to the slow path).
-    let below = if flags & FULL != 0 { 0 } else { crate::alloc::size_class::SMALL_MAX + 1 };
+    let below = if flags & FULL != 0 { 0 } else { crate::alloc::size_class::SMALL_MAX };
     FAST_BELOW.store(below, Ordering::Relaxed);
     FLAGS.store(flags, Ordering::Release);
 }
 
 /// Whether `malloc` may take a block of `size` bytes off a heap page's
-/// free list without a red zone: a small size, `NUMAWEAVE_CHECK=full` off.
+/// free list without a red zone: a small size, not 0,
+/// `NUMAWEAVE_CHECK=full` off.
 /// False until the switches are read; a thread that has a heap reads them
 /// true (they are read before any heap exists, and the heap reached the
 /// thread through the state's publication).
 #[inline(always)]
 pub(crate) fn fast_size(size: usize) -> bool {
-    size < FAST_BELOW.load(Ordering::Relaxed)
+    size.wrapping_sub(1) < FAST_BELOW.load(Ordering::Relaxed)
 }
 
 #[inline(always)]

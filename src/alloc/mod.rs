@@ -83,7 +83,7 @@ use crate::error::{Error, Result};
 use crate::hardened;
 use heap::Heap;
 use segment::{Block, Segment, SegmentKind, SmallSegment, page_of, segment_of};
-use size_class::{class_for, class_of, class_of_aligned, class_size};
+use size_class::{class_for, class_of, class_size};
 use state::State;
 
 /// The allocator. All values share one process-wide allocator, set up by the
@@ -196,18 +196,22 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_fast(&self, size: usize) -> *mut u8 {
-        // A hardened build's bound is 0 under `NUMAWEAVE_CHECK=full` (red
+        // The bound is on the last byte's offset, `size - 1`: a zero size
+        // wraps past it to the slow path (where `malloc(0)` is
+        // `malloc(1)`), so the class needs no saturating subtraction. A
+        // hardened build's bound is 0 under `NUMAWEAVE_CHECK=full` (red
         // zones need the slow path), so one compare tests both.
         #[cfg(feature = "hardened")]
         let small = hardened::fast_size(size);
         #[cfg(not(feature = "hardened"))]
-        let small = size <= SMALL_MAX;
+        let small = size.wrapping_sub(1) < SMALL_MAX;
         if small {
             let heap = heap::current();
             if !heap.is_null() {
-                // SAFETY: the calling thread's heap; class_of is in range;
-                // `NUMAWEAVE_CHECK=full` is off (looked at above).
-                return unsafe { Heap::pop_checked_off(heap, class_of(size)) };
+                // SAFETY: the calling thread's heap; the class is in range
+                // (`small`: nor is the size 0); `NUMAWEAVE_CHECK=full` is
+                // off (looked at above).
+                return unsafe { Heap::pop_checked_off(heap, size_class::class_of_nonzero(size)) };
             }
         }
         ptr::null_mut()
@@ -217,6 +221,8 @@ impl NumaAlloc {
     /// found nothing: straight to the refill of the class's page when the
     /// size is small and the thread has a heap (what `alloc` would do after
     /// the same failed pop), else the general slow path. Null on failure.
+    /// Not for a zero size (which `alloc_fast` does not pop: a refill
+    /// would find the page of the smallest class untried).
     ///
     /// # Safety
     /// As `GlobalAlloc::alloc` with `size` bytes aligned to 8, `size`
@@ -224,6 +230,7 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_miss(&self, size: usize) -> *mut u8 {
+        debug_assert!(size != 0, "malloc(0) is malloc(1)");
         #[cfg(feature = "hardened")]
         if hardened::full() {
             // SAFETY: forwarded contract.
@@ -797,7 +804,10 @@ impl NumaAlloc {
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn alloc_plain(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded contract.
-        unsafe { self.alloc_paged::<true>(layout, layout.size() <= SMALL_MAX) }
+        // `size - 1` against the bound: a zero size (which `GlobalAlloc`
+        // callers may not pass, C's `alloc` never does) wraps past it to
+        // the slow path, so the class needs no saturating subtraction.
+        unsafe { self.alloc_paged::<true>(layout, layout.size().wrapping_sub(1) < SMALL_MAX) }
     }
 
     /// A hardened build's `GlobalAlloc::alloc` of a small size with
@@ -833,8 +843,9 @@ impl NumaAlloc {
             let heap = heap::current();
             if !heap.is_null() {
                 // SAFETY: the calling thread's heap; the class is in range
-                // (`small`); `full` is off unless `LOOK_FULL`.
-                return unsafe { alloc_class::<LOOK_FULL>(heap, class_of_aligned(size, align)) };
+                // (`small`, which a zero size is not: see `alloc_plain` and
+                // `hardened::fast_size`); `full` is off unless `LOOK_FULL`.
+                return unsafe { alloc_class::<LOOK_FULL>(heap, size_class::class_of_aligned_nonzero(size, align)) };
             }
         }
         // SAFETY: same contract.

@@ -149,5 +149,24 @@ pub(crate) fn owns(p: *const u8) -> bool {
 /// otherwise. Relaxed, as [`contains`].
 #[inline(always)]
 pub(crate) fn kind(p: *const u8) -> u8 {
-    slot(segment_of(p) as usize).map_or(0, |i| MAP[i].load(Ordering::Relaxed))
+    let i = opaque((p as usize).wrapping_sub(1) >> SEGMENT_SHIFT);
+    MAP.get(i).map_or(0, |m| m.load(Ordering::Relaxed))
+}
+
+/// `i`, which the compiler may no longer trace to the pointer it came
+/// from. Left to see the shift, LLVM turns the bound `i < CHUNKS` back into
+/// `p - 1 < 2^47`: on x86-64 a 64-bit constant (`movabs`, which it then
+/// narrows `segment_of`'s mask to, and a `lea` for the bound), twelve
+/// instructions before the mark's compare instead of ten, on every `free` of
+/// a C program (C churn of `benches/c`, 21 rounds against the Rust churn:
+/// 1.120× → 1.106×).
+#[inline(always)]
+fn opaque(#[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))] mut i: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: an empty block (a comment naming the register): it reads and
+    // writes nothing, `i` comes out as it went in.
+    unsafe {
+        core::arch::asm!("/* {0} */", inout(reg) i, options(pure, nomem, nostack, preserves_flags));
+    }
+    i
 }

@@ -80,6 +80,35 @@ pub fn class_of_aligned(size: usize, align: usize) -> usize {
     class_of_last(size.saturating_sub(1) | ((align >> 1) & 8))
 }
 
+/// The last byte's offset of a request of `size` bytes, which the caller
+/// knows is not 0 (the bound it tested was `size - 1 < SMALL_MAX`, which a
+/// zero size wraps past): no saturating subtraction, two instructions fewer
+/// than [`class_of`]'s (`cmp`, `mov`, `adc` for one `lea`).
+#[inline(always)]
+fn last_of_nonzero(size: usize) -> usize {
+    debug_assert!(size != 0 && size <= SMALL_MAX);
+    // The hardened build keeps a freed mark in a block's second word: its
+    // smallest block is 16 bytes.
+    #[cfg(feature = "hardened")]
+    return (size - 1).max(15);
+    #[cfg(not(feature = "hardened"))]
+    return size - 1;
+}
+
+/// [`class_of`] of a size known not to be 0 (see [`last_of_nonzero`]).
+#[inline(always)]
+pub(crate) fn class_of_nonzero(size: usize) -> usize {
+    class_of_last(last_of_nonzero(size))
+}
+
+/// [`class_of_aligned`] of a size known not to be 0 (see
+/// [`last_of_nonzero`]).
+#[inline(always)]
+pub(crate) fn class_of_aligned_nonzero(size: usize, align: usize) -> usize {
+    debug_assert!(align.is_power_of_two() && align <= CLASS_ALIGN);
+    class_of_last(last_of_nonzero(size) | ((align >> 1) & 8))
+}
+
 /// Class of the request whose last byte is at offset `t` (`size - 1`).
 ///
 /// Above 128 bytes one table entry per power of two says how far to shift
@@ -196,6 +225,7 @@ mod tests {
         let smallest = if cfg!(feature = "hardened") { 16 } else { 1 };
         for size in 1..=SMALL_MAX {
             let c = class_of(size);
+            assert_eq!(class_of_nonzero(size), c, "the fast paths' class of {size}");
             let bs = class_size(c);
             assert!(bs >= size, "size {size} in class {c} of {bs}");
             assert!(c == 0 || size <= smallest || class_size(c - 1) < size, "size {size} not in the smallest class");
@@ -203,6 +233,11 @@ mod tests {
             assert!(size <= 1 << FINE_SHIFT || bs - size <= size / 8, "waste over 12.5% for {size}: {bs}");
             for align in [1, 2, 4, 8, 16] {
                 let ca = class_of_aligned(size, align);
+                assert_eq!(
+                    class_of_aligned_nonzero(size, align),
+                    ca,
+                    "the fast paths' class of {size} aligned to {align}"
+                );
                 assert!(class_size(ca) >= size && class_size(ca).is_multiple_of(align), "{size} aligned to {align}");
                 assert!(
                     ca == 0
