@@ -114,27 +114,43 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return;
     }
     // The segment map says whether `p` is ours and, if so, its segment's
-    // kind: a small block's free falls straight through; null (which C
-    // programs free often) returns on the way out; any other pointer goes
-    // on by a tail call (so `free` keeps no stack frame).
+    // kind: a small block's free falls straight through to its own `ret`;
+    // any other pointer, null included (which C programs free often), goes
+    // on by a tail call (so `free` keeps no stack frame). With the null
+    // test here, LLVM gave both paths one `ret`, and the small free a taken
+    // jump to it; in `free_not_small` the null free costs the same, a jump
+    // and a test.
     // SAFETY: a pointer in a live segment of ours is a live block of ours
     // (the contract); nothing of any other is read.
     #[allow(unreachable_code)]
-    if unsafe { !A.free_if_small(p.cast()) } && !p.is_null() {
+    if unsafe { !A.free_if_small(p.cast()) } {
         // SAFETY: forwarded contract.
         unsafe { free_not_small(p) };
     }
 }
 
-/// `free` of a pointer that is not in a small segment of ours: a region or
-/// huge block of ours, or another allocator's (the segment map looked at
-/// again: off the common path).
+/// `free` of a pointer that is not in a small segment of ours: null (a
+/// test and a `ret` straight after it), or the rest, by a tail call.
 ///
 /// # Safety
 /// As `free`.
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_not_small(p: *mut c_void) {
+    if !p.is_null() {
+        // SAFETY: forwarded contract.
+        unsafe { free_other(p) };
+    }
+}
+
+/// `free` of a region or huge block of ours, or of another allocator's
+/// block (the segment map looked at again: off the common path).
+///
+/// # Safety
+/// As `free`, `p` not null.
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+unsafe fn free_other(p: *mut c_void) {
     debug_assert!(!p.is_null());
     // SAFETY: as in `free`.
     if unsafe { !A.free_if_owned(p.cast()) } {

@@ -435,11 +435,15 @@ impl Heap {
         unsafe {
             debug_assert!((*page).used > 0, "free of a block of a page with none in use");
             debug_assert!(in_page(page, block.cast()) && (*page).info.heap.load(Ordering::Relaxed) == heap);
+            // The counters first: their stores may alias the page as far
+            // as the compiler knows, and after them it read `used` back
+            // from memory for the test (`cmpl $0`) instead of taking the
+            // decrement's flags.
+            bump(&(*heap).counters.frees, 1);
+            bump(&(*heap).counters.bytes_freed, u64::from((*page).info.block_size));
             (*block).next = link(page, (*page).free);
             (*page).free = block;
             (*page).used -= 1;
-            bump(&(*heap).counters.frees, 1);
-            bump(&(*heap).counters.bytes_freed, u64::from((*page).info.block_size));
             if (*page).used == 0 || (*page).in_full {
                 Heap::page_event(heap, page);
             }
