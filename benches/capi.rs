@@ -114,7 +114,7 @@ fn churn<const CALLED: bool>(rounds: usize) -> f64 {
 /// Rounds of the four runs. Each run takes about 40 ms; the host's state
 /// moves the figures by ±10% from one run to the next, so the medians want
 /// more than a handful.
-const ROUNDS: usize = 15;
+const ROUNDS: usize = 31;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
