@@ -803,10 +803,10 @@ impl NumaAlloc {
     #[cfg_attr(not(feature = "hardened"), inline)]
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn alloc_plain(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract.
         // `size - 1` against the bound: a zero size (which `GlobalAlloc`
         // callers may not pass, C's `alloc` never does) wraps past it to
         // the slow path, so the class needs no saturating subtraction.
+        // SAFETY: forwarded contract.
         unsafe { self.alloc_paged::<true>(layout, layout.size().wrapping_sub(1) < SMALL_MAX) }
     }
 
