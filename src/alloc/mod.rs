@@ -457,7 +457,7 @@ unsafe fn free(p: *mut u8) {
     // segment of ours: then nothing of it is read.
     #[cfg(feature = "hardened")]
     unsafe {
-        if !free_if_small(p) && !p.is_null() {
+        if !free_if_small(p) {
             free_checked_not_small(p);
         }
     }
@@ -488,10 +488,11 @@ unsafe fn free_not_small(p: *mut u8, kind: u8) {
     unsafe { free_as(p, kind) }
 }
 
-/// A hardened build's `free` of a pointer, not null, in no small segment of
-/// ours: a region or huge block, or a misuse (reported). Out of line,
-/// reached by a tail call, so that a small block's free falls straight
-/// through.
+/// A hardened build's `free` of a pointer in no small segment of ours:
+/// null (a test and a `ret` straight after it), or the rest by a tail call.
+/// Out of line, so that a small block's free falls straight through to a
+/// `ret` of its own (with the null test in `free`, LLVM gave both one
+/// `ret`, and the small free a taken jump to it).
 ///
 /// # Safety
 /// As [`free`].
@@ -499,6 +500,21 @@ unsafe fn free_not_small(p: *mut u8, kind: u8) {
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_checked_not_small(p: *mut u8) {
+    if !p.is_null() {
+        // SAFETY: forwarded contract.
+        unsafe { free_checked_other(p) };
+    }
+}
+
+/// A hardened build's `free` of a pointer, not null, in no small segment of
+/// ours: a region or huge block, or a misuse (reported).
+///
+/// # Safety
+/// As [`free`].
+#[cfg(feature = "hardened")]
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+unsafe fn free_checked_other(p: *mut u8) {
     debug_assert!(!p.is_null());
     // SAFETY: as in `free`.
     unsafe {
