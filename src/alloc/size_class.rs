@@ -57,11 +57,7 @@ const _: () = assert!(class_size(PAGE_CLASS) == 4096 && class_size(PAGE_CLASS - 
 /// aligned to 8.
 #[inline(always)]
 pub fn class_of(size: usize) -> usize {
-    // The hardened build keeps a freed mark in a block's second word: its
-    // smallest block is 16 bytes.
-    #[cfg(feature = "hardened")]
-    let size = size.max(16);
-    class_of_last(size.saturating_sub(1))
+    class_of_nonzero(size.max(1))
 }
 
 /// Class of a request of `size` bytes (at most [`SMALL_MAX`]; 0 is treated
@@ -74,16 +70,13 @@ pub fn class_of(size: usize) -> usize {
 /// not known at compile time.
 #[inline(always)]
 pub fn class_of_aligned(size: usize, align: usize) -> usize {
-    debug_assert!(align.is_power_of_two() && align <= CLASS_ALIGN && size <= SMALL_MAX);
-    #[cfg(feature = "hardened")]
-    let size = size.max(16);
-    class_of_last(size.saturating_sub(1) | ((align >> 1) & 8))
+    class_of_aligned_nonzero(size.max(1), align)
 }
 
 /// The last byte's offset of a request of `size` bytes, which the caller
 /// knows is not 0 (the bound it tested was `size - 1 < SMALL_MAX`, which a
 /// zero size wraps past): no saturating subtraction, two instructions fewer
-/// than [`class_of`]'s (`cmp`, `mov`, `adc` for one `lea`).
+/// than [`class_of`]'s `size.max(1)` (`cmp`, `mov`, `adc` for one `lea`).
 #[inline(always)]
 fn last_of_nonzero(size: usize) -> usize {
     debug_assert!(size != 0 && size <= SMALL_MAX);
@@ -105,7 +98,7 @@ pub(crate) fn class_of_nonzero(size: usize) -> usize {
 /// [`last_of_nonzero`]).
 #[inline(always)]
 pub(crate) fn class_of_aligned_nonzero(size: usize, align: usize) -> usize {
-    debug_assert!(align.is_power_of_two() && align <= CLASS_ALIGN);
+    debug_assert!(align.is_power_of_two() && align <= CLASS_ALIGN && size <= SMALL_MAX);
     class_of_last(last_of_nonzero(size) | ((align >> 1) & 8))
 }
 
