@@ -7,6 +7,14 @@
 //! the thread's CPU time per alloc+free pair; the ratio is the median of the
 //! rounds' ratios. Needs a C compiler (says so and stops otherwise).
 //!
+//! Two controls in the same rounds tell the library's code from the cost of
+//! reaching a shared library: the C program linked with `libnumaweave.a`
+//! (its `malloc` the program's own: direct calls, local-exec TLS), and the
+//! same three builds of the C program with mimalloc, from the sources of
+//! the `libmimalloc-sys` crate the `peers` feature fetches (through its
+//! `.so`, `-fno-plt`, linked in; skipped, saying so, when absent): what a
+//! `.so` costs an allocator that is not numaweave.
+//!
 //! ```text
 //! cargo bench --bench capi
 //! ```
@@ -16,6 +24,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use numaweave::NumaAlloc;
+
+#[path = "support/mimalloc.rs"]
+mod mimalloc;
 
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
@@ -139,25 +150,25 @@ fn main() {
     let cpu = numaweave::Topology::global().cpus().first().unwrap_or(0);
     let _ = numaweave::os::cpu::pin_current_thread(cpu);
     let rounds = 2_000_000;
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/c/churn.c");
     let d = dir.to_str().unwrap();
+    let so = ["-L", d, "-lnumaweave", &format!("-Wl,-rpath,{d}")];
     // The same program twice: as C programs are usually built (each call
     // to `malloc` through a PLT stub: a jump to a jump), and with
     // `-fno-plt` (an indirect call through the GOT, as Arch Linux builds
     // its packages): what the caller's PLT costs is not the library's.
-    let build = |name: &str, extra: &[&str]| {
-        let exe = std::env::temp_dir().join(format!("numaweave-{name}-{}", std::process::id()));
-        let st = Command::new(cc)
-            .args(["-O2", src, "-o", exe.to_str().unwrap(), "-L", d, "-lnumaweave", &format!("-Wl,-rpath,{d}")])
-            .args(extra)
-            .status()
-            .unwrap();
-        assert!(st.success(), "compiling churn.c failed");
-        exe
-    };
-    let exe = build("churn", &[]);
-    let exe_noplt = build("churn-noplt", &["-fno-plt"]);
+    let exe = c_program(cc, "churn", &so);
+    let exe_noplt = c_program(cc, "churn-noplt", &[&so[..], &["-fno-plt"]].concat());
+    // Linked into the program (the archive's `malloc` the program's own):
+    // local-exec TLS, direct calls. The libraries Rust's `std` needs, as
+    // `rustc --print native-static-libs` names them.
+    let a = dir.join("libnumaweave.a");
+    let exe_static = c_program(
+        cc,
+        "churn-static",
+        &[a.to_str().unwrap(), "-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc", "-lgcc_eh"],
+    );
     assert!(lib.is_file());
+    let (mi, mi_lib) = mimalloc_programs(cc);
     let run_c = |exe: &PathBuf| {
         let out = Command::new("taskset").args(["-c", &cpu.to_string()]).arg(exe).arg(rounds.to_string()).output();
         let out = match out {
@@ -167,12 +178,18 @@ fn main() {
         String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().unwrap()
     };
     churn::<false>(rounds / 10);
-    let (mut rust, mut called, mut c, mut c_noplt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut rust, mut called, mut c, mut c_noplt, mut c_static) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut m = vec![Vec::new(); mi.len()];
     for _ in 0..ROUNDS {
         rust.push(churn::<false>(rounds));
         called.push(churn::<true>(rounds));
         c.push(run_c(&exe));
         c_noplt.push(run_c(&exe_noplt));
+        c_static.push(run_c(&exe_static));
+        for (exe, t) in mi.iter().zip(&mut m) {
+            t.push(run_c(exe));
+        }
     }
     let ratio = |x: &[f64], base: &[f64]| median(x.iter().zip(base).map(|(a, b)| a / b).collect());
     println!("churn 256 x 16 B-16 KiB, ns per alloc+free pair (thread CPU time, {ROUNDS} rounds):");
@@ -180,12 +197,72 @@ fn main() {
     println!("  #[global_allocator], a call per op    {:.2}  {called:.2?}", median(called.clone()));
     println!("  libnumaweave.so (C malloc/free)       {:.2}  {c:.2?}", median(c.clone()));
     println!("  the same, caller built -fno-plt       {:.2}  {c_noplt:.2?}", median(c_noplt.clone()));
+    println!("  libnumaweave.a linked into it         {:.2}  {c_static:.2?}", median(c_static.clone()));
     println!(
-        "  C / Rust = {:.3} against calls, {:.3} against inlined; -fno-plt {:.3} against calls (medians of the rounds' ratios)",
+        "  C / Rust = {:.3} against calls, {:.3} against inlined; -fno-plt {:.3} against calls; linked in {:.3} against calls (medians of the rounds' ratios)",
         ratio(&c, &called),
         ratio(&c, &rust),
-        ratio(&c_noplt, &called)
+        ratio(&c_noplt, &called),
+        ratio(&c_static, &called)
     );
-    let _ = std::fs::remove_file(exe);
-    let _ = std::fs::remove_file(exe_noplt);
+    println!(
+        "  numaweave through its .so / linked in = {:.3}, -fno-plt {:.3}",
+        ratio(&c, &c_static),
+        ratio(&c_noplt, &c_static)
+    );
+    if let [so, noplt, linked] = &m[..] {
+        println!("  mimalloc (libmimalloc-sys's sources), the same C program:");
+        println!("  libmimalloc.so                        {:.2}  {so:.2?}", median(so.clone()));
+        println!("  the same, caller built -fno-plt       {:.2}  {noplt:.2?}", median(noplt.clone()));
+        println!("  mimalloc linked into it               {:.2}  {linked:.2?}", median(linked.clone()));
+        println!(
+            "  mimalloc through its .so / linked in = {:.3}, -fno-plt {:.3} (what the shared library's calls cost it)",
+            ratio(so, linked),
+            ratio(noplt, linked)
+        );
+    }
+    for f in mi.iter().chain(&mi_lib).chain([&exe, &exe_noplt, &exe_static]) {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// `benches/c/churn.c` compiled (`-O2`, then `args`: flags, objects and
+/// libraries, in link order) into a temporary program named after `name`.
+fn c_program(cc: &str, name: &str, args: &[&str]) -> PathBuf {
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/c/churn.c");
+    let exe = std::env::temp_dir().join(format!("numaweave-{name}-{}", std::process::id()));
+    let st = Command::new(cc).args(["-O2", src, "-o"]).arg(&exe).args(args).status().unwrap();
+    assert!(st.success(), "compiling churn.c ({name}) failed");
+    exe
+}
+
+/// The churn linked with mimalloc built from the sources of the
+/// `libmimalloc-sys` crate, as the control of what a shared library's calls
+/// cost an allocator: through its `.so` (PLT stubs, then `-fno-plt`) and
+/// linked into the program; and the library. None (said why) where its
+/// sources or the build are missing.
+fn mimalloc_programs(cc: &str) -> (Vec<PathBuf>, Option<PathBuf>) {
+    let Some(src) = mimalloc::sources() else {
+        println!(
+            "mimalloc's sources (libmimalloc-sys, fetched by `--features peers`) not in cargo's registry: not measured"
+        );
+        return (Vec::new(), None);
+    };
+    let tmp = |name: &str| std::env::temp_dir().join(format!("numaweave-{name}-{}", std::process::id()));
+    let (so, obj) = (tmp("libmimalloc.so"), tmp("mimalloc.o"));
+    if !mimalloc::build(cc, &src, &[], mimalloc::Kind::Shared, &so)
+        || !mimalloc::build(cc, &src, &[], mimalloc::Kind::Object, &obj)
+    {
+        println!("mimalloc from {}: did not build, not measured", src.display());
+        return (Vec::new(), None);
+    }
+    // The library by its path: the program's DT_NEEDED names it so.
+    let so_path = so.to_str().unwrap();
+    let programs = vec![
+        c_program(cc, "churn-mi", &[so_path]),
+        c_program(cc, "churn-mi-noplt", &[so_path, "-fno-plt"]),
+        c_program(cc, "churn-mi-static", &[obj.to_str().unwrap(), "-lpthread"]),
+    ];
+    let _ = std::fs::remove_file(obj);
+    (programs, Some(so))
 }

@@ -11,7 +11,8 @@
 //! For scale, in the same rounds: mimalloc built from the sources of the
 //! `libmimalloc-sys` crate the `peers` feature uses (found in cargo's
 //! registry at the version `Cargo.lock` names; skipped, saying so, when
-//! absent), plain and with its secure mode as the `mimalloc` crate's
+//! absent; built as its CMake release build builds it, initial-exec TLS
+//! included: `support/mimalloc.rs`), plain and with its secure mode as the `mimalloc` crate's
 //! `secure` feature builds it (`MI_SECURE=4`: encoded free lists, double
 //! free checks, a canary after each block, randomized allocation), and the
 //! latter without the canary (`MI_PADDING=0`: the checks numaweave's
@@ -23,6 +24,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "support/mimalloc.rs"]
+mod mimalloc;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -53,37 +57,6 @@ fn churn(exe: &Path, lib: &Path, env: &[(&str, &str)], cpu: usize, rounds: usize
         .unwrap();
     assert!(out.status.success(), "churn failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
-/// The sources of the `libmimalloc-sys` crate `Cargo.lock` names, in
-/// cargo's registry (`$CARGO_HOME`, else `~/.cargo`): its mimalloc 2.x.
-fn mimalloc_sources() -> Option<PathBuf> {
-    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).ok()?;
-    let at = lock.find("name = \"libmimalloc-sys\"\nversion = \"")? + "name = \"libmimalloc-sys\"\nversion = \"".len();
-    let version = &lock[at..at + lock[at..].find('"')?];
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
-    std::fs::read_dir(home.join("registry/src"))
-        .ok()?
-        .flatten()
-        .map(|d| d.path().join(format!("libmimalloc-sys-{version}/c_src/mimalloc/v2")))
-        .find(|d| d.join("src/static.c").exists())
-}
-
-/// mimalloc from `src` as a preloadable library, with these defines.
-fn build_mimalloc(cc: &str, src: &Path, defines: &[&str], out: &Path) -> bool {
-    Command::new(cc)
-        .args(["-O2", "-fPIC", "-shared", "-DNDEBUG", "-DMI_BUILD_RELEASE", "-DMI_MALLOC_OVERRIDE"])
-        .args(defines)
-        .arg("-I")
-        .arg(src.join("include"))
-        .arg(src.join("src/static.c"))
-        .arg("-o")
-        .arg(out)
-        .arg("-lpthread")
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 fn main() {
@@ -118,13 +91,13 @@ fn main() {
     let rounds = 2_000_000;
     let full = [("NUMAWEAVE_CHECK", "full")];
     // mimalloc plain, secure as shipped, secure without its canary.
-    let mi: Vec<PathBuf> = match mimalloc_sources() {
+    let mi: Vec<PathBuf> = match mimalloc::sources() {
         Some(src) => {
             let variants: [&[&str]; 3] = [&[], &["-DMI_SECURE=4"], &["-DMI_SECURE=4", "-DMI_PADDING=0"]];
             let libs: Vec<PathBuf> = (0..3)
                 .map(|i| std::env::temp_dir().join(format!("numaweave-hchurn-mi{i}-{}.so", std::process::id())))
                 .collect();
-            if variants.iter().zip(&libs).all(|(d, out)| build_mimalloc(cc, &src, d, out)) {
+            if variants.iter().zip(&libs).all(|(d, out)| mimalloc::build(cc, &src, d, mimalloc::Kind::Shared, out)) {
                 libs
             } else {
                 println!("mimalloc from {}: did not build, not measured", src.display());
