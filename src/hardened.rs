@@ -4,8 +4,9 @@
 //!
 //! - Free-list links of heap pages are stored encoded with a per-page key
 //!   (mimalloc's encoded free lists, SLUB's hardened free pointer) and
-//!   checked when popped: a link that does not decode to a block of the page
-//!   is a corrupted list.
+//!   checked before a pop reads through them (the list's head in its page):
+//!   a link that does not decode to a block of the page is a corrupted
+//!   list.
 //! - A freed block carries a *freed mark* in its second word (a value of the
 //!   block's address and a process secret), cleared when it is handed out
 //!   again: a free that finds it is a double free (heap, region blocks, slab

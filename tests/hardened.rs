@@ -110,16 +110,20 @@ fn misuse(case: &str) {
                 A.dealloc(q, l);
                 A.dealloc(p, l);
                 // A write after free over the link of the list's head (the
-                // last block freed): the pop that hands `p` out again finds
-                // it. Where it points, decoded with the page's key, only the
-                // allocator knows: the report is matched up to there.
+                // last block freed): the pop that hands `p` out again makes
+                // where it points the head, which the next pop checks before
+                // it reads through it (under `NUMAWEAVE_CHECK=full` the
+                // first pop checks the link). Where it points, decoded with
+                // the page's key, only the allocator knows: the report is
+                // matched up to there.
                 p.cast::<usize>().write(0x4141_4141_4141_4141);
                 let page = p as usize & !0xffff;
                 expect(format!(
                     "numaweave: corrupted free list in the 64-byte page at {page:#x} (node 0): a free block links to ..."
                 ));
                 let r = A.alloc(l);
-                eprintln!("not reported; got {r:p}");
+                let s = A.alloc(l);
+                eprintln!("not reported; got {r:p}, {s:p}");
             }
             "stack-pointer" => {
                 let x = 5u64;

@@ -171,13 +171,17 @@ impl Heap {
             if block.is_null() {
                 return ptr::null_mut();
             }
+            // A hardened build's checks that may report or need more than
+            // this path finish the pop out of line (tail calls: `malloc`
+            // keeps no stack frame). The head first: it is read next.
+            #[cfg(feature = "hardened")]
+            if outside(page, block) {
+                return Heap::pop_corrupt(page, block);
+            }
             debug_assert!(
                 Heap::is_lent(heap, class) || (in_page(page, block.cast()) && usize::from((*page).info.class) == class),
                 "a direct page of another class, or a free list that left its page"
             );
-            // A hardened build's checks that may report or need more than
-            // this path finish the pop out of line (tail calls: `malloc`
-            // keeps no stack frame).
             #[cfg(feature = "hardened")]
             if LOOK_FULL && crate::hardened::full_now() {
                 return Heap::pop_full(heap, page, block).as_ptr();
@@ -195,12 +199,11 @@ impl Heap {
     unsafe fn pop_not_full(heap: *mut Heap, page: *mut Page, block: *mut Block) -> *mut u8 {
         // SAFETY: per the contract.
         unsafe {
+            // (A hardened build checks the link it reads when it is the
+            // head: before the next pop reads through it.)
             #[cfg(feature = "hardened")]
             {
                 let next = crate::hardened::decode((*block).next, (*page).info.key);
-                if link_outside(page, next) {
-                    return Heap::pop_corrupt(heap, page, block, next).as_ptr();
-                }
                 crate::hardened::handing_out_plain(block.cast());
                 Heap::take(heap, page, block, next)
             }
@@ -243,26 +246,20 @@ impl Heap {
         }
     }
 
-    /// A hardened pop whose block links to `next`, outside its page: a
-    /// corrupted list, reported (under `NUMAWEAVE_ON_ERROR=report` the rest
-    /// of the list is dropped and the block handed out).
+    /// A hardened pop whose head, `block`, lies outside its page: a
+    /// corrupted list (a free block's link overwritten), reported. Null:
+    /// under `NUMAWEAVE_ON_ERROR=report` the list is dropped (its blocks
+    /// leaked) and the caller's slow path serves.
     ///
     /// # Safety
-    /// As [`take`](Self::take).
+    /// As [`take`](Self::take), `block` unread.
     #[cfg(feature = "hardened")]
     #[cold]
     #[inline(never)]
-    unsafe fn pop_corrupt(heap: *mut Heap, page: *mut Page, block: *mut Block, next: *mut Block) -> NonNull<u8> {
-        // SAFETY: per the contract; `block` is not null.
-        unsafe {
-            let next = corrupted_list(page, next);
-            crate::hardened::handing_out_plain(block.cast());
-            // Opaque: were the result seen to be `block`, the caller would
-            // keep `block` in a callee-saved register across this call
-            // instead of taking our return value, and `malloc` would push
-            // and pop one on every call.
-            NonNull::new_unchecked(core::hint::black_box(Heap::take(heap, page, block, next)))
-        }
+    unsafe fn pop_corrupt(page: *mut Page, block: *mut Block) -> *mut u8 {
+        // SAFETY: per the contract.
+        unsafe { (*page).free = corrupted_list(page, block) };
+        ptr::null_mut()
     }
 
     /// The slow path: a page of the heap that `placement` accepts and that
@@ -362,6 +359,13 @@ impl Heap {
             debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
             let block = (*page).free;
             debug_assert!(!block.is_null());
+            #[cfg(feature = "hardened")]
+            if outside(page, block) {
+                // Under `NUMAWEAVE_ON_ERROR=report`: what the page has
+                // besides the list dropped (remote frees, blocks not carved).
+                (*page).free = corrupted_list(page, block);
+                return if Heap::refill_from(heap, page) { Heap::pop_from(heap, page) } else { ptr::null_mut() };
+            }
             #[cfg(feature = "hardened")]
             crate::hardened::handing_out(block.cast(), || kind_of(page));
             (*page).free = next_of(page, block);
@@ -809,12 +813,26 @@ pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
     }
 }
 
-/// Hardened builds: whether `next`, a decoded link of a free block of
-/// `page`, lies outside the page (null ends a list; a pool page, with no
-/// slots of its own, is not checked: its `links` is `usize::MAX`). In the
-/// page, as mimalloc checks: a link overwritten by a stray write decodes to
-/// anywhere at all. (Its alignment to a block would cost a multiplication
-/// on every pop.)
+/// Hardened builds: whether `block`, the head of `page`'s free list, lies
+/// outside the page's blocks (a pool page, with no slots of its own, is not
+/// checked: its `links` is `usize::MAX`). Checked before the head is read:
+/// a link overwritten by a stray write decodes to anywhere at all, and the
+/// pop that read it made it the head. (Its alignment to a block would cost
+/// a multiplication on every pop.)
+///
+/// # Safety
+/// `page` is a live page.
+#[cfg(feature = "hardened")]
+#[inline(always)]
+unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
+    // SAFETY: per the contract.
+    let (start, links) = unsafe { ((*page).info.start as usize, (*page).info.links) };
+    debug_assert!(links > 0, "a page with a free list spans some blocks");
+    (block as usize).wrapping_sub(start) >= links
+}
+
+/// Checks the link `next` read from a free block of `page` as
+/// [`outside`] checks a head (null, the list's end, passes).
 ///
 /// # Safety
 /// `page` is a live page.
@@ -822,15 +840,7 @@ pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
 #[inline(always)]
 unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
     // SAFETY: per the contract.
-    let (start, links) = unsafe { ((*page).info.start as usize, (*page).info.links) };
-    // Null (the list's end, at irregular points: a page of large blocks
-    // has a short list) must not be a branch: as one, it was mispredicted
-    // often enough to cost a third of what hardening adds to `malloc`.
-    debug_assert!(links > 0, "a page with a free list spans some blocks");
-    // (A mask rather than `hint::select_unpredictable`, which is newer than
-    // the crate's MSRV.)
-    let keep = usize::from(next.is_null()).wrapping_sub(1);
-    ((next as usize).wrapping_sub(start) & keep) >= links
+    !next.is_null() && unsafe { outside(page, next) }
 }
 
 /// Reports a free block of `page` linking to `next`, outside the page: null
