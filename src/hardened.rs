@@ -29,7 +29,7 @@
 //! block is leaked and the program goes on.
 
 use core::fmt;
-use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::os::file;
 
@@ -367,4 +367,16 @@ pub(crate) fn misuse(what: fmt::Arguments<'_>) {
         // SAFETY: always sound; the heap is not to be trusted any more.
         unsafe { libc::abort() };
     }
+    WENT_ON.store(true, Ordering::Relaxed);
+}
+
+/// Set once a misuse was reported and the program went on.
+static WENT_ON: AtomicBool = AtomicBool::new(false);
+
+/// Whether a misuse was reported and the program went on
+/// (`NUMAWEAVE_ON_ERROR=report`): a free list may have been dropped since,
+/// its blocks lost to their page (debug assertions on a page's count allow
+/// for it).
+pub(crate) fn went_on() -> bool {
+    WENT_ON.load(Ordering::Relaxed)
 }

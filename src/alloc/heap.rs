@@ -249,7 +249,8 @@ impl Heap {
     /// A hardened pop whose head, `block`, lies outside its page: a
     /// corrupted list (a free block's link overwritten), reported. Null:
     /// under `NUMAWEAVE_ON_ERROR=report` the list is dropped (its blocks
-    /// leaked) and the caller's slow path serves.
+    /// leaked) and the caller looks further (`malloc` its slow path, which
+    /// refills the page or takes another).
     ///
     /// # Safety
     /// As [`take`](Self::take), `block` unread.
@@ -291,14 +292,20 @@ impl Heap {
             }
             let direct = (*heap).direct[class];
             if direct != empty_page() && placement.accepts(node_of(direct)) && Heap::refill_from(heap, direct) {
-                return Heap::pop(heap, class);
+                let p = Heap::pop(heap, class);
+                if served(p) {
+                    return p;
+                }
             }
             let mut page = (*heap).lists[class].head;
             while !page.is_null() {
                 let next = (*page).next;
                 if page != direct && placement.accepts(node_of(page)) && Heap::refill_from(heap, page) {
                     (*heap).direct[class] = page;
-                    return Heap::pop(heap, class);
+                    let p = Heap::pop(heap, class);
+                    if served(p) {
+                        return p;
+                    }
                 }
                 page = next;
             }
@@ -330,7 +337,10 @@ impl Heap {
                 && node_of(direct) == node
                 && !(*direct).free.is_null()
             {
-                return Heap::pop(heap, class);
+                let p = Heap::pop(heap, class);
+                if served(p) {
+                    return p;
+                }
             }
             Heap::gather_remote(heap);
             let mut page = (*heap).lists[class].head;
@@ -421,7 +431,10 @@ impl Heap {
             if !(*page).free.is_null() {
                 return true;
             }
-            debug_assert_eq!((*page).used, (*page).info.capacity, "a page without free blocks is full");
+            debug_assert!(
+                (*page).used == (*page).info.capacity || lists_dropped(),
+                "a page without free blocks is full"
+            );
             (*heap).unlink(page);
             (*page).in_full = true;
             false
@@ -790,6 +803,23 @@ impl Heap {
         let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
         (self.node, (ld(&c.allocs), ld(&c.frees), ld(&c.bytes_alloc), ld(&c.bytes_freed), ld(&c.remote_frees)))
     }
+}
+
+/// Whether a pop of a page with free blocks served `p`: always, but in a
+/// hardened build whose pop found the list corrupted and, under
+/// `NUMAWEAVE_ON_ERROR=report`, dropped it (null: the caller looks further).
+#[inline(always)]
+fn served(p: *mut u8) -> bool {
+    cfg!(not(feature = "hardened")) || !p.is_null()
+}
+
+/// Whether a hardened build may have dropped a corrupted free list (its
+/// free blocks lost to their page) since a report it went on from.
+fn lists_dropped() -> bool {
+    #[cfg(feature = "hardened")]
+    return crate::hardened::went_on();
+    #[cfg(not(feature = "hardened"))]
+    false
 }
 
 /// Whether `p` lies in the blocks of `page` (a heap page).
