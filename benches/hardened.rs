@@ -12,11 +12,11 @@
 //! `libmimalloc-sys` crate the `peers` feature uses (found in cargo's
 //! registry at the version `Cargo.lock` names; skipped, saying so, when
 //! absent; built as its CMake release build builds it, initial-exec TLS
-//! included: `support/mimalloc.rs`), plain and with its secure mode as the `mimalloc` crate's
-//! `secure` feature builds it (`MI_SECURE=4`: encoded free lists, double
-//! free checks, a canary after each block, randomized allocation), and the
-//! latter without the canary (`MI_PADDING=0`: the checks numaweave's
-//! hardened build makes without `NUMAWEAVE_CHECK=full`).
+//! included: `support/mimalloc.rs`), plain and with its secure mode as the
+//! `mimalloc` crate's `secure` feature builds it (`MI_SECURE=4`: encoded
+//! free lists, double free checks, a canary after each block, randomized
+//! allocation), and the latter without the canary (`MI_PADDING=0`: the
+//! checks numaweave's hardened build makes without `NUMAWEAVE_CHECK=full`).
 //!
 //! ```text
 //! cargo bench --bench hardened
