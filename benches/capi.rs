@@ -27,6 +27,10 @@ use numaweave::NumaAlloc;
 
 #[path = "support/mimalloc.rs"]
 mod mimalloc;
+#[path = "support/rounds.rs"]
+mod rounds;
+
+use rounds::{ratio_to, row};
 
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
@@ -127,11 +131,6 @@ fn churn<const CALLED: bool>(rounds: usize) -> f64 {
 /// more than a handful.
 const ROUNDS: usize = 31;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -191,34 +190,33 @@ fn main() {
             t.push(run_c(exe));
         }
     }
-    let ratio = |x: &[f64], base: &[f64]| median(x.iter().zip(base).map(|(a, b)| a / b).collect());
     println!("churn 256 x 16 B-16 KiB, ns per alloc+free pair (thread CPU time, {ROUNDS} rounds):");
-    println!("  #[global_allocator], inlined (LTO)    {:.2}  {rust:.2?}", median(rust.clone()));
-    println!("  #[global_allocator], a call per op    {:.2}  {called:.2?}", median(called.clone()));
-    println!("  libnumaweave.so (C malloc/free)       {:.2}  {c:.2?}", median(c.clone()));
-    println!("  the same, caller built -fno-plt       {:.2}  {c_noplt:.2?}", median(c_noplt.clone()));
-    println!("  libnumaweave.a linked into it         {:.2}  {c_static:.2?}", median(c_static.clone()));
+    row("#[global_allocator], inlined (LTO)", &rust);
+    row("#[global_allocator], a call per op", &called);
+    row("libnumaweave.so (C malloc/free)", &c);
+    row("the same, caller built -fno-plt", &c_noplt);
+    row("libnumaweave.a linked into it", &c_static);
     println!(
         "  C / Rust = {:.3} against calls, {:.3} against inlined; -fno-plt {:.3} against calls; linked in {:.3} against calls (medians of the rounds' ratios)",
-        ratio(&c, &called),
-        ratio(&c, &rust),
-        ratio(&c_noplt, &called),
-        ratio(&c_static, &called)
+        ratio_to(&c, &called),
+        ratio_to(&c, &rust),
+        ratio_to(&c_noplt, &called),
+        ratio_to(&c_static, &called)
     );
     println!(
         "  numaweave through its .so / linked in = {:.3}, -fno-plt {:.3}",
-        ratio(&c, &c_static),
-        ratio(&c_noplt, &c_static)
+        ratio_to(&c, &c_static),
+        ratio_to(&c_noplt, &c_static)
     );
     if let [so, noplt, linked] = &m[..] {
         println!("  mimalloc (libmimalloc-sys's sources), the same C program:");
-        println!("  libmimalloc.so                        {:.2}  {so:.2?}", median(so.clone()));
-        println!("  the same, caller built -fno-plt       {:.2}  {noplt:.2?}", median(noplt.clone()));
-        println!("  mimalloc linked into it               {:.2}  {linked:.2?}", median(linked.clone()));
+        row("libmimalloc.so", so);
+        row("the same, caller built -fno-plt", noplt);
+        row("mimalloc linked into it", linked);
         println!(
             "  mimalloc through its .so / linked in = {:.3}, -fno-plt {:.3} (what the shared library's calls cost it)",
-            ratio(so, linked),
-            ratio(noplt, linked)
+            ratio_to(so, linked),
+            ratio_to(noplt, linked)
         );
     }
     for f in mi.iter().chain(&mi_lib).chain([&exe, &exe_noplt, &exe_static]) {

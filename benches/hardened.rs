@@ -27,16 +27,10 @@ use std::process::Command;
 
 #[path = "support/mimalloc.rs"]
 mod mimalloc;
+#[path = "support/rounds.rs"]
+mod rounds;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// The median of the rounds' ratios of `x` to `base`.
-fn ratio_to(x: &[f64], base: &[f64]) -> f64 {
-    median(x.iter().zip(base).map(|(a, b)| a / b).collect())
-}
+use rounds::{ratio_to, row};
 
 fn cargo(args: &[&str]) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -123,18 +117,18 @@ fn main() {
         }
     }
     println!("churn 256 x 16 B-16 KiB through malloc/free, ns per alloc+free pair (thread CPU time, 9 rounds):");
-    println!("  libnumaweave.so                          {:.2}  {p:.2?}", median(p.clone()));
-    println!("  libnumaweave_hardened.so                 {:.2}  {h:.2?}", median(h.clone()));
-    println!("  libnumaweave_hardened.so, CHECK=full     {:.2}  {f:.2?}", median(f.clone()));
+    row("libnumaweave.so", &p);
+    row("libnumaweave_hardened.so", &h);
+    row("libnumaweave_hardened.so, CHECK=full", &f);
     println!(
         "  hardened / plain = {:.3}; with CHECK=full {:.3} (medians of the rounds' ratios)",
         ratio_to(&h, &p),
         ratio_to(&f, &p)
     );
     if let [mp, ms, mn] = &m[..] {
-        println!("  mimalloc (libmimalloc-sys's sources)     {:.2}  {mp:.2?}", median(mp.clone()));
-        println!("  mimalloc, MI_SECURE=4                    {:.2}  {ms:.2?}", median(ms.clone()));
-        println!("  mimalloc, MI_SECURE=4, MI_PADDING=0      {:.2}  {mn:.2?}", median(mn.clone()));
+        row("mimalloc (libmimalloc-sys's sources)", mp);
+        row("mimalloc, MI_SECURE=4", ms);
+        row("mimalloc, MI_SECURE=4, MI_PADDING=0", mn);
         println!("  mimalloc secure / plain = {:.3}; without its canary {:.3}", ratio_to(ms, mp), ratio_to(mn, mp));
     }
     for f in mi.iter().chain([&exe]) {
