@@ -250,7 +250,7 @@ impl Heap {
     /// corrupted list (a free block's link overwritten), reported. Null:
     /// under `NUMAWEAVE_ON_ERROR=report` the list is dropped (its blocks
     /// leaked) and the caller looks further (`malloc` its slow path, which
-    /// refills the page or takes another).
+    /// refills the page or takes another; the slow paths the next page).
     ///
     /// # Safety
     /// As [`take`](Self::take), `block` unread.
@@ -347,7 +347,10 @@ impl Heap {
             while !page.is_null() {
                 let next = (*page).next;
                 if node_of(page) == node && Heap::refill_from(heap, page) {
-                    return Heap::pop_from(heap, page);
+                    let p = Heap::pop_from(heap, page);
+                    if served(p) {
+                        return p;
+                    }
                 }
                 page = next;
             }
@@ -358,7 +361,8 @@ impl Heap {
         }
     }
 
-    /// Pops a block of `page`, one of the heap's pages with a free block.
+    /// Pops a block of `page`, one of the heap's pages with a free block
+    /// (null only as [`pop`](Self::pop) may be: see [`served`]).
     ///
     /// # Safety
     /// `heap` is the calling thread's heap and owns `page`, whose free list
@@ -371,10 +375,7 @@ impl Heap {
             debug_assert!(!block.is_null());
             #[cfg(feature = "hardened")]
             if outside(page, block) {
-                // Under `NUMAWEAVE_ON_ERROR=report`: what the page has
-                // besides the list dropped (remote frees, blocks not carved).
-                (*page).free = corrupted_list(page, block);
-                return if Heap::refill_from(heap, page) { Heap::pop_from(heap, page) } else { ptr::null_mut() };
+                return Heap::pop_corrupt(page, block);
             }
             #[cfg(feature = "hardened")]
             crate::hardened::handing_out(block.cast(), || kind_of(page));
