@@ -29,9 +29,4 @@ use numaweave::NumaAlloc;
 #[global_allocator]
 pub static A: NumaAlloc = NumaAlloc::new();
 
-/// Sets the calling thread's `errno`.
-#[inline]
-pub(crate) fn set_errno(e: i32) {
-    // SAFETY: `__errno_location` returns the calling thread's errno.
-    unsafe { *libc::__errno_location() = e };
-}
+pub(crate) use numaweave::os::set_errno;

@@ -28,13 +28,14 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
     (total <= isize::MAX as usize / 2).then_some(total)
 }
 
+/// A fresh mapping for a huge block, charged whole against the kernel's
+/// overcommit policy ([`mem::Charge::Whole`]): a block is handed out whole,
+/// and a `malloc` the kernel judges impossible must fail with `ENOMEM`, as
+/// glibc's does, not succeed and end in the OOM killer.
 fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     let guard = super::arena::guard_len();
-    let base = if align <= SEGMENT_SIZE {
-        mem::map_aligned(total + guard, SEGMENT_SIZE).ok()
-    } else {
-        mem::map_aligned_at(total + guard, align, offset).ok()
-    }?;
+    let (align, offset) = if align <= SEGMENT_SIZE { (SEGMENT_SIZE, 0) } else { (align, offset) };
+    let base = mem::map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()?;
     if guard > 0 {
         // SAFETY: the last page of our fresh reservation, past the block's.
         let _ = unsafe { mem::protect_none(NonNull::new_unchecked(base.as_ptr().add(total)), guard) };

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 /// system call. The answer may be stale as soon as it returns: the scheduler
 /// can move the thread at any time.
 pub fn getcpu() -> Result<(usize, usize)> {
+    let _errno = super::KeepErrno::new();
     let mut cpu: libc::c_uint = 0;
     let mut node: libc::c_uint = 0;
     // SAFETY: both out-pointers are valid for a write; the cache argument is
@@ -27,6 +28,7 @@ pub fn getcpu() -> Result<(usize, usize)> {
 /// kernel cannot tell.
 #[inline]
 pub fn current_cpu() -> Option<usize> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: no preconditions.
     let c = unsafe { libc::sched_getcpu() };
     usize::try_from(c).ok()
@@ -58,6 +60,7 @@ pub fn set_current_affinity(cpus: impl IntoIterator<Item = usize>) -> Result<()>
 }
 
 fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the caller.
     let r = unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), set) };
     super::os_result(r, "sched_setaffinity")
@@ -66,6 +69,7 @@ fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
 /// The CPUs the calling thread may run on (kernel ids, ascending), written
 /// into `out`; returns how many were written.
 pub fn current_affinity(out: &mut [usize]) -> Result<usize> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: as above.
     let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
     // SAFETY: `set` is writable and of the size given.

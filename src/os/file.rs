@@ -101,6 +101,7 @@ impl fmt::Write for PathBuf {
 /// Opens `path` read-only (with `extra` flags), runs `f` on the descriptor
 /// and closes it.
 fn with_fd<T>(path: &CStr, extra: i32, f: impl FnOnce(i32) -> Result<T>) -> Result<T> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: `path` is NUL-terminated; flags are valid.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | extra) };
     if fd < 0 {
@@ -272,6 +273,7 @@ pub fn for_each_entry(path: &CStr, mut f: impl FnMut(&str)) -> Result<()> {
 
 /// Whether `path` exists (`access(F_OK)`).
 pub fn exists(path: &CStr) -> bool {
+    let _errno = super::KeepErrno::new();
     // SAFETY: `path` is NUL-terminated.
     unsafe { libc::access(path.as_ptr(), libc::F_OK) == 0 }
 }
@@ -331,6 +333,7 @@ pub fn env(name: &CStr) -> Option<&'static str> {
 /// bytes), with a single `write(2)`: usable where the heap is not, such as
 /// inside the allocator's start-up.
 pub fn report(args: fmt::Arguments<'_>) {
+    let _errno = super::KeepErrno::new();
     struct Buf {
         b: [u8; 512],
         n: usize,
@@ -361,6 +364,7 @@ pub fn write_stderr(args: fmt::Arguments<'_>) {
 
 /// [`write_stderr`] to the file descriptor `fd`.
 pub fn write_fd(fd: i32, args: fmt::Arguments<'_>) {
+    let _errno = super::KeepErrno::new();
     struct Fd(i32);
     impl fmt::Write for Fd {
         fn write_str(&mut self, s: &str) -> fmt::Result {
@@ -386,6 +390,7 @@ pub fn write_fd(fd: i32, args: fmt::Arguments<'_>) {
 /// programs close stderr in their exit handlers, before the allocator's
 /// run), close-on-exec; stderr itself if it cannot be had.
 pub fn stderr_copy() -> i32 {
+    let _errno = super::KeepErrno::new();
     // SAFETY: F_DUPFD_CLOEXEC on fd 2 has no memory effects.
     let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 100) };
     if fd < 0 { 2 } else { fd }
@@ -401,27 +406,32 @@ pub(crate) mod paths {
 
     /// The device number (`st_dev`) of the file system holding `path`.
     pub(crate) fn device_number(path: &Path) -> Option<u64> {
+        let _errno = super::super::KeepErrno::new();
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(path).ok().map(|m| m.dev())
     }
 
     /// Where the symbolic link `path` points.
     pub(crate) fn read_link(path: &Path) -> Option<PathBuf> {
+        let _errno = super::super::KeepErrno::new();
         std::fs::read_link(path).ok()
     }
 
     /// `path` with every link and `..` resolved (`realpath`).
     pub(crate) fn canonical(path: &Path) -> Option<PathBuf> {
+        let _errno = super::super::KeepErrno::new();
         path.canonicalize().ok()
     }
 
     /// Whether `path` exists.
     pub(crate) fn exists(path: &Path) -> bool {
+        let _errno = super::super::KeepErrno::new();
         path.exists()
     }
 
     /// The contents of a small text file; `Ok(None)` when it does not exist.
     pub(crate) fn read_text(path: &Path) -> Result<Option<String>> {
+        let _errno = super::super::KeepErrno::new();
         match std::fs::read_to_string(path) {
             Ok(s) => Ok(Some(s)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

@@ -143,6 +143,7 @@ pub const GIGANTIC_PAGE: usize = 1 << 30;
 /// (`ENOMEM` when it has too few) and taken at the first touch, under the
 /// range's policy.
 pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>> {
+    let _errno = super::KeepErrno::new();
     if !page.is_power_of_two() || len == 0 || !len.is_multiple_of(page) || !align.is_power_of_two() || align < page {
         return Err(Error::LayoutTooLarge { size: len, align });
     }
@@ -246,11 +247,34 @@ fn check_len(len: usize) -> Result<usize> {
     Ok((len + page - 1) & !(page - 1))
 }
 
+/// How the kernel's overcommit policy (`vm.overcommit_memory`) sees a
+/// mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// Address space only (`MAP_NORESERVE`): under the default heuristic
+    /// the mapping is not checked, and its pages count as they are touched.
+    /// For reservations of which a part is ever used (segments, regions).
+    Lazy,
+    /// The whole length, now: the default heuristic refuses a mapping larger
+    /// than RAM and swap together, and strict accounting (mode 2) anything
+    /// past the commit limit, with `ENOMEM`. For memory handed out whole (a
+    /// huge block), so that an impossible `malloc` fails where the program
+    /// can handle it, not later in the OOM killer.
+    Whole,
+}
+
 /// Maps `len` bytes (rounded up to pages) of private anonymous memory, readable
 /// and writable, without reserving swap (`MAP_NORESERVE`): pages are committed
 /// by the first touch, on the node the range's policy picks.
 pub fn map(len: usize) -> Result<NonNull<u8>> {
+    map_charged(len, Charge::Lazy)
+}
+
+/// [`map`], charged as `charge` says.
+pub fn map_charged(len: usize, charge: Charge) -> Result<NonNull<u8>> {
+    let _errno = super::KeepErrno::new();
     let len = check_len(len)?;
+    let noreserve = if charge == Charge::Lazy { libc::MAP_NORESERVE } else { 0 };
     // SAFETY: an anonymous mapping at an address of the kernel's choosing
     // cannot alias anything.
     let p = unsafe {
@@ -258,7 +282,7 @@ pub fn map(len: usize) -> Result<NonNull<u8>> {
             core::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | noreserve,
             -1,
             0,
         )
@@ -272,24 +296,24 @@ pub fn map(len: usize) -> Result<NonNull<u8>> {
 /// Like [`map`], with the start aligned to `align` (a power of two; at least a
 /// page is always given). Over-maps by `align` and trims both ends.
 pub fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
-    map_aligned_at(len, align, 0)
+    map_aligned_at(len, align, 0, Charge::Lazy)
 }
 
-/// Like [`map`], placed so that `start + offset` is a multiple of `align` (a
-/// power of two): for a header followed by a block aligned to `align`.
-/// `offset` must be a multiple of the page size.
+/// Like [`map_charged`], placed so that `start + offset` is a multiple of
+/// `align` (a power of two): for a header followed by a block aligned to
+/// `align`. `offset` must be a multiple of the page size.
 #[unsafe(link_section = ".text.hot.numaweave")]
-pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull<u8>> {
+pub fn map_aligned_at(len: usize, align: usize, offset: usize, charge: Charge) -> Result<NonNull<u8>> {
     let page = page_size();
     if !align.is_power_of_two() || !offset.is_multiple_of(page) || offset > len {
         return Err(Error::LayoutTooLarge { size: len, align });
     }
     if align <= page {
-        return map(len);
+        return map_charged(len, charge);
     }
     let len = check_len(len)?;
     let total = len.checked_add(align).ok_or(Error::LayoutTooLarge { size: len, align })?;
-    let base = map(total)?;
+    let base = map_charged(total, charge)?;
     let start = base.as_ptr() as usize;
     let aligned = (start + offset).next_multiple_of(align) - offset;
     let head = aligned - start;
@@ -314,6 +338,7 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize) -> Result<NonNull
 /// # Safety
 /// The range must be mapped by this crate, page-aligned, and unused.
 pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::mprotect(ptr.as_ptr().cast(), len, libc::PROT_NONE) }, "mprotect")
 }
@@ -323,6 +348,7 @@ pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// # Safety
 /// The range must be mapped by this crate and no live reference may point into it.
 pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::munmap(ptr.as_ptr().cast(), len) }, "munmap")
 }
@@ -335,6 +361,7 @@ pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// `[ptr, ptr+old_len)` must be a whole mapping made by this crate; if it
 /// moves, no reference to the old range may be used afterwards.
 pub unsafe fn remap(ptr: NonNull<u8>, old_len: usize, new_len: usize, may_move: bool) -> Result<NonNull<u8>> {
+    let _errno = super::KeepErrno::new();
     let new_len = check_len(new_len)?;
     let flags = if may_move { libc::MREMAP_MAYMOVE } else { 0 };
     // SAFETY: forwarded to the caller.
@@ -354,6 +381,7 @@ pub unsafe fn remap(ptr: NonNull<u8>, old_len: usize, new_len: usize, may_move: 
 /// page-aligned range of `new_len` bytes that this crate reserved and nobody
 /// uses; no reference to the old range may be used afterwards.
 pub unsafe fn remap_to(ptr: NonNull<u8>, old_len: usize, new_len: usize, to: NonNull<u8>) -> Result<NonNull<u8>> {
+    let _errno = super::KeepErrno::new();
     let new_len = check_len(new_len)?;
     // SAFETY: forwarded to the caller.
     let p = unsafe {
@@ -375,6 +403,7 @@ pub unsafe fn remap_to(ptr: NonNull<u8>, old_len: usize, new_len: usize, to: Non
 /// The range must be page-aligned and mapped by this crate. With
 /// [`BindFlags::MOVE`] pages may migrate; their contents are kept.
 pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindFlags) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     let (mode, mask) = policy.raw()?;
     let mask = [mask];
     // The kernel reads `maxnode - 1` bits (a historical off-by-one that libnuma
@@ -395,6 +424,7 @@ pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindF
 /// The range must be page-aligned and mapped by this crate, and its contents
 /// must no longer be needed by anyone.
 pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) }, "madvise(MADV_DONTNEED)")
 }
@@ -407,6 +437,7 @@ pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// # Safety
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::mlock(ptr.as_ptr().cast(), len) }, "mlock")
 }
@@ -417,6 +448,7 @@ pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// # Safety
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::munlock(ptr.as_ptr().cast(), len) }, "munlock")
 }
@@ -427,6 +459,7 @@ pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// # Safety
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn set_hugepages(ptr: NonNull<u8>, len: usize, enable: bool) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     let advice = if enable { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
     // SAFETY: forwarded to the caller.
     super::os_result(
@@ -489,6 +522,7 @@ pub fn thp_bytes_of(mut wanted: impl FnMut(usize, usize) -> bool) -> Result<u64>
 ///
 /// The addresses are not dereferenced, so any value is safe to pass.
 pub fn page_nodes(addrs: &[*const u8], status: &mut [i32]) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     if status.len() < addrs.len() {
         return Err(Error::Os { call: "move_pages", errno: libc::EINVAL });
     }
@@ -528,6 +562,7 @@ pub fn page_node(addr: *const u8) -> Result<Option<usize>> {
 /// present. Frame numbers need `CAP_SYS_ADMIN`; without it the kernel
 /// reports them as 0 and this fails with `EPERM`, as [`page_frame`] does.
 pub fn page_frames(start: *const u8, out: &mut [Option<u64>]) -> Result<()> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: literal path, valid flags.
     let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
@@ -563,6 +598,7 @@ pub fn page_frames(start: *const u8, out: &mut [Option<u64>]) -> Result<()> {
 /// frame numbers only to `CAP_SYS_ADMIN` (others read 0, reported as an
 /// `EPERM` error).
 pub fn page_frame(addr: *const u8) -> Result<Option<u64>> {
+    let _errno = super::KeepErrno::new();
     // SAFETY: literal path, valid flags.
     let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {

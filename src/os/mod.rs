@@ -16,7 +16,8 @@
 //! Node ids at this layer are the kernel's (physical) ids. The topology layer maps
 //! the logical nodes of a synthetic topology onto them before calling here.
 //!
-//! Every failure is an [`Error::Os`](crate::Error::Os) naming the call and errno.
+//! Every failure is an [`Error::Os`](crate::Error::Os) naming the call and
+//! errno, and no function here changes the caller's errno ([`KeepErrno`]).
 
 pub mod cpu;
 pub mod file;
@@ -32,10 +33,42 @@ pub(crate) fn os_result(rc: impl Into<i64>, call: &'static str) -> crate::error:
 
 /// The calling thread's `errno`.
 #[inline]
-pub(crate) fn errno() -> i32 {
+pub fn errno() -> i32 {
     // SAFETY: `__errno_location` always returns a valid pointer to this
     // thread's errno.
     unsafe { *libc::__errno_location() }
+}
+
+/// Sets the calling thread's `errno`.
+#[inline]
+pub fn set_errno(e: i32) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Puts back, when dropped, the `errno` the calling thread had when it was
+/// made. Every function of this layer whose libc call may fail holds one
+/// from before the call, so a failure's errno travels only in its
+/// [`Error::Os`](crate::Error::Os) and nothing above this layer sees errno
+/// change: a `malloc` that succeeded after an `mremap` in place failed, or
+/// after start-up found a sysfs file missing, leaves errno as it found it,
+/// as POSIX asks of `free` and C programs rely on of every call. (Two
+/// thread-local accesses, beside a system call.)
+#[must_use]
+pub(crate) struct KeepErrno(i32);
+
+impl KeepErrno {
+    #[inline]
+    pub(crate) fn new() -> Self {
+        Self(errno())
+    }
+}
+
+impl Drop for KeepErrno {
+    #[inline]
+    fn drop(&mut self) {
+        set_errno(self.0);
+    }
 }
 
 /// The size of a base page in bytes (read once from `sysconf`, 4096 on x86-64).
@@ -89,6 +122,7 @@ pub fn monotonic_ms() -> u64 {
 
 /// 64 random bits from the kernel (`getrandom`), if it gives them.
 pub fn random_u64() -> Option<u64> {
+    let _errno = KeepErrno::new();
     let mut v = 0u64;
     // SAFETY: writes at most 8 bytes into `v`; GRND_NONBLOCK never waits.
     let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
