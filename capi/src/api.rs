@@ -13,6 +13,7 @@ use core::ffi::{CStr, c_char, c_int, c_void};
 use core::fmt::Write as _;
 use core::ptr::{self, NonNull};
 
+use numaweave::alloc::malloc_align;
 use numaweave::policy::Policy;
 use numaweave::slab::RawCache;
 use numaweave::{Error, PolicyGuard, Topology};
@@ -135,7 +136,8 @@ pub extern "C" fn numaweave_current_node() -> c_int {
     Topology::global().current_node() as c_int
 }
 
-/// `size` bytes aligned to `align` (a power of two; 0 means 16) on `node`'s
+/// `size` bytes aligned to `align` (a power of two; 0 means 16; at least 16
+/// above 8 bytes, as `malloc`, so `realloc` may keep the block) on `node`'s
 /// memory (the nearest node's when it is full, unless the allocator is
 /// strict), freed with `free`. Null on failure (`numaweave_last_error` says
 /// why, `errno` is `ENOMEM` or `EINVAL`).
@@ -151,6 +153,8 @@ pub extern "C" fn numaweave_alloc_on_node(size: usize, align: usize, node: c_int
         crate::set_errno(libc::EINVAL);
         return ptr::null_mut();
     };
+    // (Fails only for a size no allocation can have: `alloc_on` says so.)
+    let layout = layout.align_to(malloc_align(size)).unwrap_or(layout);
     match A.alloc_on(layout, node) {
         Ok(p) => p.as_ptr().cast(),
         Err(e) => {

@@ -1,13 +1,13 @@
 //! The malloc family, with glibc's behaviour at the edges:
 //!
-//! - a block is aligned to 16 bytes (`max_align_t`) when its size is a
-//!   multiple of 16 or above 128 bytes, else to 8, as mimalloc's: blocks
-//!   come in 8-byte steps up to 128 bytes, and no object needs more
-//!   alignment than its size's largest power-of-two factor (a type aligned
-//!   to 16 has a size that is a multiple of 16). glibc rounds every block to
-//!   16, a word of waste on each 24-, 40- or 56-byte object; GCC assumes 8
-//!   of `malloc` (its `MALLOC_ABI_ALIGNMENT` on x86-64); C++'s `new` gets 16
-//!   (see [`cxx`](crate::cxx));
+//! - a block of more than 8 bytes is aligned to 16 (`alignof(max_align_t)`),
+//!   one of 1 to 8 bytes to 8, from every entry point (`malloc`, `calloc`,
+//!   `realloc`, the aligned ones, `numaweave_alloc_on_node`): C23 asks that
+//!   any object of fundamental alignment no larger than the block fit it,
+//!   and a header of a 16-aligned member followed by a flexible array can
+//!   be allocated at any size (glibc gives 16 to every block, mimalloc,
+//!   jemalloc and tcmalloc 8 only up to 8 bytes); C++'s `new` gets 16 at
+//!   every size (see [`cxx`](crate::cxx));
 //! - `malloc(0)` and the like return a unique pointer (an 8-byte block),
 //!   freed like any other;
 //! - on failure null with `errno = ENOMEM` (`posix_memalign` returns the
@@ -24,20 +24,21 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;
 use core::ptr;
 
-use numaweave::alloc::MAX_ALIGN;
+use numaweave::alloc::{MAX_ALIGN, malloc_align};
+
+use numaweave::os::errno;
 
 use crate::{A, foreign, set_errno};
 
-/// The alignment the malloc family asks of the allocator: its size classes
-/// give 16 to every size that needs it (see the module's documentation).
-const MIN_ALIGN: usize = 8;
 /// Larger sizes are refused before any layout is made.
 const MAX_SIZE: usize = isize::MAX as usize / 2;
 
-/// `size` bytes aligned to `align` (a power of two, at most `MAX_ALIGN`),
-/// `size` at most `MAX_SIZE`; null with `errno = ENOMEM` on failure.
+/// `size` bytes aligned to `align` (a power of two, at most `MAX_ALIGN`, at
+/// least [`malloc_align`]`(size)`), `size` at most `MAX_SIZE`; null with
+/// `errno = ENOMEM` on failure.
 #[inline(always)]
 unsafe fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    debug_assert!(align >= malloc_align(size));
     // SAFETY: `align` is a power of two and `size` rounded up to it fits
     // `isize` (both checked by the callers). `GlobalAlloc` wants a size
     // that is not 0: a zero size gets the smallest block of the alignment.
@@ -50,8 +51,7 @@ unsafe fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
     p.cast()
 }
 
-/// Allocates `size` bytes (aligned to 16 when `size` is a multiple of 16 or
-/// above 128, else to 8).
+/// Allocates `size` bytes (aligned to 16 above 8 bytes, else to 8).
 ///
 /// # Safety
 /// The C contract of `malloc`.
@@ -169,7 +169,7 @@ unsafe fn free_other(p: *mut c_void) {
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: size checked, a valid alignment.
-        Some(total) if total <= MAX_SIZE => unsafe { alloc(total, MIN_ALIGN, true) },
+        Some(total) if total <= MAX_SIZE => unsafe { alloc(total, malloc_align(total), true) },
         _ => {
             set_errno(libc::ENOMEM);
             ptr::null_mut()
@@ -215,7 +215,7 @@ unsafe fn realloc_block(p: *mut c_void, size: usize) -> *mut c_void {
         return ptr::null_mut();
     }
     // SAFETY: a live block of ours, a size checked above (`realloc_unsized`
-    // aligns as `MIN_ALIGN` does).
+    // aligns a moved block as `malloc` does).
     let q = unsafe { A.realloc_unsized(p.cast(), size) };
     if q.is_null() {
         set_errno(libc::ENOMEM);
@@ -252,7 +252,7 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     }
     // SAFETY: a power of two at most `MAX_ALIGN`, size checked.
-    unsafe { alloc(size, align.max(MIN_ALIGN), false) }
+    unsafe { alloc(size, align.max(malloc_align(size)), false) }
 }
 
 /// POSIX: `*out` = `size` bytes aligned to `align`, a power of two multiple
@@ -267,14 +267,14 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
-    // SAFETY: errno is restored: POSIX says posix_memalign leaves it.
-    let saved = unsafe { *libc::__errno_location() };
+    let saved_errno = errno();
     // SAFETY: a power of two.
     let p = unsafe { aligned(align, size) };
-    // SAFETY: the calling thread's errno.
-    let e = unsafe { core::mem::replace(&mut *libc::__errno_location(), saved) };
     if p.is_null() {
-        return e;
+        // The error is the result: POSIX says posix_memalign leaves errno
+        // (which `aligned` set to ENOMEM, and nothing else changed).
+        set_errno(saved_errno);
+        return libc::ENOMEM;
     }
     // SAFETY: per the contract.
     unsafe { *out = p };

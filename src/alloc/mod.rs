@@ -184,9 +184,8 @@ impl NumaAlloc {
     }
 
     /// The C library's `malloc` fast path: a block of `size` bytes (aligned
-    /// as its size class gives: 16 for a multiple of 16 or above 128 bytes,
-    /// else 8) from the calling thread's heap if its page of the class has
-    /// one at hand, else null (nothing was tried that could fail: the
+    /// to 16 above 8 bytes, else to 8: [`malloc_align`]) from the calling
+    /// thread's heap if its page of the class has one at hand, else null (nothing was tried that could fail: the
     /// caller goes to its slow path, [`GlobalAlloc::alloc`]). No call is
     /// made, so an `extern "C"` caller needs no stack frame and can reach
     /// its slow path by a tail call.
@@ -211,7 +210,7 @@ impl NumaAlloc {
                 // SAFETY: the calling thread's heap; the class is in range
                 // (`small`: nor is the size 0); `NUMAWEAVE_CHECK=full` is
                 // off (looked at above).
-                return unsafe { Heap::pop_checked_off(heap, size_class::class_of_nonzero(size)) };
+                return unsafe { Heap::pop_checked_off(heap, size_class::class_of_malloc_nonzero(size)) };
             }
         }
         ptr::null_mut()
@@ -225,8 +224,8 @@ impl NumaAlloc {
     /// would find the page of the smallest class untried).
     ///
     /// # Safety
-    /// As `GlobalAlloc::alloc` with `size` bytes aligned to 8, `size`
-    /// fitting a `Layout`.
+    /// As `GlobalAlloc::alloc` with `size` bytes aligned to
+    /// [`malloc_align`]`(size)`, `size` fitting a `Layout`.
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_miss(&self, size: usize) -> *mut u8 {
@@ -234,18 +233,19 @@ impl NumaAlloc {
         #[cfg(feature = "hardened")]
         if hardened::full() {
             // SAFETY: forwarded contract.
-            return unsafe { self.alloc(Layout::from_size_align_unchecked(size, size_class::MIN_BLOCK)) };
+            return unsafe { self.alloc(Layout::from_size_align_unchecked(size, malloc_align(size))) };
         }
         if size <= SMALL_MAX {
             let heap = heap::current();
             if !heap.is_null() {
                 // SAFETY: the calling thread's heap, whose page of the class
-                // has no block at hand (the fast path just looked).
-                return unsafe { placement::refill(heap, class_of(size)) };
+                // has no block at hand (the fast path just looked at the
+                // same class).
+                return unsafe { placement::refill(heap, size_class::class_of_malloc(size)) };
             }
         }
         // SAFETY: forwarded contract.
-        unsafe { self.alloc_slow(size, size_class::MIN_BLOCK, false) }
+        unsafe { self.alloc_slow(size, malloc_align(size), false) }
     }
 
     /// Frees the block at `p` without its size, as C's `free` does: exact
@@ -291,8 +291,8 @@ impl NumaAlloc {
     /// Resizes the block at `p` to `new_size` bytes without its layout, as
     /// C's `realloc` does: contents kept up to the smaller of the block's
     /// usable size and `new_size`, a moved block aligned as the C library's
-    /// `malloc` aligns (16 for a multiple of 16 or above 128 bytes, else 8);
-    /// null (with `p` untouched) when out of memory.
+    /// `malloc` aligns ([`malloc_align`]); null (with `p` untouched) when
+    /// out of memory.
     /// The block's segment is looked at once, for both its size and the
     /// choice between keeping, resizing in place and moving it.
     ///
@@ -322,11 +322,11 @@ impl NumaAlloc {
             // is the block's layout as far as the red zone is concerned.
             unsafe {
                 let old = usable_size(p);
-                return self.realloc(p, Layout::from_size_align_unchecked(old, 8), new_size);
+                return self.realloc(p, Layout::from_size_align_unchecked(old, malloc_align(new_size)), new_size);
             }
         }
         // SAFETY: forwarded contract.
-        unsafe { self.realloc_plain(p, 8, None, new_size) }
+        unsafe { self.realloc_plain(p, malloc_align(new_size), None, new_size) }
     }
 
     /// The node whose arena owns the block at `p` (its segment's node).
@@ -914,6 +914,20 @@ impl NumaAlloc {
             q
         }
     }
+}
+
+/// The alignment C's `malloc` gives a block of `size` bytes: 16 above 8
+/// bytes (`alignof(max_align_t)` on x86-64; C23 asks it of any block that an
+/// object of that alignment fits), else 8. Every C entry point aligns at
+/// least this much.
+///
+/// ```
+/// assert_eq!(numaweave::alloc::malloc_align(8), 8);
+/// assert_eq!(numaweave::alloc::malloc_align(24), 16);
+/// ```
+#[inline(always)]
+pub const fn malloc_align(size: usize) -> usize {
+    if size > size_class::MIN_BLOCK { 16 } else { size_class::MIN_BLOCK }
 }
 
 /// The block size a request of `size` bytes gets from a size class, `None` when

@@ -13,15 +13,21 @@
 //! many small objects of a few types, and a finer class for each spreads
 //! them over more pages.
 //!
-//! Small objects come in word multiples (a Lua table is 56 bytes, many C
-//! structs 24 or 40): 16-byte steps gave each of them a word of waste, 14%
-//! of a 56-byte object (mimalloc and tcmalloc step by 8 bytes too). A block
-//! sits at a multiple of its size from a 64 KiB-aligned page start, so a
-//! class whose size is a multiple of 16 (every class above 128 bytes) gives
-//! 16-byte-aligned blocks and the others 8-byte-aligned ones: enough for any
-//! object of that size, since a type aligned to 16 has a size that is a
-//! multiple of 16. A request that needs 16 (a Rust layout, C++'s `new`)
-//! rounds its size up to 16 first ([`class_of_aligned`]).
+//! Small objects come in word multiples (a Rust value of 24 or 40 bytes, a
+//! boxed slice): 16-byte steps gave each of them a word of waste, 14% of a
+//! 56-byte object (mimalloc and tcmalloc step by 8 bytes too). A block sits
+//! at a multiple of its size from a 64 KiB-aligned page start, so a class
+//! whose size is a multiple of 16 (every class above 128 bytes) gives
+//! 16-byte-aligned blocks and the others 8-byte-aligned ones. A Rust layout
+//! says its alignment, so a type aligned to 16 gets a class of a multiple of
+//! 16 ([`class_of_aligned`]) and the others may take the 8-byte steps.
+//!
+//! C's `malloc` is told no type: C23 (7.24.3) asks that a block of n bytes
+//! hold any object of fundamental alignment of at most n bytes, and a
+//! `struct { __m128 v; int n; char data[]; }` allocated as `sizeof + 8` (40
+//! bytes) needs 16. So the C library's classes ([`class_of_malloc`]) are
+//! the 8-byte class for 1 to 8 bytes and the multiples of 16 above, as
+//! glibc, jemalloc, mimalloc and tcmalloc give.
 
 /// Largest size served from size-class pages; larger blocks get their own
 /// node-bound mapping.
@@ -86,6 +92,31 @@ fn last_of_nonzero(size: usize) -> usize {
     return (size - 1).max(15);
     #[cfg(not(feature = "hardened"))]
     return size - 1;
+}
+
+/// The class of C's `malloc(size)` (`size` at most [`SMALL_MAX`]; 0 is
+/// treated as 1): aligned to 16 above 8 bytes, as C23 asks of a block that
+/// any object of fundamental alignment and of its size fits (see the
+/// module's documentation).
+#[inline(always)]
+pub fn class_of_malloc(size: usize) -> usize {
+    class_of_malloc_nonzero(size.max(1))
+}
+
+/// [`class_of_malloc`] of a size known not to be 0 (see
+/// [`last_of_nonzero`]). Up to 128 bytes the classes are the 8-byte steps
+/// `c = t >> 3` of the last byte's offset `t`, and the 16-aligned ones the
+/// odd `c`: `c | ((c + 15) >> 4)` makes every `c` but 0 odd (three
+/// instructions, no flags: a compare and `setae` took five). Above 128
+/// bytes every class is a multiple of 32 already.
+#[inline(always)]
+pub(crate) fn class_of_malloc_nonzero(size: usize) -> usize {
+    let t = last_of_nonzero(size);
+    if t < 128 {
+        let c = t >> 3;
+        return c | ((c + 15) >> 4);
+    }
+    class_of_last(t)
 }
 
 /// [`class_of`] of a size known not to be 0 (see [`last_of_nonzero`]).
@@ -239,8 +270,17 @@ mod tests {
                         || !class_size(ca - 1).is_multiple_of(align)
                 );
             }
+            // C's classes: 16-aligned above 8 bytes, else the smallest.
+            let cm = class_of_malloc(size);
+            assert_eq!(class_of_malloc_nonzero(size), cm, "the fast path's C class of {size}");
+            let want = if size > MIN_BLOCK { 16 } else { MIN_BLOCK };
+            assert!(class_size(cm) >= size && class_size(cm).is_multiple_of(want), "C's class of {size}");
+            assert_eq!(cm, class_of_aligned(size, want), "C's class of {size} is the smallest aligned one");
         }
         assert_eq!(class_of(0), class_of(1));
+        assert_eq!(class_of_malloc(0), class_of(1));
+        assert_eq!(class_size(class_of_malloc(8)), if cfg!(feature = "hardened") { 16 } else { 8 });
+        assert_eq!(class_size(class_of_malloc(40)), 48, "C23: a 40-byte block holds a 16-aligned header");
         assert_eq!(class_size(class_of(56)), 56, "word-sized objects get their own class");
         assert_eq!(class_size(class_of(4104)), 4608, "a page and a header: 12% waste, not 25%");
         assert_eq!(class_size(class_of(4368)), 4608);

@@ -60,8 +60,8 @@ static void test_malloc_free(void) {
                       1 << 20, 5 << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         unsigned char *p = malloc(sizes[i]);
-        /* 16 for any size an object aligned to 16 could have, else 8. */
-        CHECK(p && aligned(p, sizes[i] % 16 == 0 || sizes[i] > 128 ? 16 : 8));
+        /* 16 above 8 bytes (C23: any object of the size fits), else 8. */
+        CHECK(p && aligned(p, sizes[i] > 8 ? 16 : 8));
         CHECK(malloc_usable_size(p) >= sizes[i]);
         fill(p, sizes[i], (unsigned)i);
         CHECK(same(p, sizes[i], (unsigned)i));
@@ -180,8 +180,13 @@ static void test_trim_stats(void) {
     malloc_stats();
 }
 
-/* Memory of another allocator (glibc's, the next malloc) given to ours. */
+/* Memory of another allocator (glibc's, the next malloc) given to ours.
+ * (The hardened library reports such a free as a misuse: not there.) */
 static void test_foreign(void) {
+    if (getenv("EDGES_HARDENED")) {
+        fprintf(stderr, "  (hardened library: foreign pointers not checked)\n");
+        return;
+    }
     void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
     void *(*next_malloc)(size_t) = libc ? (void *(*)(size_t))dlsym(libc, "malloc") : NULL;
     if (!next_malloc) {
