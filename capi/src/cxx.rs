@@ -1,23 +1,43 @@
 #![allow(non_snake_case)]
 
-//! C++ `operator new` and `operator delete`, as mimalloc overrides them
-//! (Itanium C++ ABI names): plain, array, sized, aligned (`std::align_val_t`)
-//! and nothrow.
+//! C++ `operator new` and `operator delete` (Itanium C++ ABI names): plain,
+//! array, sized and aligned (`std::align_val_t`).
 //!
 //! When the memory cannot be had, `new` calls the program's new-handler
-//! (`std::get_new_handler()`) and tries again, as the standard says; with no
-//! handler it throws `std::bad_alloc` through libstdc++'s own
-//! `__cxa_throw` (these functions are `extern "C-unwind"`, so the exception
-//! passes through them to the caller), or aborts in a program without the
-//! C++ runtime. The nothrow forms return null instead of throwing.
+//! (`std::get_new_handler()`) and tries again, as [new.delete.single] says;
+//! with no handler it throws `std::bad_alloc` (through the C++ runtime's own
+//! `std::__throw_bad_alloc`), or aborts in a program without a C++ runtime.
+//! A handler may throw too. Either exception must reach the caller.
+//!
+//! The library is built with `panic = "abort"`, and under it rustc puts an
+//! abort guard after every call that may unwind: an exception cannot leave
+//! a Rust frame. So the throwing forms are naked functions (x86-64
+//! assembly with its own call-frame information, which the unwinder reads
+//! as it reads a C compiler's): the entry calls the allocation in Rust,
+//! which returns before anything is thrown, and only on null jumps to
+//! [`new_failed`], which calls the handler and the thrower itself. The fast
+//! path costs a `push`, a `call`, a `pop`, a test and a `ret` over the Rust
+//! allocation's own; on other targets numaweave leaves `new` to the C++
+//! runtime, whose `new` calls `malloc` (numaweave's).
+//!
+//! The nothrow forms are the C++ runtime's: since GCC 9 (and in libc++) they
+//! call the throwing `operator new` (numaweave's) and turn any exception
+//! into null, which is what the standard asks and what numaweave could not
+//! do without a C++ personality routine of its own.
+//!
 //! `delete` frees like `free` (the size and alignment are found from the
-//! block). Plain `new` rounds its size up to 16 bytes, so its blocks are
-//! aligned to 16 (`__STDCPP_DEFAULT_NEW_ALIGNMENT__`) as compilers assume.
+//! block). Plain `new` gets a block aligned to 16
+//! (`__STDCPP_DEFAULT_NEW_ALIGNMENT__`) at every size, as compilers assume.
 
+use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::malloc::{aligned_alloc, free, malloc};
+use crate::A;
+use crate::malloc::{aligned_alloc, free};
+
+/// `__STDCPP_DEFAULT_NEW_ALIGNMENT__` on x86-64 and aarch64.
+const NEW_ALIGN: usize = 16;
 
 /// A C++ runtime symbol looked up once with `dlsym(RTLD_DEFAULT, …)`
 /// (0: not yet, 1: absent).
@@ -37,125 +57,214 @@ impl Sym {
 }
 
 static GET_NEW_HANDLER: Sym = Sym(c"_ZSt15get_new_handlerv", AtomicUsize::new(0));
-static ALLOCATE_EXCEPTION: Sym = Sym(c"__cxa_allocate_exception", AtomicUsize::new(0));
-static THROW: Sym = Sym(c"__cxa_throw", AtomicUsize::new(0));
-static BAD_ALLOC_TYPEINFO: Sym = Sym(c"_ZTISt9bad_alloc", AtomicUsize::new(0));
-static BAD_ALLOC_VTABLE: Sym = Sym(c"_ZTVSt9bad_alloc", AtomicUsize::new(0));
-static BAD_ALLOC_DTOR: Sym = Sym(c"_ZNSt9bad_allocD1Ev", AtomicUsize::new(0));
+/// libstdc++'s `std::__throw_bad_alloc()`.
+static THROW_BAD_ALLOC: Sym = Sym(c"_ZSt17__throw_bad_allocv", AtomicUsize::new(0));
+/// libc++'s `std::__1::__throw_bad_alloc()`.
+static THROW_BAD_ALLOC_LIBCXX: Sym = Sym(c"_ZNSt3__117__throw_bad_allocEv", AtomicUsize::new(0));
 
-/// After a failed allocation: runs the new-handler and returns true (try
-/// again); with none, returns false for a nothrow `new`, else throws
-/// `std::bad_alloc` (or aborts without a C++ runtime).
-unsafe fn out_of_memory(nothrow: bool) -> bool {
-    if let Some(get) = GET_NEW_HANDLER.get() {
-        // SAFETY: `std::get_new_handler`: no arguments, returns the handler.
-        let get: unsafe extern "C" fn() -> Option<unsafe extern "C-unwind" fn()> = unsafe { core::mem::transmute(get) };
-        // SAFETY: as above.
-        if let Some(handler) = unsafe { get() } {
-            // SAFETY: the program's new-handler: it frees memory, throws,
-            // or ends the program.
-            unsafe { handler() };
-            return true;
-        }
-    }
-    if nothrow {
-        return false;
-    }
-    // SAFETY: throws a `std::bad_alloc` (an object that is its vtable
-    // pointer) the way compiled C++ does.
-    unsafe { throw_bad_alloc() }
-}
-
-unsafe fn throw_bad_alloc() -> ! {
-    let (Some(alloc), Some(throw), Some(ti), Some(vt), Some(dtor)) =
-        (ALLOCATE_EXCEPTION.get(), THROW.get(), BAD_ALLOC_TYPEINFO.get(), BAD_ALLOC_VTABLE.get(), BAD_ALLOC_DTOR.get())
-    else {
-        numaweave::os::file::report(format_args!("numaweave: out of memory in operator new"));
-        // SAFETY: always sound.
-        unsafe { libc::abort() }
-    };
-    // SAFETY: libstdc++'s functions with their Itanium ABI signatures; the
-    // object is `std::bad_alloc`: one vtable pointer (the vtable symbol plus
-    // two words: offset-to-top and typeinfo come first).
-    unsafe {
-        let alloc: unsafe extern "C" fn(usize) -> *mut c_void = core::mem::transmute(alloc);
-        let throw: unsafe extern "C-unwind" fn(*mut c_void, *mut c_void, usize) -> ! = core::mem::transmute(throw);
-        let obj = alloc(core::mem::size_of::<usize>());
-        obj.cast::<usize>().write(vt + 2 * core::mem::size_of::<usize>());
-        throw(obj, ti as *mut c_void, dtor)
-    }
-}
-
-#[inline(always)]
+/// A plain `new`'s block: `size` bytes aligned to [`NEW_ALIGN`], null when
+/// none can be had (never unwinds).
 #[unsafe(link_section = ".text.hot.numaweave")]
-unsafe fn new_impl(size: usize, nothrow: bool) -> *mut c_void {
-    // `__STDCPP_DEFAULT_NEW_ALIGNMENT__` is 16 and clang marks what `new`
-    // returns as aligned to it, whatever the size: a multiple of 16 gets a
-    // 16-byte-aligned block (C's malloc gives 8 to a 24-byte request). A size
-    // too large to round stays too large.
-    let size = size.saturating_add(15) & !15;
-    loop {
-        // SAFETY: C's malloc.
-        let p = unsafe { malloc(size) };
-        // SAFETY: see `out_of_memory`.
-        if !p.is_null() || !unsafe { out_of_memory(nothrow) } {
-            return p;
-        }
+extern "C" fn new_plain(size: usize) -> *mut c_void {
+    if size.wrapping_sub(1) < numaweave::alloc::SMALL_MAX {
+        // SAFETY: a valid layout: a small size, a power-of-two alignment.
+        return unsafe { A.alloc(Layout::from_size_align_unchecked(size, NEW_ALIGN)) }.cast();
     }
+    new_large(size)
 }
 
-#[inline(always)]
-#[unsafe(link_section = ".text.hot.numaweave")]
-unsafe fn new_aligned_impl(size: usize, align: usize, nothrow: bool) -> *mut c_void {
-    loop {
-        // SAFETY: `std::align_val_t` is a power of two (the caller's
-        // contract); C's aligned_alloc checks it anyway.
-        let p = unsafe { aligned_alloc(align, size) };
-        // SAFETY: see `out_of_memory`.
-        if !p.is_null() || !unsafe { out_of_memory(nothrow) } {
-            return p;
-        }
-    }
+/// [`new_plain`] of a size of 0 or past the size classes: out of line, so
+/// that the small sizes' path tests one bound.
+#[cold]
+#[inline(never)]
+fn new_large(size: usize) -> *mut c_void {
+    // A size that cannot be a `Layout` of this alignment is refused here;
+    // `alloc` serves a zero size as one byte's block.
+    let Ok(layout) = Layout::from_size_align(size, NEW_ALIGN) else { return core::ptr::null_mut() };
+    // SAFETY: a valid layout.
+    unsafe { A.alloc(layout) }.cast()
 }
 
-macro_rules! new_fns {
-    ($($(#[$m:meta])* $name:ident($($arg:ident: $t:ty),*) => $body:expr;)*) => {$(
+/// An aligned `new`'s block, null when none can be had (never unwinds).
+extern "C" fn new_aligned(size: usize, align: usize) -> *mut c_void {
+    // SAFETY: C's aligned_alloc, which checks `align` (`std::align_val_t`
+    // is a power of two, the caller's contract) and returns null on failure.
+    unsafe { aligned_alloc(align, size) }
+}
+
+/// [`new_failed`]'s retry: `align` 0 for a plain `new`.
+extern "C" fn new_retry(size: usize, align: usize) -> *mut c_void {
+    if align == 0 { new_plain(size) } else { new_aligned(size, align) }
+}
+
+/// The program's new-handler, 0 when it has none (or no C++ runtime).
+extern "C" fn new_handler() -> usize {
+    let Some(get) = GET_NEW_HANDLER.get() else { return 0 };
+    // SAFETY: `std::get_new_handler`: no arguments, returns the handler (a
+    // function pointer, null when none is set); it does not throw.
+    let get: extern "C" fn() -> usize = unsafe { core::mem::transmute(get) };
+    get()
+}
+
+/// The C++ runtime's function that throws `std::bad_alloc`; without a C++
+/// runtime, reports and aborts (nothing can catch an exception there).
+extern "C" fn bad_alloc_thrower() -> usize {
+    if let Some(f) = THROW_BAD_ALLOC.get().or_else(|| THROW_BAD_ALLOC_LIBCXX.get()) {
+        return f;
+    }
+    numaweave::os::file::report(format_args!("numaweave: out of memory in operator new, and no C++ runtime to throw"));
+    // SAFETY: always sound.
+    unsafe { libc::abort() }
+}
+
+/// Where a `new` goes when its allocation failed, with the frame of the
+/// `new` it was jumped to from (`rdi` the size, `rsi` the alignment, 0 for
+/// a plain `new`): runs the new-handler and tries again while there is
+/// one; with none, throws `std::bad_alloc`. The handler and the thrower are
+/// called from this frame, whose call-frame information says where the
+/// three registers it saves are, so the unwinder passes through it to the
+/// caller's handler.
+///
+/// # Safety
+/// Reached only by a jump from the `new`s below, as their tail.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+unsafe extern "C-unwind" fn new_failed() -> *mut c_void {
+    core::arch::naked_asm!(
+        ".cfi_startproc",
+        "push rbx",
+        ".cfi_def_cfa_offset 16",
+        ".cfi_offset rbx, -16",
+        "push r12",
+        ".cfi_def_cfa_offset 24",
+        ".cfi_offset r12, -24",
+        // The third push keeps the stack aligned to 16 at each call.
+        "push r13",
+        ".cfi_def_cfa_offset 32",
+        ".cfi_offset r13, -32",
+        "mov rbx, rdi",
+        "mov r12, rsi",
+        "2:",
+        "call {handler}",
+        "test rax, rax",
+        "jz 3f",
+        // The handler frees memory, throws, or ends the program.
+        "call rax",
+        "mov rdi, rbx",
+        "mov rsi, r12",
+        "call {retry}",
+        "test rax, rax",
+        "jz 2b",
+        ".cfi_remember_state",
+        "pop r13",
+        ".cfi_def_cfa_offset 24",
+        "pop r12",
+        ".cfi_def_cfa_offset 16",
+        "pop rbx",
+        ".cfi_def_cfa_offset 8",
+        "ret",
+        ".cfi_restore_state",
+        "3:",
+        "call {thrower}",
+        "call rax",
+        "ud2",
+        ".cfi_endproc",
+        handler = sym new_handler,
+        retry = sym new_retry,
+        thrower = sym bad_alloc_thrower,
+    )
+}
+
+/// Defines a throwing `new` of one size argument: the block from
+/// [`new_plain`], else [`new_failed`].
+macro_rules! new_plain_fn {
+    ($(#[$m:meta])* $name:ident) => {
         $(#[$m])*
         ///
         /// # Safety
         /// The C++ contract of the operator.
+        #[cfg(target_arch = "x86_64")]
         #[unsafe(no_mangle)]
-        pub unsafe extern "C-unwind" fn $name($($arg: $t),*) -> *mut c_void {
-            // SAFETY: forwarded contract.
-            unsafe { $body }
+        #[unsafe(naked)]
+        #[unsafe(link_section = ".text.hot.numaweave")]
+        pub unsafe extern "C-unwind" fn $name(size: usize) -> *mut c_void {
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                // Keeps the size for the failure path and aligns the stack.
+                "push rdi",
+                ".cfi_def_cfa_offset 16",
+                "call {alloc}",
+                "pop rdi",
+                ".cfi_def_cfa_offset 8",
+                "test rax, rax",
+                "jz 2f",
+                "ret",
+                "2:",
+                "xor esi, esi",
+                "jmp {failed}",
+                ".cfi_endproc",
+                alloc = sym new_plain,
+                failed = sym new_failed,
+            )
         }
-    )*};
+    };
 }
 
-// The throwing forms sit with the other hot code; the nothrow ones, which
-// programs seldom call, are left out of it to keep it small (see
-// ARCHITECTURE.md, "Resident text and start-up stack").
-new_fns! {
+/// Defines a throwing `new` of a size and an alignment: the block from
+/// [`new_aligned`], else [`new_failed`].
+macro_rules! new_aligned_fn {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The C++ contract of the operator.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(no_mangle)]
+        #[unsafe(naked)]
+        pub unsafe extern "C-unwind" fn $name(size: usize, align: usize) -> *mut c_void {
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                "push rdi",
+                ".cfi_def_cfa_offset 16",
+                "push rsi",
+                ".cfi_def_cfa_offset 24",
+                "sub rsp, 8",
+                ".cfi_def_cfa_offset 32",
+                "call {alloc}",
+                "add rsp, 8",
+                ".cfi_def_cfa_offset 24",
+                "pop rsi",
+                ".cfi_def_cfa_offset 16",
+                "pop rdi",
+                ".cfi_def_cfa_offset 8",
+                "test rax, rax",
+                "jz 2f",
+                "ret",
+                "2:",
+                "jmp {failed}",
+                ".cfi_endproc",
+                alloc = sym new_aligned,
+                failed = sym new_failed,
+            )
+        }
+    };
+}
+
+new_plain_fn! {
     /// `operator new(size_t)`.
-    #[unsafe(link_section = ".text.hot.numaweave")]
-    _Znwm(size: usize) => new_impl(size, false);
+    _Znwm
+}
+new_plain_fn! {
     /// `operator new[](size_t)`.
-    #[unsafe(link_section = ".text.hot.numaweave")]
-    _Znam(size: usize) => new_impl(size, false);
-    /// `operator new(size_t, const std::nothrow_t&)`.
-    _ZnwmRKSt9nothrow_t(size: usize, _nt: *const c_void) => new_impl(size, true);
-    /// `operator new[](size_t, const std::nothrow_t&)`.
-    _ZnamRKSt9nothrow_t(size: usize, _nt: *const c_void) => new_impl(size, true);
+    _Znam
+}
+new_aligned_fn! {
     /// `operator new(size_t, std::align_val_t)`.
-    #[unsafe(link_section = ".text.hot.numaweave")]
-    _ZnwmSt11align_val_t(size: usize, align: usize) => new_aligned_impl(size, align, false);
+    _ZnwmSt11align_val_t
+}
+new_aligned_fn! {
     /// `operator new[](size_t, std::align_val_t)`.
-    #[unsafe(link_section = ".text.hot.numaweave")]
-    _ZnamSt11align_val_t(size: usize, align: usize) => new_aligned_impl(size, align, false);
-    /// `operator new(size_t, std::align_val_t, const std::nothrow_t&)`.
-    _ZnwmSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, _nt: *const c_void) => new_aligned_impl(size, align, true);
-    /// `operator new[](size_t, std::align_val_t, const std::nothrow_t&)`.
-    _ZnamSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, _nt: *const c_void) => new_aligned_impl(size, align, true);
+    _ZnamSt11align_val_t
 }
 
 macro_rules! delete_fns {
