@@ -1,11 +1,18 @@
-//! The C library as C and C++ programs use it: compiled here and run, when a
-//! C compiler is present (each test says so and passes when not: the
-//! library itself needs none).
+//! The C library as C and C++ programs use it, on the libraries a user
+//! gets: `libnumaweave.so` of the release profile (what `cargo build
+//! --release --workspace` ships; `.ci/run` runs these tests again after that
+//! build, which finds them fresh) and `libnumaweave_hardened.so`. Every
+//! program runs against both. Compiled here and run when a C compiler is
+//! present (each test says so and passes when not: the library itself
+//! needs none).
 //!
-//! - `tests/c/edges.c`: every exported function at its edges, linked with
-//!   `-lnumaweave`;
+//! - `tests/c/edges.c`: every exported function at its edges, linked;
+//! - `tests/c/abi.c`: the malloc ABI as C23 and POSIX state it (alignment
+//!   of every entry point at every size to 4 KiB, errno kept by calls that
+//!   succeed, overcommit refusal), linked;
 //! - `tests/c/cxx.cc`: `operator new`/`delete` in every form, and
-//!   `std::bad_alloc` thrown through numaweave's `new` (C++ compiler);
+//!   `std::bad_alloc` and a new-handler's own exception thrown through
+//!   numaweave's `new` (C++ compiler);
 //! - `tests/c/life.c`: a process's life under `LD_PRELOAD` (threads, fork,
 //!   dlopen/dlclose, exec, exit while threads allocate);
 //! - the fast paths of `malloc` and `free` make no `__tls_get_addr` call
@@ -23,32 +30,30 @@ fn target_root() -> PathBuf {
     exe.ancestors().nth(3).unwrap().to_path_buf()
 }
 
-/// `target/<profile>` of the library: cargo does not build a `cdylib` for
-/// its package's integration tests, so they build it (once per process):
-/// the test profile for the C tests (debug assertions on; its `numaweave`
-/// and dependencies are the ones `cargo test` has just built, so only the
-/// C library itself is compiled: 9 s against 35 s for the dev profile's),
-/// release for the fast-path check (the shipped library's code).
-fn lib_dir(release: bool) -> PathBuf {
-    static BUILT: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
-    BUILT[usize::from(release)]
+/// `target/release`, with `libnumaweave.so`, `libnumaweave.a` and
+/// `numaweave.h` built (once per process; nothing is rebuilt when `cargo
+/// build --release --workspace` has built them: the package's features are
+/// the workspace's).
+fn release_dir() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
         .get_or_init(|| {
-            let mut c = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-            c.args(["build", "-q", "-p", "numaweave-capi", "--profile"])
-                .arg(if release { "release" } else { "test" })
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            let st = c.status().expect("cargo");
+            let st = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+                .args(["build", "-q", "--release", "-p", "numaweave-capi"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cargo");
             assert!(st.success(), "building libnumaweave failed");
-            target_root().join(if release { "release" } else { "debug" })
+            target_root().join("release")
         })
         .clone()
 }
 
-/// `libnumaweave_hardened.so`, the release build that ships (and that
-/// `.ci/run` and the hardened bench then find built): a workspace of its
-/// own (with the plain library in one cargo run, Cargo would harden both),
-/// built into `target/hardened/`.
-fn hardened_lib() -> PathBuf {
+/// `target/hardened/release`, with `libnumaweave_hardened.so` built: a
+/// workspace of its own (with the plain library in one cargo run, Cargo
+/// would harden both), the build `.ci/run` and the hardened bench then
+/// find.
+fn hardened_dir() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -60,20 +65,40 @@ fn hardened_lib() -> PathBuf {
                 .status()
                 .expect("cargo");
             assert!(st.success(), "building libnumaweave_hardened failed");
-            dir.join("release/libnumaweave_hardened.so")
+            dir.join("release")
         })
         .clone()
 }
 
-fn target_dir() -> PathBuf {
-    lib_dir(false)
+/// A C library under test, as a user gets it.
+struct Lib {
+    /// `release` or `hardened`.
+    name: &'static str,
+    /// The directory that holds it.
+    dir: PathBuf,
+    /// Its name for `-l`.
+    link: &'static str,
 }
 
-/// The library (test profile).
-fn lib() -> PathBuf {
-    let l = target_dir().join("libnumaweave.so");
-    assert!(l.is_file(), "{} not built", l.display());
-    l
+impl Lib {
+    /// The shared library, for `LD_PRELOAD`.
+    fn so(&self) -> PathBuf {
+        let so = self.dir.join(format!("lib{}.so", self.link));
+        assert!(so.is_file(), "{} not built", so.display());
+        so
+    }
+
+    fn hardened(&self) -> bool {
+        self.name == "hardened"
+    }
+}
+
+/// Both libraries: every C program runs against each.
+fn libraries() -> [Lib; 2] {
+    [
+        Lib { name: "release", dir: release_dir(), link: "numaweave" },
+        Lib { name: "hardened", dir: hardened_dir(), link: "numaweave_hardened" },
+    ]
 }
 
 /// The first of `names` that runs, if any.
@@ -108,23 +133,25 @@ fn compile(compiler: &str, args: &[&str]) {
     assert!(out.status.success(), "{compiler} {args:?} failed");
 }
 
-/// Compiles `source` linked with `-lnumaweave` (the header and library from
-/// the target directory).
-fn build_linked(compiler: &str, source: &str, name: &str, extra: &[&str]) -> PathBuf {
-    let dir = target_dir();
-    let d = dir.to_str().unwrap();
-    let exe = scratch(name).join(name);
-    let mut args = vec!["-O1", "-g", "-Wall", "-Werror", "-I", d];
+/// Compiles `source` linked with `lib` (the header from the release
+/// directory: the same API in both), into a scratch directory of its own.
+fn build_linked(compiler: &str, source: &str, lib: &Lib, extra: &[&str]) -> PathBuf {
+    let include = release_dir();
+    let name = source.split('.').next().unwrap();
+    let exe = scratch(&format!("{name}-{}", lib.name)).join(name);
+    let d = lib.dir.to_str().unwrap();
+    let mut args = vec!["-O1", "-g", "-Wall", "-Werror", "-I", include.to_str().unwrap()];
     args.extend(extra);
     let s = src(source);
     let rpath = format!("-Wl,-rpath,{d}");
+    let l = format!("-l{}", lib.link);
     args.extend([
         s.to_str().unwrap(),
         "-o",
         exe.to_str().unwrap(),
         "-L",
         d,
-        "-lnumaweave",
+        l.as_str(),
         rpath.as_str(),
         "-ldl",
         "-lpthread",
@@ -133,37 +160,65 @@ fn build_linked(compiler: &str, source: &str, name: &str, extra: &[&str]) -> Pat
     exe
 }
 
+/// Runs `exe` and asserts it exited 0 and printed "checks passed".
+fn passes(exe: &Path, lib: &Lib, env: &[(&str, &str)]) -> Output {
+    let out = run(Command::new(exe).envs(env.iter().copied()));
+    let what = format!("{} on the {} library", exe.display(), lib.name);
+    assert!(out.status.success(), "{what} failed: {:?}", out.status);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"), "{what}: no closing line");
+    out
+}
+
 #[test]
 fn every_exported_function_at_its_edges() {
-    let _ = lib();
+    let libs = libraries();
     let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
         println!("skipped: no C compiler (cc, gcc, clang) on PATH");
         return;
     };
-    let exe = build_linked(&cc, "edges.c", "edges", &["-std=c11"]);
-    let out = run(&mut Command::new(&exe));
-    assert!(out.status.success(), "edges.c failed");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
-    // The statistics went to stderr (malloc_stats).
-    assert!(String::from_utf8_lossy(&out.stderr).contains("numaweave: mode"));
+    for lib in &libs {
+        let exe = build_linked(&cc, "edges.c", lib, &["-std=c11"]);
+        // (The hardened library reports a foreign free: edges.c leaves
+        // foreign pointers out there.)
+        let env: &[(&str, &str)] = if lib.hardened() { &[("EDGES_HARDENED", "1")] } else { &[] };
+        let out = passes(&exe, lib, env);
+        // The statistics went to stderr (malloc_stats).
+        assert!(String::from_utf8_lossy(&out.stderr).contains("numaweave: mode"));
+    }
+}
+
+#[test]
+fn the_malloc_abi_as_the_standards_state_it() {
+    let libs = libraries();
+    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
+        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
+        return;
+    };
+    for lib in &libs {
+        let exe = build_linked(&cc, "abi.c", lib, &["-std=gnu11", "-O2"]);
+        passes(&exe, lib, &[]);
+    }
 }
 
 #[test]
 fn cxx_new_and_delete_in_every_form() {
-    let _ = lib();
+    let libs = libraries();
     let Some(cxx) = tool(&["c++", "g++", "clang++"]) else {
         println!("skipped: no C++ compiler (c++, g++, clang++) on PATH");
         return;
     };
-    let exe = build_linked(&cxx, "cxx.cc", "cxx", &["-std=c++17"]);
-    let out = run(&mut Command::new(&exe));
-    assert!(out.status.success(), "cxx.cc failed");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
+    for lib in &libs {
+        let exe = build_linked(&cxx, "cxx.cc", lib, &["-std=c++17"]);
+        passes(&exe, lib, &[]);
+        // The same program with the library preloaded instead (the C++
+        // runtime's own operators are then interposed too).
+        passes(&exe, lib, &[("LD_PRELOAD", lib.so().to_str().unwrap())]);
+    }
 }
 
 #[test]
 fn a_process_life_under_preload() {
-    let lib = lib();
+    let libs = libraries();
     let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
         println!("skipped: no C compiler (cc, gcc, clang) on PATH");
         return;
@@ -185,20 +240,23 @@ fn a_process_life_under_preload() {
             "-lpthread",
         ],
     );
-    let out = run(Command::new(&life).args(["all", user.to_str().unwrap()]).env("LD_PRELOAD", &lib));
-    assert!(out.status.success(), "life.c failed");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("life: exec ok"), "the exec'd program did not check in");
-    // exit() while four threads allocate, with the statistics printed at exit.
-    for _ in 0..5 {
-        let out = run(Command::new(&life).arg("exit").env("LD_PRELOAD", &lib).env("NUMAWEAVE_SHOW_STATS", "1"));
-        assert!(out.status.success(), "exit() while threads allocate: {:?}", out.status);
-        assert!(String::from_utf8_lossy(&out.stderr).contains("remote frees"), "no statistics at exit");
+    for lib in &libs {
+        let so = lib.so();
+        let out = run(Command::new(&life).args(["all", user.to_str().unwrap()]).env("LD_PRELOAD", &so));
+        assert!(out.status.success(), "life.c failed on the {} library", lib.name);
+        assert!(String::from_utf8_lossy(&out.stdout).contains("life: exec ok"), "the exec'd program did not check in");
+        // exit() while four threads allocate, with the statistics printed at exit.
+        for _ in 0..5 {
+            let out = run(Command::new(&life).arg("exit").env("LD_PRELOAD", &so).env("NUMAWEAVE_SHOW_STATS", "1"));
+            assert!(out.status.success(), "exit() while threads allocate: {:?}", out.status);
+            assert!(String::from_utf8_lossy(&out.stderr).contains("remote frees"), "no statistics at exit");
+        }
     }
 }
 
 #[test]
 fn malloc_and_free_fast_paths_make_no_tls_call() {
-    let lib = lib_dir(true).join("libnumaweave.so");
+    let lib = release_dir().join("libnumaweave.so");
     let Some(objdump) = tool(&["objdump"]) else {
         println!("skipped: no objdump on PATH");
         return;
@@ -220,13 +278,12 @@ fn malloc_and_free_fast_paths_make_no_tls_call() {
 #[test]
 fn the_hardened_library_reports_each_misuse_and_aborts() {
     use std::os::unix::process::ExitStatusExt;
-    let hardened = hardened_lib();
-    let _ = lib();
+    let hardened = hardened_dir().join("libnumaweave_hardened.so");
     let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
         println!("skipped: no C compiler (cc, gcc, clang) on PATH");
         return;
     };
-    let dir = target_dir();
+    let dir = release_dir();
     let exe = scratch("misuse").join("misuse");
     // Linked with the plain library for the slab API's symbols; the
     // hardened one, preloaded, provides every symbol first.
