@@ -1,37 +1,186 @@
-//! fork() while other threads allocate: the child must be able to allocate.
-//! Without the allocator's `pthread_atfork` handlers a child forked while
-//! another thread held an arena lock waits on it forever.
+//! fork() while other threads allocate in every way the crate has: the
+//! child must be able to allocate in all of them. Without the `fork()`
+//! handlers a child forked while another thread held a lock (an arena's,
+//! an interleave handle's, the spare interleavers', a slab cache's, the
+//! registry of caches) waits on it forever.
+//!
+//! Workers, all at once: interleaved I/O buffers from a handle, small
+//! blocks and page-aligned buffers under a thread interleave policy,
+//! threads that start and exit (heaps and interleavers adopted and left),
+//! slab objects past their magazines (depot and slab locks), caches made
+//! and dropped (the registry), a limited cache's `alloc_wait`, and blocks
+//! freed by another thread. The main thread forks `NUMAWEAVE_FORK_ROUNDS`
+//! times (300 by default); each child does a round of every kind of work
+//! and exits. Runs on any host (synthetic nodes or one) and, built static,
+//! in the multi-node guest (`.ci/vm-tests`).
 
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use numaweave::NumaAlloc;
+use numaweave::policy::{Granularity, Interleave, Policy};
+use numaweave::slab::SlabCache;
+use numaweave::topology::NodeSet;
+use numaweave::{InterleaveHandle, NumaAlloc, Topology};
 
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// The nodes to interleave over: every node this process may place on.
+fn nodes() -> NodeSet {
+    let t = Topology::global();
+    t.memory_nodes().intersection(&t.allowed_nodes())
+}
+
+fn policy(g: Granularity) -> Interleave {
+    Interleave::new(nodes(), g).unwrap()
+}
+
+/// What the workers and the children share.
+struct Shared {
+    handle: InterleaveHandle,
+    cmds: SlabCache<[u64; 32]>,
+    limited: SlabCache<[u8; 512]>,
+}
+
+/// A few 4–64 KiB I/O buffers from the handle, written and checked.
+fn handle_buffers(s: &Shared, seed: usize) -> bool {
+    let mut bufs = Vec::new();
+    for i in 0..8 {
+        let size = 4096 << ((seed + i) % 5);
+        let mut b = allocator_api2::vec::Vec::<u8, _>::with_capacity_in(size, s.handle.clone());
+        b.resize(size, (seed + i) as u8);
+        bufs.push(b);
+    }
+    bufs.iter().enumerate().all(|(i, b)| b[b.len() - 1] == (seed + i) as u8)
+}
+
+/// Small blocks and page-aligned buffers under a thread interleave policy.
+fn under_policy(seed: usize) -> bool {
+    let layouts: Vec<Layout> = (0..24)
+        .map(|i| if i % 3 == 0 { Layout::from_size_align(4096 << (i % 4), 4096) } else { Layout::array::<u64>(2 + i) })
+        .map(Result::unwrap)
+        .collect();
+    let mut got = Vec::with_capacity(layouts.len());
+    {
+        let _g = numaweave::with_policy(Policy::Interleave(policy(Granularity::Bytes(64 << 10)))).unwrap();
+        for &l in &layouts {
+            // SAFETY: a valid layout; freed below with it.
+            let p = unsafe { A.alloc(l) };
+            if !p.is_null() {
+                // SAFETY: a live block of `l.size()` bytes.
+                unsafe { p.write_bytes(seed as u8, l.size()) };
+            }
+            got.push(p);
+        }
+    }
+    let mut ok = true;
+    for (p, l) in got.into_iter().zip(layouts) {
+        ok &= !p.is_null();
+        if !p.is_null() {
+            // SAFETY: allocated above with `l`, written whole; freed once.
+            unsafe {
+                ok &= p.add(l.size() - 1).read() == seed as u8;
+                A.dealloc(p, l);
+            }
+        }
+    }
+    ok
+}
+
+/// Slab objects past the magazines (two rounds each): the depot and the
+/// slabs' lock; a cache made and dropped (the registry); `alloc_wait` on a
+/// limited cache (its wake).
+fn slab_work(s: &Shared, seed: usize) -> bool {
+    let objs: Vec<_> = (0..64).map(|i| s.cmds.alloc([(seed + i) as u64; 32]).unwrap()).collect();
+    let ok = objs.iter().enumerate().all(|(i, o)| o[31] == (seed + i) as u64);
+    drop(objs);
+    let scratch = SlabCache::<[u8; 200]>::builder("fork_scratch").magazine(1).build().unwrap();
+    let a: Vec<_> = (0..16).map(|_| scratch.alloc([seed as u8; 200]).unwrap()).collect();
+    drop(a);
+    drop(scratch);
+    let w = s.limited.alloc_wait([1; 512], Duration::from_millis(20));
+    ok && w.is_ok_and(|b| b[511] == 1)
+}
+
+/// Runs `f` on a thread made with `pthread_create` and waits for it: a
+/// forked child may not make a std thread, whose start takes std's own
+/// locks (which have no fork handlers: a child of a threaded parent may
+/// find one held), but a C program's child may make threads, and these
+/// allocate, start a heap and leave it at exit.
+fn on_new_thread(mut f: impl FnMut() -> bool) -> bool {
+    extern "C" fn run(arg: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: `arg` is the `&mut dyn FnMut` below, alive until joined.
+        let f = unsafe { &mut *arg.cast::<&mut dyn FnMut() -> bool>() };
+        if f() { core::ptr::null_mut() } else { core::ptr::dangling_mut() }
+    }
+    let mut f: &mut dyn FnMut() -> bool = &mut f;
+    let mut t: libc::pthread_t = 0;
+    let mut ret: *mut libc::c_void = core::ptr::null_mut();
+    // SAFETY: `run` gets a pointer to `f`, which outlives the thread (joined
+    // before returning); `f` does not panic across the C frame (it returns
+    // its verdict).
+    unsafe {
+        assert_eq!(libc::pthread_create(&mut t, core::ptr::null(), run, (&raw mut f).cast()), 0);
+        assert_eq!(libc::pthread_join(t, &mut ret), 0);
+    }
+    ret.is_null()
+}
+
+/// Blocks made here and freed by another thread (remote frees), which also
+/// allocates under an interleave policy (its interleaver made and dropped).
+fn cross_thread(seed: usize) -> bool {
+    let mut blocks: Vec<Box<[u8]>> =
+        (0..64).map(|i| 16 + (seed * 7 + i * 13) % 3000).map(|len| vec![len as u8; len].into_boxed_slice()).collect();
+    on_new_thread(|| {
+        let ok = blocks.iter().all(|b| b[b.len() - 1] == b.len() as u8);
+        blocks.clear();
+        ok && under_policy(seed)
+    })
+}
+
+/// One round of every kind of work.
+fn every_kind(s: &Shared, seed: usize) -> bool {
+    handle_buffers(s, seed) && under_policy(seed) && slab_work(s, seed) && cross_thread(seed)
+}
+
 #[test]
-fn children_forked_during_allocation_can_allocate() {
-    static STOP: AtomicBool = AtomicBool::new(false);
-    // Churn that takes the arena lock all the time: 64 KiB blocks need a
-    // fresh 256 KiB page every four, and freeing them hands pages back.
-    let churners: Vec<_> = (0..2)
-        .map(|_| {
-            std::thread::spawn(|| {
+fn children_forked_during_every_kind_of_allocation_can_allocate() {
+    let rounds: usize = std::env::var("NUMAWEAVE_FORK_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let shared: &'static Shared = Box::leak(Box::new(Shared {
+        handle: A.interleave(policy(Granularity::Count(2))).unwrap(),
+        cmds: SlabCache::builder("fork_cmds").magazine(2).build().unwrap(),
+        limited: SlabCache::builder("fork_limited").limit(16).magazine(1).build().unwrap(),
+    }));
+    let workers: Vec<_> = (0..5)
+        .map(|w| {
+            std::thread::spawn(move || {
+                let mut seed = w;
                 while !STOP.load(Ordering::Relaxed) {
-                    let v: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 64 << 10]).collect();
-                    std::hint::black_box(&v);
+                    let ok = match w {
+                        0 => handle_buffers(shared, seed),
+                        1 => under_policy(seed),
+                        // Threads that start, allocate under a policy and exit.
+                        2 => on_new_thread(|| under_policy(seed)),
+                        3 => slab_work(shared, seed),
+                        _ => cross_thread(seed),
+                    };
+                    assert!(ok, "worker {w} round {seed}");
+                    seed += 5;
                 }
             })
         })
         .collect();
-    for round in 0..300 {
-        // SAFETY: the child only allocates, checks and _exits.
+    let started = Instant::now();
+    for round in 0..rounds {
+        // SAFETY: the child does its round and leaves with `_exit`, never
+        // returning into the test harness.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let v: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 64 << 10]).collect();
-            let ok = v.iter().enumerate().all(|(i, b)| b[(64 << 10) - 1] == i as u8);
+            let ok = every_kind(shared, round) && every_kind(shared, round + 1);
             // SAFETY: leaves the child without running the parent's destructors.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
@@ -43,18 +192,19 @@ fn children_forked_during_allocation_can_allocate() {
             if r == pid {
                 break;
             }
-            if start.elapsed() > Duration::from_secs(10) {
+            if start.elapsed() > Duration::from_secs(20) {
                 // SAFETY: our child.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 STOP.store(true, Ordering::Relaxed);
                 panic!("child {round} hung: it could not allocate after fork");
             }
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_micros(200));
         }
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {round} failed: {status:#x}");
     }
     STOP.store(true, Ordering::Relaxed);
-    for c in churners {
-        c.join().unwrap();
+    for w in workers {
+        w.join().unwrap();
     }
+    println!("{rounds} children forked among 5 busy workers, each allocated every way: {:.1?}", started.elapsed());
 }

@@ -144,7 +144,8 @@ impl NumaAlloc {
     pub fn interleave(&self, policy: Interleave) -> Result<InterleaveHandle> {
         let state = self.state();
         Policy::Interleave(policy).validate(&state.topology)?;
-        let il = Box::new(SharedInterleaver::new(&policy, state));
+        super::placement::register_fork_handlers();
+        let il = SharedInterleaver::boxed(&policy, state);
         Ok(InterleaveHandle { placer: Arc::new(Placer { state, place: Place::Interleave(il) }) })
     }
 }

@@ -31,10 +31,11 @@ use core::marker::PhantomData;
 use core::ptr;
 
 use super::heap::{self, Heap, Placement, page_bytes};
-use super::interleave::ThreadInterleaver;
+use super::interleave::{self, ThreadInterleaver};
 use super::state::{Mode, State};
 use crate::error::Result;
-use crate::os::thread::ExitKey;
+use crate::os::file;
+use crate::os::thread::{self, ExitKey, ForkRank};
 use crate::policy::{Interleave, Policy};
 use crate::sync::{InitCell, SpinLock};
 use crate::topology::NodeSet;
@@ -171,8 +172,35 @@ struct SpareList(*mut ThreadInterleaver);
 // SAFETY: the pointers are to unused metadata memory, handed out under the lock.
 unsafe impl Send for SpareList {}
 
+/// Registers the interleaving's `fork()` handlers ([`ForkRank::Interleave`]),
+/// once, before its first lock can be held: the handles' spaces, then the
+/// spare list (a leaf: nothing is taken under it).
+pub(crate) fn register_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = thread::at_fork(ForkRank::Interleave, fork_prepare, fork_release) {
+            file::report(format_args!("numaweave: no fork handlers for interleaving ({e}): fork() may hang"));
+        }
+    });
+}
+
+fn fork_prepare() {
+    interleave::lock_spaces_for_fork();
+    SPARE.lock_raw();
+}
+
+fn fork_release() {
+    // SAFETY: both taken by `fork_prepare` on this thread (or, in the
+    // child, the thread it was copied from).
+    unsafe {
+        SPARE.unlock_raw();
+        interleave::unlock_spaces_after_fork();
+    }
+}
+
 /// Memory for a thread interleaver: an exited thread's, else fresh metadata.
 fn spare_interleaver(state: &State) -> Option<*mut ThreadInterleaver> {
+    register_fork_handlers();
     let mut g = SPARE.lock();
     let p = g.0;
     if !p.is_null() {

@@ -318,8 +318,9 @@ impl State {
     fn init(config: Config, slot: &mut MaybeUninit<State>) {
         // A child forked while another thread holds one of the allocator's
         // locks would wait on it forever: hold them all across fork(). (The
-        // handlers only take and release the allocator's spin locks.)
-        if let Err(e) = thread::at_fork(fork_prepare, fork_release) {
+        // handlers only take and release the core's spin locks; the layers
+        // above register their own, see `ForkRank`.)
+        if let Err(e) = thread::at_fork(thread::ForkRank::Core, fork_prepare, fork_release) {
             file::report(format_args!("numaweave: no fork handlers ({e}): fork() from a threaded program may hang"));
         }
         let config = if file::env_has_prefix(b"NUMAWEAVE_") { config.apply_env() } else { config };
@@ -502,12 +503,10 @@ impl State {
     }
 }
 
-/// Every lock of the allocator, in one fixed order: the order in which any
-/// code path that holds two of them takes them, so taking them all here
-/// cannot deadlock with other threads. (Spaces of per-call handles are not
-/// listed: a child forked while another thread carves from a handle must not
-/// use that handle. The process default interleave carves without locks:
-/// each thread has its own.)
+/// Every lock of the allocator core, in one fixed order (`ForkRank::Core`
+/// among the layers': the interleaving's and the slab caches' are taken
+/// before these). No code path holds two of them at once, so any order
+/// would do; this one is written down in ARCHITECTURE.md.
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
     [&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock].into_iter().chain(arenas)
@@ -538,7 +537,7 @@ extern "C" fn show_stats_at_exit() {
     }
 }
 
-extern "C" fn fork_prepare() {
+fn fork_prepare() {
     if let Some(s) = State::try_get() {
         fork_locks(s).for_each(|l| l.take());
     }
@@ -547,7 +546,7 @@ extern "C" fn fork_prepare() {
 /// After fork, in the parent and in the child: release what `fork_prepare`
 /// took (in the child the memory is a copy, the locks held by the copy of the
 /// forking thread).
-extern "C" fn fork_release() {
+fn fork_release() {
     if let Some(s) = State::try_get() {
         // SAFETY: `fork_prepare` took every one of them on this (or, in the
         // child, the copied) thread.

@@ -10,14 +10,15 @@
 //! [`magazine`](super::magazine)) take and return objects in batches.
 
 use core::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 use super::chunk::Chunks;
 use super::magazine::{Depot, Magazine, RemoteList};
 use crate::error::{Error, Result};
 use crate::os::mem::{self, Huge};
-use crate::sync::CachePadded;
+use crate::os::thread::{futex_wait, futex_wake};
+use crate::sync::{CachePadded, Mutex, MutexGuard};
 use crate::topology::{MAX_NODES, Topology};
 
 /// Marks a slab header (a wrong pointer handed to `free` is caught by it).
@@ -40,7 +41,27 @@ static SLAB_RANGES: Mutex<std::collections::BTreeMap<usize, usize>> = Mutex::new
 
 #[cfg(any(debug_assertions, feature = "hardened"))]
 fn ranges() -> MutexGuard<'static, std::collections::BTreeMap<usize, usize>> {
-    SLAB_RANGES.lock().unwrap_or_else(|e| e.into_inner())
+    SLAB_RANGES.lock()
+}
+
+/// The `fork()` handlers' part here: the table of slab ranges, taken after
+/// every node lock (under which it is used).
+pub(crate) fn lock_ranges_for_fork() {
+    #[cfg(any(debug_assertions, feature = "hardened"))]
+    SLAB_RANGES.lock_raw();
+}
+
+/// Releases what [`lock_ranges_for_fork`] took.
+///
+/// # Safety
+/// Taken by `lock_ranges_for_fork` on this thread (or, in a forked child,
+/// the thread it was copied from).
+pub(crate) unsafe fn unlock_ranges_after_fork() {
+    // SAFETY: per the contract.
+    #[cfg(any(debug_assertions, feature = "hardened"))]
+    unsafe {
+        SLAB_RANGES.unlock_raw()
+    };
 }
 
 /// A wrong pointer handed to a cache's free: a panic, or in hardened builds
@@ -191,8 +212,9 @@ pub(crate) struct NodeSlabs {
     /// Threads in `alloc_wait` on this node; frees check it to wake them.
     pub(crate) waiters: CachePadded<AtomicUsize>,
     pub(crate) slabs: Mutex<Slabs>,
-    wait_lock: Mutex<()>,
-    wake: Condvar,
+    /// Bumped by frees when `waiters` is not 0: `alloc_wait` sleeps on it
+    /// (a futex) until it changes.
+    wake: AtomicU32,
     pub(crate) counters: Counters,
 }
 
@@ -211,8 +233,7 @@ impl NodeSlabs {
                 mapped: 0,
                 chunks: Chunks::new(),
             }),
-            wait_lock: Mutex::new(()),
-            wake: Condvar::new(),
+            wake: AtomicU32::new(0),
             counters: Counters::default(),
         }
     }
@@ -220,17 +241,18 @@ impl NodeSlabs {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Slabs> {
         // A panic under the lock (a constructor that panicked) leaves the
         // lists consistent: every step that moves a slab completes first.
-        self.slabs.lock().unwrap_or_else(|e| e.into_inner())
+        self.slabs.lock()
     }
 
     /// Wakes `alloc_wait`ers after objects came back to this node.
     fn wake_waiters(&self) {
-        // Pairs with the fence in `wait`: either the waiter sees the objects
-        // we returned, or we see it counted and notify under its lock.
+        // Pairs with the waiter's count and its read of `wake` (see
+        // `Core::wait`): either it sees the objects we returned, or we see
+        // it counted and change `wake` under its sleep.
         fence(Ordering::SeqCst);
         if self.waiters.0.load(Ordering::Relaxed) != 0 {
-            let _g = self.wait_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.wake.notify_all();
+            self.wake.fetch_add(1, Ordering::SeqCst);
+            futex_wake(&self.wake, i32::MAX);
         }
     }
 }
@@ -765,8 +787,10 @@ impl Core {
     }
 
     /// Blocks until `node` may have a free object, or `deadline`; false on
-    /// timeout. `try_take` is retried under the wait lock so that a free
-    /// between the caller's failed attempt and the sleep is not missed.
+    /// timeout. The waiter counts itself, reads the wake count, then tries
+    /// `try_take`; it sleeps only while the count is what it read, so a
+    /// free after its attempt (which saw it counted and bumped the count)
+    /// is not missed. No lock: the sleep is on the count itself (a futex).
     pub(crate) fn wait<R>(
         &self,
         node: usize,
@@ -775,10 +799,9 @@ impl Core {
     ) -> Option<R> {
         let ns = &self.nodes[node];
         ns.counters.waits.fetch_add(1, Ordering::Relaxed);
-        let mut g = ns.wait_lock.lock().unwrap_or_else(|e| e.into_inner());
         ns.waiters.0.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
         let got = loop {
+            let seen = ns.wake.load(Ordering::SeqCst);
             if let Some(r) = try_take() {
                 break Some(r);
             }
@@ -786,11 +809,34 @@ impl Core {
             if now >= deadline {
                 break None;
             }
-            g = ns.wake.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            futex_wait(&ns.wake, seen, Some(deadline - now));
         };
         ns.waiters.0.fetch_sub(1, Ordering::SeqCst);
-        drop(g);
         got
+    }
+
+    /// The `fork()` handlers' part here: every node's locks, in node order.
+    /// (The depot's spin lock and the slabs' mutex are never held together.)
+    pub(crate) fn lock_for_fork(&self) {
+        for ns in self.nodes.iter() {
+            ns.slabs.lock_raw();
+            ns.depot.lock_for_fork();
+        }
+    }
+
+    /// Releases what [`lock_for_fork`](Self::lock_for_fork) took.
+    ///
+    /// # Safety
+    /// Taken by `lock_for_fork` on this thread (or, in a forked child, the
+    /// thread it was copied from).
+    pub(crate) unsafe fn unlock_after_fork(&self) {
+        for ns in self.nodes.iter().rev() {
+            // SAFETY: per the contract.
+            unsafe {
+                ns.depot.unlock_after_fork();
+                ns.slabs.unlock_raw();
+            }
+        }
     }
 
     /// Flushes the depots and remote lists into the slabs and unmaps every

@@ -363,6 +363,23 @@ impl Depot {
     pub fn objects(&self) -> usize {
         self.lists.lock().full_objects
     }
+
+    /// Takes the lock without a guard, for the `fork()` handlers.
+    #[doc(hidden)]
+    pub fn lock_for_fork(&self) {
+        self.lists.lock_raw();
+    }
+
+    /// Releases the lock [`lock_for_fork`](Self::lock_for_fork) took.
+    ///
+    /// # Safety
+    /// Taken by `lock_for_fork` on this thread (or, in a forked child, the
+    /// thread it was copied from).
+    #[doc(hidden)]
+    pub unsafe fn unlock_after_fork(&self) {
+        // SAFETY: per the contract.
+        unsafe { self.lists.unlock_raw() };
+    }
 }
 
 impl Drop for Depot {

@@ -3,9 +3,12 @@
 
 use core::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Once, Weak};
 
-use super::cache::{Core, Home};
+use super::cache::{Core, Home, lock_ranges_for_fork, unlock_ranges_after_fork};
+use crate::os::file;
+use crate::os::thread::{ForkRank, at_fork};
+use crate::sync::Mutex;
 
 /// One node's share of a cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -224,22 +227,75 @@ impl fmt::Display for SlabInfo {
     }
 }
 
-/// Live caches by slot (the slot is also the index into thread tables).
-static REGISTRY: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
+/// The caches, and the ones a `fork()` holds.
+struct Registry {
+    /// Live caches by slot (the slot is also the index into thread tables).
+    caches: Vec<Weak<Core>>,
+    /// Between the `fork()` handlers: the caches whose locks they hold,
+    /// kept alive (a cache whose last reference went meanwhile would free
+    /// the locks held).
+    held: Vec<Arc<Core>>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { caches: Vec::new(), held: Vec::new() });
 
 /// Makes a cache in a free slot and lists it.
 pub(crate) fn register(make: impl FnOnce(usize) -> crate::Result<Core>) -> crate::Result<Arc<Core>> {
-    let mut r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    static FORK: Once = Once::new();
+    FORK.call_once(|| {
+        if let Err(e) = at_fork(ForkRank::Slab, fork_prepare, fork_release) {
+            file::report(format_args!("numaweave: no fork handlers for slab caches ({e}): fork() may hang"));
+        }
+    });
+    let mut r = REGISTRY.lock();
     // A slot is free once its cache is gone: every thread entry for it held a
     // strong reference, so none is left.
-    let index = r.iter().position(|w| w.strong_count() == 0).unwrap_or(r.len());
+    let index = r.caches.iter().position(|w| w.strong_count() == 0).unwrap_or(r.caches.len());
     let core = Arc::new(make(index)?);
-    if index == r.len() {
-        r.push(Arc::downgrade(&core));
+    if index == r.caches.len() {
+        r.caches.push(Arc::downgrade(&core));
     } else {
-        r[index] = Arc::downgrade(&core);
+        r.caches[index] = Arc::downgrade(&core);
     }
     Ok(core)
+}
+
+/// Before `fork()` (the first rank, [`ForkRank::Slab`]): the registry, every
+/// live cache's node locks in slot order, then the table of slab ranges.
+/// (The locks of one cache are never held while another's are taken: an
+/// object constructor must not allocate from another slab cache, or a
+/// `fork()` may find the two locks taken in the other order.)
+fn fork_prepare() {
+    REGISTRY.lock_raw();
+    // SAFETY: taken just above; released by `fork_release`.
+    let r = unsafe { REGISTRY.raw_value() };
+    // (Allocates: the ranks below are not held yet.)
+    let mut held = core::mem::take(&mut r.held);
+    held.extend(r.caches.iter().filter_map(Weak::upgrade));
+    for c in &held {
+        c.lock_for_fork();
+    }
+    lock_ranges_for_fork();
+    r.held = held;
+}
+
+/// After `fork()`, in the parent and the child: releases what
+/// [`fork_prepare`] took, in the reverse order, then the references it
+/// held (the ranks below are released by now: a cache dropped here frees
+/// its memory).
+fn fork_release() {
+    // SAFETY: `fork_prepare` took the registry on this thread (or, in the
+    // child, on the thread it was copied from) and still holds it.
+    let held = core::mem::take(&mut unsafe { REGISTRY.raw_value() }.held);
+    // SAFETY: each lock was taken by `fork_prepare`, as above.
+    unsafe {
+        unlock_ranges_after_fork();
+        for c in held.iter().rev() {
+            c.unlock_after_fork();
+        }
+        REGISTRY.unlock_raw();
+    }
+    drop(held);
 }
 
 /// Statistics of every live cache, dropped ones with objects still out
@@ -255,7 +311,6 @@ pub(crate) fn register(make: impl FnOnce(usize) -> crate::Result<Core>) -> crate
 /// # drop(b);
 /// ```
 pub fn slabinfo() -> SlabInfo {
-    let live: Vec<Arc<Core>> =
-        REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+    let live: Vec<Arc<Core>> = REGISTRY.lock().caches.iter().filter_map(Weak::upgrade).collect();
     SlabInfo { caches: live.iter().map(|c| CacheStats::of(c)).collect() }
 }

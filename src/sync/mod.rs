@@ -4,11 +4,15 @@
 //! here, never from `std` directly, so that the models in `loom-tests/` explore
 //! the same code that ships (the approach of sharded-slab's `sync.rs`).
 
+#[cfg(not(loom))]
+mod mutex;
 mod once;
 mod retire;
 mod spin;
 mod stack;
 mod unit_map;
+#[cfg(not(loom))]
+pub use mutex::{Mutex, MutexGuard};
 pub use once::InitCell;
 pub use retire::{Acquired, RetireCount};
 pub use spin::{SpinGuard, SpinLock};

@@ -83,6 +83,15 @@ impl<T> SpinLock<T> {
         self.locked.store(false, Ordering::Release);
     }
 
+    /// The value, for the holder of a raw lock.
+    ///
+    /// # Safety
+    /// The caller holds the lock (taken with [`lock_raw`](Self::lock_raw)),
+    /// and the pointer is not used past it.
+    pub unsafe fn raw_value(&self) -> *mut T {
+        self.value.with_mut(|p| p)
+    }
+
     /// Takes the lock if it is free.
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
         self.locked

@@ -30,8 +30,8 @@ use super::size_class::{PAGE_CLASS, class_size};
 use super::state::State;
 use crate::os::mem::Huge;
 use crate::policy::{Cursor, Granularity, Interleave, Pick};
-pub(crate) use space::SharedSpace;
 use space::ThreadSpace;
+pub(crate) use space::{SharedSpace, lock_spaces_for_fork, unlock_spaces_after_fork};
 
 /// Where the turns of an interleave start: a page, or 2 MiB for byte turns
 /// of 2 MiB or more over several nodes where huge pages may back the
@@ -413,9 +413,13 @@ pub(crate) struct SharedInterleaver {
 }
 
 impl SharedInterleaver {
-    pub(crate) fn new(i: &Interleave, state: &State) -> Self {
+    /// A handle's interleaver, boxed (its space listed for the `fork()`
+    /// handlers at the address it keeps).
+    pub(crate) fn boxed(i: &Interleave, state: &State) -> Box<Self> {
         let huge = regions_huge(i, state);
-        Self { cursor: Cursor::new(i), space: SharedSpace::new(turn_align(i, huge), huge) }
+        let il = Box::new(Self { cursor: Cursor::new(i), space: SharedSpace::new(turn_align(i, huge), huge) });
+        il.space.register();
+        il
     }
 }
 

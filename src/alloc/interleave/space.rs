@@ -184,6 +184,51 @@ pub(crate) struct SharedSpace {
     turn_units: usize,
     /// The pages for its regions (the policy's, else the process's).
     huge: Huge,
+    /// The next space of [`SPACES`] (written under its lock).
+    next: AtomicPtr<SharedSpace>,
+}
+
+/// Every registered space ([`SharedSpace::register`]), linked through
+/// `next`, for the `fork()` handlers: a child forked while another thread
+/// carves from a handle finds the handle's locks free.
+static SPACES: SpinLock<SpaceList> = SpinLock::new(SpaceList(ptr::null_mut()));
+struct SpaceList(*mut SharedSpace);
+// SAFETY: the listed spaces are `Sync`; the list is followed under the lock.
+unsafe impl Send for SpaceList {}
+
+/// Before `fork()`: the list of spaces, then each space's node locks (a
+/// space's lock is held while its region is mapped from an arena: the
+/// arenas come later, in the core's rank).
+pub(crate) fn lock_spaces_for_fork() {
+    SPACES.lock_raw();
+    // SAFETY: the list is ours (just locked); a listed space is live until
+    // its drop unlinks it, which waits for the list's lock.
+    unsafe {
+        let mut sp = (*SPACES.raw_value()).0;
+        while let Some(space) = sp.as_ref() {
+            space.locks.iter().for_each(SpinLock::lock_raw);
+            sp = space.next.load(Ordering::Relaxed);
+        }
+    }
+}
+
+/// After `fork()`, in the parent and the child: releases what
+/// [`lock_spaces_for_fork`] took.
+///
+/// # Safety
+/// Taken by `lock_spaces_for_fork` on this thread (or, in the child, the
+/// thread it was copied from).
+pub(crate) unsafe fn unlock_spaces_after_fork() {
+    // SAFETY: per the contract every lock here is held by us; the spaces
+    // are live (see `lock_spaces_for_fork`).
+    unsafe {
+        let mut sp = (*SPACES.raw_value()).0;
+        while let Some(space) = sp.as_ref() {
+            space.locks.iter().for_each(|l| l.unlock_raw());
+            sp = space.next.load(Ordering::Relaxed);
+        }
+        SPACES.unlock_raw();
+    }
 }
 
 // SAFETY: the current regions are carved under their node's lock; a region
@@ -199,7 +244,16 @@ impl SharedSpace {
             locks: core::array::from_fn(|_| SpinLock::new(())),
             turn_units: turn_units(turn_align),
             huge,
+            next: AtomicPtr::new(ptr::null_mut()),
         }
+    }
+
+    /// Lists the space for the `fork()` handlers, at its final address
+    /// (boxed: it stays there until dropped, which unlists it).
+    pub(crate) fn register(&self) {
+        let mut l = SPACES.lock();
+        self.next.store(l.0, Ordering::Relaxed);
+        l.0 = ptr::from_ref(self).cast_mut();
     }
 
     /// A block of `size` bytes aligned to `align` on `node`, part of cursor
@@ -237,6 +291,24 @@ impl SharedSpace {
 
 impl Drop for SharedSpace {
     fn drop(&mut self) {
+        // Unlisted first (waiting for a `fork()` that holds the list): the
+        // fork handlers never see a space being dropped.
+        {
+            let mut l = SPACES.lock();
+            let me = ptr::from_mut(self);
+            let mut at: *mut *mut SharedSpace = &mut l.0;
+            // SAFETY: the list's links, under its lock; each listed space is
+            // live. A space never registered is not found.
+            unsafe {
+                while !(*at).is_null() {
+                    if *at == me {
+                        *at = self.next.load(Ordering::Relaxed);
+                        break;
+                    }
+                    at = (**at).next.as_ptr();
+                }
+            }
+        }
         for node in 0..MAX_NODES {
             let r = self.current[node].swap(ptr::null_mut(), Ordering::Relaxed);
             if let Some(r) = NonNull::new(r) {
