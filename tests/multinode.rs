@@ -19,6 +19,8 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashSet;
 use std::sync::mpsc;
 
+use allocator_api2::alloc::Allocator as _;
+
 use numaweave::os::{self, mem::BindFlags, mem::Mapping, mem::MemPolicy};
 use numaweave::policy::{Cursor, Granularity, Interleave, Policy};
 use numaweave::slab::{DmaPool, RawCache, SlabBox, SlabCache};
@@ -92,6 +94,10 @@ fn main() {
         cpuset_child(&args[i + 1], &args[i + 2]);
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--cpuset-live-child") {
+        cpuset_live_child(&args[i + 1], &args[i + 2]);
+        return;
+    }
     // As libtest reads them: a name filter, and `--skip NAME` (given to every
     // test binary of a `cargo test -- --skip NAME` run).
     let (mut filter, mut skips) = (None, Vec::new());
@@ -116,6 +122,7 @@ fn main() {
         ("preferred_and_move_place_pages", preferred_and_move_place_pages),
         ("strict_bind_outside_allowed_is_a_typed_error", strict_bind_outside_allowed_is_a_typed_error),
         ("cpuset_mems_confine_every_page", cpuset_mems_confine_every_page),
+        ("cpuset_mems_narrowed_while_allocating", cpuset_mems_narrowed_while_allocating),
         ("numaalloc_blocks_land_on_the_threads_node", numaalloc_blocks_land_on_the_threads_node),
         ("numaalloc_remote_frees_return_home", numaalloc_remote_frees_return_home),
         ("numaalloc_falls_back_by_distance_when_a_node_is_full", numaalloc_falls_back_by_distance_when_a_node_is_full),
@@ -328,14 +335,7 @@ fn cpuset_mems_confine_every_page(t: &Topology, layout: Option<&Guest>) -> Outco
     // and any memory-only node are then off limits.
     let confined = t.cpu_nodes().last().unwrap();
     assert!(confined != 0, "needs at least two CPU nodes");
-    let c = std::ffi::CString::new(CGROUP).unwrap();
-    // SAFETY: plain mount(2) of cgroup2 on sysfs's mount point in the guest.
-    let r = unsafe { libc::mount(c"none".as_ptr(), c.as_ptr(), c"cgroup2".as_ptr(), 0, std::ptr::null()) };
-    assert!(r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY), "mount cgroup2");
-    write_file(&format!("{CGROUP}/cgroup.subtree_control"), "+cpuset");
-    let group = format!("{CGROUP}/numaweave-test");
-    let _ = std::fs::create_dir(&group);
-    write_file(&format!("{group}/cpuset.mems"), &confined.to_string());
+    let group = cpuset_group("numaweave-test", &confined.to_string());
     let exe = std::fs::read_link("/proc/self/exe").unwrap();
     let out = Command::new(exe).args(["--cpuset-child", &group, &confined.to_string()]).output().unwrap();
     print!("\n{}", String::from_utf8_lossy(&out.stdout));
@@ -376,6 +376,168 @@ fn cpuset_child(group: &str, confined: &str) {
             });
         }
     });
+}
+
+/// Mounts cgroup2 (once) with the cpuset controller for child groups, and
+/// makes the group `name` with `mems`: its path.
+fn cpuset_group(name: &str, mems: &str) -> String {
+    let c = std::ffi::CString::new(CGROUP).unwrap();
+    // SAFETY: plain mount(2) of cgroup2 on sysfs's mount point in the guest.
+    let r = unsafe { libc::mount(c"none".as_ptr(), c.as_ptr(), c"cgroup2".as_ptr(), 0, std::ptr::null()) };
+    assert!(r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY), "mount cgroup2");
+    write_file(&format!("{CGROUP}/cgroup.subtree_control"), "+cpuset");
+    let group = format!("{CGROUP}/{name}");
+    let _ = std::fs::create_dir(&group);
+    write_file(&format!("{group}/cpuset.mems"), mems);
+    group
+}
+
+fn cpuset_mems_narrowed_while_allocating(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    let Some(_) = layout else { return Outcome::Skip("mounts cgroup2: only inside the numa-vm guest") };
+    // The node taken away: the last with CPUs (a thread keeps running on
+    // them: cpuset.mems narrows, cpuset.cpus does not).
+    let victim = t.cpu_nodes().last().unwrap();
+    assert!(victim != 0, "needs at least two CPU nodes");
+    let group = cpuset_group("numaweave-live", &t.memory_nodes().to_string());
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let out = Command::new(exe).args(["--cpuset-live-child", &group, &victim.to_string()]).output().unwrap();
+    print!("\n{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "live cpuset child failed: {}", out.status);
+    Outcome::Pass
+}
+
+/// Runs in a child process in its own cpuset group: a thread on the
+/// victim's CPUs allocates all the time (size-class blocks kept live, huge
+/// blocks, I/O buffers of an interleave handle over every node, slab
+/// objects homed on the victim) while this thread narrows the group's
+/// `cpuset.mems` to leave the victim out, then widens it again. Every
+/// allocation must succeed; what is allocated while the victim is out must
+/// lie elsewhere, counted as fallbacks; once it is back, new memory is on
+/// it again.
+fn cpuset_live_child(group: &str, victim: &str) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let victim: usize = victim.parse().unwrap();
+    write_file(&format!("{group}/cgroup.procs"), "0");
+    let t = Topology::detect().unwrap();
+    let all = t.memory_nodes();
+    let mut without = all;
+    without.remove(victim);
+    let phys = t.physical_node(victim);
+    let cpu = first_cpu(&t, victim);
+    let handle = A.interleave(Interleave::new(all, Granularity::Count(1)).unwrap()).unwrap();
+    let cache = RawCache::builder("vm_live", 4096).align(4096).node(victim).build().unwrap();
+    // 0: every node allowed; 1: the victim out; 2: back; 3: stop.
+    static PHASE: AtomicUsize = AtomicUsize::new(0);
+    static ROUNDS: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+    static OUT: AtomicBool = AtomicBool::new(false);
+    let fallbacks = || (0..numaweave::topology::MAX_NODES).map(|n| A.stats().per_node[n].fallbacks).sum::<u64>();
+    let worker = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(cpu).unwrap();
+        let small = Layout::from_size_align(16 << 10, 8).unwrap();
+        let huge = Layout::from_size_align(1 << 20, 8).unwrap();
+        let io = Layout::from_size_align(256 << 10, 4096).unwrap();
+        // Per phase: pages found on the victim, pages elsewhere.
+        let mut seen = [[0usize; 2]; 3];
+        let mut kept: Vec<*mut u8> = Vec::new();
+        let (mut buffers, mut kept_huge) = (Vec::new(), Vec::new());
+        loop {
+            let phase = PHASE.load(Ordering::Acquire);
+            if phase == 3 {
+                break;
+            }
+            let mut pages = Vec::new();
+            // SAFETY: valid layouts; every block is checked for null and
+            // written whole before use; freed (or kept) as below.
+            unsafe {
+                for _ in 0..16 {
+                    let p = A.alloc(small);
+                    assert!(!p.is_null(), "a small block failed in phase {phase}");
+                    pages.extend(touch_and_locate(p, small.size()));
+                    kept.push(p);
+                }
+                // (Live too: a freed huge block's mapping would be kept for
+                // reuse, and a region could take it without a new binding.)
+                let h = A.alloc(huge);
+                assert!(!h.is_null(), "a huge block failed in phase {phase}");
+                pages.extend(touch_and_locate(h, huge.size()));
+                kept_huge.push(h);
+            }
+            // Page-aligned I/O buffers (region blocks), kept live, so that
+            // every node's turn soon needs a fresh region.
+            for _ in 0..2 {
+                let b = handle.allocate(io).unwrap_or_else(|_| panic!("an I/O buffer failed in phase {phase}"));
+                pages.extend(touch_and_locate(b.as_ptr().cast(), io.size()));
+                buffers.push(b.cast::<u8>());
+            }
+            let o = cache.alloc().unwrap_or_else(|e| panic!("a slab object failed in phase {phase}: {e}"));
+            pages.extend(touch_and_locate(o.as_ptr(), 4096));
+            // SAFETY: allocated just above, freed once.
+            unsafe { cache.free(o) };
+            // A round that ran wholly while the victim was out has nothing
+            // on it (the phase moves to 1 once the write has returned).
+            if phase == 1 && PHASE.load(Ordering::Acquire) == 1 {
+                assert!(
+                    pages.iter().all(|&n| n != Some(phys)),
+                    "memory on node {victim} while cpuset.mems left it out: {pages:?}"
+                );
+            }
+            for n in pages.into_iter().flatten() {
+                seen[phase][usize::from(n != phys)] += 1;
+            }
+            ROUNDS[phase].fetch_add(1, Ordering::Release);
+            if phase == 1 {
+                OUT.store(true, Ordering::Release);
+            }
+        }
+        for p in kept {
+            // SAFETY: allocated above with `small`.
+            unsafe { A.dealloc(p, small) };
+        }
+        for h in kept_huge {
+            // SAFETY: allocated above with `huge`.
+            unsafe { A.dealloc(h, huge) };
+        }
+        for b in buffers {
+            // SAFETY: allocated above by the handle with `io`.
+            unsafe { handle.deallocate(b, io) };
+        }
+        seen
+    });
+    // (A worker that panicked ends the child with its message.)
+    let wait_rounds = |phase: usize, n: usize| {
+        while ROUNDS[phase].load(Ordering::Acquire) < n {
+            if worker.is_finished() {
+                std::process::exit(1);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    wait_rounds(0, 8);
+    let before = fallbacks();
+    write_file(&format!("{group}/cpuset.mems"), &without.to_string());
+    assert_eq!(Topology::detect().unwrap().allowed_nodes(), without, "Mems_allowed after narrowing");
+    PHASE.store(1, Ordering::Release);
+    wait_rounds(1, 48);
+    let during = fallbacks();
+    write_file(&format!("{group}/cpuset.mems"), &all.to_string());
+    assert_eq!(Topology::detect().unwrap().allowed_nodes(), all, "Mems_allowed after widening");
+    PHASE.store(2, Ordering::Release);
+    wait_rounds(2, 48);
+    PHASE.store(3, Ordering::Release);
+    let seen = worker.join().unwrap();
+    assert!(OUT.load(Ordering::Acquire));
+    println!(
+        "  live cpuset: pages on node {victim} / elsewhere: all nodes {:?}, node {victim} out {:?}, back {:?}; \
+         {} fallbacks while it was out",
+        seen[0],
+        seen[1],
+        seen[2],
+        during - before
+    );
+    assert!(seen[0][0] > 0, "nothing on node {victim} before the narrowing");
+    assert!(during > before, "the moves off node {victim} were not counted as fallbacks");
+    assert!(seen[2][0] > 0, "nothing on node {victim} after it came back");
 }
 
 /// The allocator under test, as a value beside the binary's System allocator.

@@ -242,19 +242,29 @@ impl Arena {
     }
 
     /// A fresh segment-aligned mapping of `len` bytes under this arena's
-    /// policy; `None` when the OS refuses either (nothing is left mapped).
+    /// policy; `None` when the OS refuses the mapping, or the binding in
+    /// strict mode (nothing is left mapped).
+    ///
+    /// The kernel refuses to bind to a node the process may no longer use
+    /// (a container's `cpuset.mems` narrowed under it, a node gone
+    /// offline). Not strict, the mapping then keeps the default policy: its
+    /// pages come from the nearest node the process may use, and the
+    /// callers see the spill ([`spilled`](Self::spilled)) and count it as a
+    /// fallback, as when the node is full. Widened again, the node binds as
+    /// before.
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn map_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
         let guard = guard_len();
         let base = mem::map_aligned(len + guard, SEGMENT_SIZE).ok()?;
         let policy = self.policy(state);
-        if policy != MemPolicy::Default {
+        if policy != MemPolicy::Default
             // SAFETY: our fresh, segment-aligned mapping.
-            if unsafe { mem::bind(base, len, policy, BindFlags::NONE) }.is_err() {
-                // SAFETY: ours, unused.
-                let _ = unsafe { mem::unmap(base, len + guard) };
-                return None;
-            }
+            && unsafe { mem::bind(base, len, policy, BindFlags::NONE) }.is_err()
+            && state.config.strict
+        {
+            // SAFETY: ours, unused.
+            let _ = unsafe { mem::unmap(base, len + guard) };
+            return None;
         }
         if guard > 0 {
             // SAFETY: the last page of our fresh mapping, past `len`.
