@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{Source, Topology};
+use super::{NodeSet, Source, Topology};
 
 /// `bytes` as a short binary figure: `512.0 MiB`, `15.6 GiB`.
 pub(crate) fn human_bytes(bytes: u64) -> impl fmt::Display {
@@ -29,7 +29,11 @@ impl fmt::Display for Topology {
             Source::Synthetic { physical_nodes, fake } => writeln!(
                 f,
                 "SYNTHETIC NUMA topology ({} over {physical_nodes} real memory node{}): not this machine's real layout",
-                if fake { format!("fake:{}", self.node_count()) } else { "builder".to_string() },
+                match fake {
+                    false => "builder".to_string(),
+                    true if self.online == NodeSet::first_n(self.node_count()) => format!("fake:{}", self.node_count()),
+                    true => format!("fake:{}", self.online),
+                },
                 if physical_nodes == 1 { "" } else { "s" },
             )?,
             Source::Hwloc { synthetic: true } => {

@@ -11,6 +11,7 @@
 //! | --- | --- |
 //! | unset, `sysfs` | the machine's, from `/sys/devices/system/node` |
 //! | `fake:N` | N logical nodes over the real ones (1 ≤ N ≤ [`MAX_NODES`]), CPUs dealt round-robin, like the kernel's `numa=fake` |
+//! | `fake:LIST` | the same with these node ids (`fake:0,2`: no node 1, as after a hot-remove) |
 //! | `hwloc` | from hwloc (only with the `hwloc` feature) |
 //!
 //! An invalid value is reported once on stderr and the default is used.
@@ -387,7 +388,7 @@ fn real_topology() -> Topology {
 fn from_spec(spec: &str) -> Topology {
     match parse_spec(spec) {
         Ok(Spec::Sysfs) => real_topology(),
-        Ok(Spec::Fake(n)) => match SyntheticBuilder::fake(&real_topology(), n) {
+        Ok(Spec::Fake(ids)) => match SyntheticBuilder::fake_ids(&real_topology(), ids) {
             Ok(t) => t,
             Err(e) => {
                 crate::os::file::report(format_args!(
@@ -416,7 +417,8 @@ fn from_spec(spec: &str) -> Topology {
 #[derive(Debug, PartialEq, Eq)]
 enum Spec {
     Sysfs,
-    Fake(usize),
+    /// `fake:N` or `fake:LIST`: the node ids.
+    Fake(NodeSet),
     #[cfg(feature = "hwloc")]
     Hwloc,
 }
@@ -433,8 +435,15 @@ fn parse_spec(s: &str) -> core::result::Result<Spec, &'static str> {
         return Err("built without the `hwloc` feature");
     }
     if let Some(n) = s.strip_prefix("fake:") {
+        // A count, or a list of ids (with a ',' or a '-').
+        if n.contains([',', '-']) {
+            return match n.parse::<NodeSet>() {
+                Ok(ids) if !ids.is_empty() => Ok(Spec::Fake(ids)),
+                _ => Err("fake:LIST needs node ids below 64 (0,2 or 0-1,4)"),
+            };
+        }
         return match n.parse::<usize>() {
-            Ok(n) if (1..=MAX_NODES).contains(&n) => Ok(Spec::Fake(n)),
+            Ok(n) if (1..=MAX_NODES).contains(&n) => Ok(Spec::Fake(NodeSet::first_n(n))),
             _ => Err("fake:N needs 1 <= N <= 64"),
         };
     }
@@ -493,8 +502,12 @@ mod tests {
     fn spec_grammar() {
         assert_eq!(parse_spec(""), Ok(Spec::Sysfs));
         assert_eq!(parse_spec("sysfs"), Ok(Spec::Sysfs));
-        assert_eq!(parse_spec("fake:4"), Ok(Spec::Fake(4)));
-        assert_eq!(parse_spec(" fake:64 "), Ok(Spec::Fake(64)));
+        assert_eq!(parse_spec("fake:4"), Ok(Spec::Fake(NodeSet::first_n(4))));
+        assert_eq!(parse_spec(" fake:64 "), Ok(Spec::Fake(NodeSet::first_n(64))));
+        assert_eq!(parse_spec("fake:0,2"), Ok(Spec::Fake("0,2".parse().unwrap())));
+        assert_eq!(parse_spec("fake:0-1,4"), Ok(Spec::Fake("0,1,4".parse().unwrap())));
+        assert!(parse_spec("fake:0,64").is_err());
+        assert!(parse_spec("fake:2-").is_err());
         assert!(parse_spec("fake:0").is_err());
         assert!(parse_spec("fake:65").is_err());
         assert!(parse_spec("fake:x").is_err());

@@ -17,7 +17,8 @@ pub const MEMORY_ONLY_DISTANCE: u8 = 30;
 /// Builds a synthetic [`Topology`]: `nodes` nodes with CPUs (numbered from 0,
 /// `cpus_per_node` consecutive CPU ids each), then `memory_only` nodes with
 /// memory and no CPU. Distances default to 10 local, 20 between CPU nodes and
-/// 30 to or from a memory-only node.
+/// 30 to or from a memory-only node. Node ids run from 0 unless
+/// [`ids`](Self::ids) gives others: a machine may have nodes 0 and 2 only.
 ///
 /// ```
 /// use numaweave::topology::Topology;
@@ -42,6 +43,7 @@ pub struct SyntheticBuilder {
     memory_per_node: u64,
     distance: [[u8; MAX_NODES]; MAX_NODES],
     allowed: Option<NodeSet>,
+    ids: Option<NodeSet>,
 }
 
 impl SyntheticBuilder {
@@ -54,7 +56,25 @@ impl SyntheticBuilder {
             memory_per_node: 1 << 30,
             distance: [[0; MAX_NODES]; MAX_NODES],
             allowed: None,
+            ids: None,
         }
+    }
+
+    /// The node ids, ascending: the first `nodes` have CPUs, the rest are
+    /// the memory-only ones; as many as there are nodes (else
+    /// [`build`](Self::build) refuses). Distances and the allowed set are
+    /// given by id.
+    ///
+    /// ```
+    /// use numaweave::topology::{NodeSet, Topology};
+    /// let t = Topology::synthetic(2).ids("0,2".parse().unwrap()).build().unwrap();
+    /// assert_eq!(t.nodes().to_string(), "0,2");
+    /// assert_eq!(t.cpus_of(2).to_string(), "1");
+    /// assert_eq!(t.nodes_by_distance(2).collect::<Vec<_>>(), [2, 0]);
+    /// ```
+    pub fn ids(mut self, ids: NodeSet) -> Self {
+        self.ids = Some(ids);
+        self
     }
 
     /// CPUs on each node with CPUs.
@@ -100,8 +120,8 @@ impl SyntheticBuilder {
         self.build_over(&Topology::detect()?)
     }
 
-    /// Builds the topology, laying logical node `k` over the `k mod R`-th
-    /// memory node of `real` (R = its number of memory nodes).
+    /// Builds the topology, laying the `k`-th logical node over the
+    /// `k mod R`-th memory node of `real` (R = its number of memory nodes).
     pub fn build_over(self, real: &Topology) -> Result<Topology> {
         let total = self.nodes + self.memory_only;
         if self.nodes == 0 && self.memory_only == 0 {
@@ -116,28 +136,33 @@ impl SyntheticBuilder {
         if self.nodes.checked_mul(self.cpus_per_node).is_none_or(|c| c > MAX_CPUS) {
             return Err(Error::InvalidTopology { reason: "more than MAX_CPUS (1024) CPUs" });
         }
+        let online = self.ids.unwrap_or(NodeSet::first_n(total));
+        if online.len() != total {
+            return Err(Error::InvalidTopology { reason: "as many node ids as nodes are needed" });
+        }
         let mut t = Topology::empty(Source::Synthetic { physical_nodes: 0, fake: false });
-        t.online = NodeSet::first_n(total);
-        t.with_cpus = NodeSet::first_n(self.nodes);
+        t.online = online;
+        t.with_cpus = online.iter().take(self.nodes).collect();
         t.with_memory = t.online;
-        for n in 0..self.nodes {
+        for (i, n) in t.with_cpus.iter().enumerate() {
             for c in 0..self.cpus_per_node {
-                t.cpu_node[n * self.cpus_per_node + c] = n as u8;
+                t.cpu_node[i * self.cpus_per_node + c] = n as u8;
             }
         }
         for a in 0..MAX_NODES {
             for b in 0..MAX_NODES {
                 let given = self.distance[a][b];
-                let inside = a < total && b < total;
+                let inside = online.contains(a) && online.contains(b);
                 if given != 0 && !inside {
                     return Err(Error::InvalidTopology { reason: "distance given for a node that does not exist" });
                 }
                 if !inside {
                     continue;
                 }
+                let memory_only = !t.with_cpus.contains(a) || !t.with_cpus.contains(b);
                 t.distance[a][b] = match given {
                     0 if a == b => LOCAL_DISTANCE,
-                    0 if a >= self.nodes || b >= self.nodes => MEMORY_ONLY_DISTANCE,
+                    0 if memory_only => MEMORY_ONLY_DISTANCE,
                     0 => REMOTE_DISTANCE,
                     d if a == b && d != LOCAL_DISTANCE => {
                         return Err(Error::InvalidTopology { reason: "a node's distance to itself must be 10" });
@@ -149,7 +174,7 @@ impl SyntheticBuilder {
                 };
             }
         }
-        for n in 0..total {
+        for n in online.iter() {
             t.memory[n] = self.memory_per_node;
         }
         lay_over(&mut t, real, false)?;
@@ -176,13 +201,28 @@ impl SyntheticBuilder {
         if n == 0 || n > MAX_NODES {
             return Err(Error::InvalidTopology { reason: "fake:N needs 1 <= N <= 64" });
         }
+        Self::fake_ids(real, NodeSet::first_n(n))
+    }
+
+    /// [`fake`](Self::fake) with the nodes `ids` (`fake:0,2`: nodes 0 and 2
+    /// and no node 1, as after a hot-remove): the i-th online CPU goes to
+    /// the `i mod n`-th id.
+    pub fn fake_ids(real: &Topology, ids: NodeSet) -> Result<Topology> {
+        if ids.is_empty() {
+            return Err(Error::InvalidTopology { reason: "a topology needs at least one node" });
+        }
+        let mut id = [0u8; MAX_NODES];
+        for (i, n) in ids.iter().enumerate() {
+            id[i] = n as u8;
+        }
+        let n = ids.len();
         let mut t = Topology::empty(Source::Synthetic { physical_nodes: 0, fake: true });
-        t.online = NodeSet::first_n(n);
+        t.online = ids;
         t.with_memory = t.online;
         t.ignored_cpus = real.ignored_cpus;
         for (i, c) in real.cpus().iter().enumerate() {
-            t.cpu_node[c] = (i % n) as u8;
-            t.with_cpus.insert(i % n);
+            t.cpu_node[c] = id[i % n];
+            t.with_cpus.insert(usize::from(id[i % n]));
         }
         lay_over(&mut t, real, true)?;
         Ok(t)
@@ -202,8 +242,8 @@ fn lay_over(t: &mut Topology, real: &Topology, split_memory: bool) -> Result<()>
     if count == 0 {
         return Err(Error::InvalidTopology { reason: "the real topology has no memory node" });
     }
-    for n in t.online.iter() {
-        t.physical[n] = phys[n % count];
+    for (i, n) in t.online.iter().enumerate() {
+        t.physical[n] = phys[i % count];
     }
     let on_same = |t: &Topology, p: usize| t.online.iter().filter(|&m| t.physical_node(m) == p).count() as u64;
     for n in t.online.iter() {
@@ -305,6 +345,42 @@ mod tests {
         assert_eq!(t.nodes_by_distance(0).collect::<Vec<_>>(), [0, 1, 3, 4, 2]);
         assert_eq!(t.nodes_by_distance(4).collect::<Vec<_>>(), [4, 0, 1, 2, 3]);
         assert_eq!(t.distance(4, 2), MEMORY_ONLY_DISTANCE);
+    }
+
+    #[test]
+    fn sparse_ids_keep_their_numbers_everywhere() {
+        let real = one_node_real(4);
+        let t = SyntheticBuilder::new(2)
+            .cpus_per_node(2)
+            .memory_only_nodes(1)
+            .ids("0,2,5".parse().unwrap())
+            .distance(0, 2, 21)
+            .build_over(&real)
+            .unwrap();
+        assert_eq!(t.nodes().to_string(), "0,2,5");
+        assert_eq!(t.cpu_nodes().to_string(), "0,2");
+        assert_eq!(t.memory_only_nodes().to_string(), "5");
+        assert_eq!(t.cpus_of(2).to_string(), "2-3");
+        assert_eq!(t.node_of_cpu(3), Some(2));
+        assert_eq!((t.distance(0, 2), t.distance(2, 5), t.distance(5, 5)), (21, MEMORY_ONLY_DISTANCE, 10));
+        assert_eq!(t.nodes_by_distance(2).collect::<Vec<_>>(), [2, 0, 5]);
+        assert!(!t.nodes().contains(1) && t.memory_of(1) == 0);
+        assert!(t.check_node(1).is_err() && t.check_node(2).is_ok());
+        assert_eq!(t.allowed_nodes().to_string(), "0,2,5");
+        let bad = [
+            SyntheticBuilder::new(2).ids("0,2,5".parse().unwrap()),
+            SyntheticBuilder::new(2).ids("0,2".parse().unwrap()).distance(0, 1, 20),
+            SyntheticBuilder::new(2).ids("0,2".parse().unwrap()).allowed(NodeSet::single(1)),
+        ];
+        for b in bad {
+            assert!(matches!(b.build_over(&real), Err(Error::InvalidTopology { .. })));
+        }
+        let f = SyntheticBuilder::fake_ids(&real, "0,2".parse().unwrap()).unwrap();
+        assert_eq!(
+            (f.nodes().to_string(), f.cpus_of(0).to_string(), f.cpus_of(2).to_string()),
+            ("0,2".into(), "0,2".into(), "1,3".into())
+        );
+        assert_eq!(f.distance(0, 2), REMOTE_DISTANCE);
     }
 
     #[test]
