@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Real programs under five allocators, in one run.
 
-    python3 benches/programs/run.py [--quick] [--hardened] [--repeat N] [--out DIR]
+    python3 benches/programs/run.py [--quick] [--hardened] [--baseline LIB] [--no-interleaves]
+                                    [--repeat N] [--out DIR]
 
 Runs allocation-heavy programs from Debian's packages, and four small C
 programs of ours (one per workload class), under glibc's malloc, jemalloc
@@ -11,8 +12,10 @@ allocator once per round); then numaweave under process-wide interleaves
 on a synthetic two-node topology. Prints a markdown table of the medians of
 wall time and peak RSS (/usr/bin/time: the largest process of the tree) and
 their ratios (with --hardened, also libnumaweave_hardened.so without and
-with NUMAWEAVE_CHECK=full, against numaweave), writes it to OUT/programs.md and an SVG chart of the time
-ratios to OUT/programs.svg (OUT: target/programs).
+with NUMAWEAVE_CHECK=full, against numaweave; with --baseline, another
+build of libnumaweave.so, e.g. the one before a change, in the same rounds,
+against numaweave), writes it to OUT/programs.md and an SVG chart of the
+time ratios to OUT/programs.svg (OUT: target/programs).
 
 Every program's allocations are checked to go through the preloaded
 library: a numaweave run with NUMAWEAVE_SHOW_STATS=1 must count at least
@@ -289,6 +292,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few programs, smaller inputs, one repeat")
     ap.add_argument("--hardened", action="store_true", help="also the hardened library, without and with full checks")
     ap.add_argument("--repeat", type=int, default=None, help="rounds (default 3, 1 with --quick)")
+    ap.add_argument("--baseline", help="another libnumaweave.so, run in the same rounds (before / after a change)")
+    ap.add_argument("--no-interleaves", action="store_true", help="leave out numaweave under interleaves")
     ap.add_argument("--out", default=str(ROOT / "target/programs"))
     a = ap.parse_args()
     repeat = a.repeat or (1 if a.quick else 3)
@@ -305,8 +310,10 @@ def main():
     for c in ("large", "threads", "xthread", "churn"):
         sh(["gcc", "-O2", str(HERE / f"{c}.c"), "-o", str(bins / c), "-lpthread"])
     inputs(work, a.quick)
-    names = list(ALLOCATORS) + list(INTERLEAVES) + (list(HARDENED) if a.hardened else [])
-    variants = {**INTERLEAVES, **HARDENED}
+    interleaves = {} if a.no_interleaves else INTERLEAVES
+    baseline = {"baseline": Path(a.baseline).resolve()} if a.baseline else {}
+    names = list(ALLOCATORS) + list(interleaves) + (list(HARDENED) if a.hardened else []) + list(baseline)
+    variants = {**interleaves, **HARDENED, **baseline}
     rows = []
     for name, kind, cmd in programs(work, a.quick, bins):
         allocs = allocations(cmd, a.quick, work)
@@ -322,6 +329,8 @@ def main():
                     env = environment(ALLOCATORS[n])
                 elif n in HARDENED:
                     env = dict(environment(HARDENED_LIB), **HARDENED[n])
+                elif n in baseline:
+                    env = environment(baseline[n])
                 else:
                     env = environment(ALLOCATORS["numaweave"], INTERLEAVES[n])
                 runs[n].append(measure(cmd, env, a.quick, work))
