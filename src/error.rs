@@ -160,11 +160,6 @@ pub enum Error {
 }
 
 impl Error {
-    /// The `errno` of the last failed libc call, tagged with the call's name.
-    pub(crate) fn last_os(call: &'static str) -> Self {
-        Error::Os { call, errno: crate::os::errno() }
-    }
-
     /// For [`Error::Os`], the errno; `None` otherwise.
     pub fn errno(&self) -> Option<i32> {
         match *self {
@@ -178,7 +173,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Error::Os { call, errno } => {
-                write!(f, "{call} failed: {} (errno {errno})", crate::os::errno_name(errno))
+                write!(f, "{call} failed: {} (errno {errno})", errno_name(errno))
             }
             Error::InvalidNode { node, reason } => write!(f, "invalid NUMA node {node}: {reason}"),
             Error::LayoutTooLarge { size, align } => {
@@ -199,3 +194,36 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// The symbolic name of an errno value (`"EINVAL"`), or `"E?"` for one not listed.
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::ENFILE => "ENFILE",
+        libc::EMFILE => "EMFILE",
+        libc::ENOSPC => "ENOSPC",
+        libc::ERANGE => "ERANGE",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        _ => "E?",
+    }
+}

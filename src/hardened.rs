@@ -96,11 +96,16 @@ pub(crate) fn init() {
             ));
         }
     }
-    // Before the flags' release: whoever sees them read sees the bound too
-    // (a bound still 0 would only send allocations to the slow path).
-    let below = if flags & FULL != 0 { 0 } else { crate::alloc::size_class::SMALL_MAX };
-    FAST_BELOW.store(below, Ordering::Relaxed);
     FLAGS.store(flags, Ordering::Release);
+}
+
+/// Lets sizes up to `small_max` (the size classes' end) take the fast path,
+/// unless `NUMAWEAVE_CHECK=full` is on: the global allocator's start-up
+/// calls it after [`init`], before any heap exists (until then the bound is
+/// 0, which only sends allocations to the slow path).
+pub(crate) fn set_fast_bound(small_max: usize) {
+    debug_assert!(FLAGS.load(Ordering::Relaxed) & READ != 0, "init first");
+    FAST_BELOW.store(if full() { 0 } else { small_max }, Ordering::Relaxed);
 }
 
 /// Whether `malloc` may take a block of `size` bytes off a heap page's
@@ -208,7 +213,7 @@ pub(crate) unsafe fn mark_freed(p: *mut u8) {
 /// # Safety
 /// As [`is_marked_freed`].
 #[inline(always)]
-pub(crate) unsafe fn handing_out(p: *mut u8, what: impl FnOnce() -> (usize, Block)) {
+pub(crate) unsafe fn handing_out(p: *mut u8, what: impl FnOnce() -> (usize, BlockKind)) {
     if full_now() {
         let (size, what) = what();
         // SAFETY: per the contract.
@@ -234,12 +239,12 @@ pub(crate) unsafe fn handing_out_plain(p: *mut u8) {
 /// # Safety
 /// As [`is_marked_freed`]; `size` is the block's length.
 #[inline(never)]
-unsafe fn check_poison(p: *mut u8, size: usize, what: Block) {
+unsafe fn check_poison(p: *mut u8, size: usize, what: BlockKind) {
     // Interleaved (region) blocks are runs of units that merge and split
     // while free: what lies in them then is not one block's poison. They are
     // checked for double frees only.
     // SAFETY: per the contract.
-    if matches!(what, Block::Region(..)) || !unsafe { is_marked_freed(p) } {
+    if matches!(what, BlockKind::Region(..)) || !unsafe { is_marked_freed(p) } {
         return;
     }
     // SAFETY: the block's bytes past its two first words.
@@ -283,7 +288,7 @@ pub(crate) unsafe fn set_red_zone(p: *mut u8, size: usize, bs: usize) {
 ///
 /// # Safety
 /// As [`set_red_zone`]; the block was handed out with it.
-pub(crate) unsafe fn check_red_zone(p: *mut u8, bs: usize, what: Block) -> bool {
+pub(crate) unsafe fn check_red_zone(p: *mut u8, bs: usize, what: BlockKind) -> bool {
     // SAFETY: per the contract.
     unsafe {
         let tail = p.add(bs - PAD).cast::<u32>();
@@ -337,7 +342,7 @@ pub(crate) fn first_not(b: &[u8], v: u8) -> Option<usize> {
 
 /// What a block is, for reports: `64-byte block, node 1`.
 #[derive(Clone, Copy)]
-pub(crate) enum Block {
+pub(crate) enum BlockKind {
     /// A heap or region block of this size, on this node.
     Sized(usize, usize),
     /// A region block (an interleaved I/O buffer) of this size, on this node.
@@ -346,12 +351,12 @@ pub(crate) enum Block {
     Huge,
 }
 
-impl fmt::Display for Block {
+impl fmt::Display for BlockKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Block::Sized(bs, node) => write!(f, "{bs}-byte block, node {node}"),
-            Block::Region(bs, node) => write!(f, "{bs}-byte interleaved block, node {node}"),
-            Block::Huge => f.write_str("huge block"),
+            BlockKind::Sized(bs, node) => write!(f, "{bs}-byte block, node {node}"),
+            BlockKind::Region(bs, node) => write!(f, "{bs}-byte interleaved block, node {node}"),
+            BlockKind::Huge => f.write_str("huge block"),
         }
     }
 }
@@ -364,8 +369,7 @@ impl fmt::Display for Block {
 pub(crate) fn misuse(what: fmt::Arguments<'_>) {
     file::report(format_args!("numaweave: {what}"));
     if flags() & REPORT == 0 {
-        // SAFETY: always sound; the heap is not to be trusted any more.
-        unsafe { libc::abort() };
+        crate::os::abort();
     }
     WENT_ON.store(true, Ordering::Relaxed);
 }

@@ -112,7 +112,7 @@ extern "C" fn bad_alloc_thrower() -> usize {
     if let Some(f) = THROW_BAD_ALLOC.get().or_else(|| THROW_BAD_ALLOC_LIBCXX.get()) {
         return f;
     }
-    numaweave::os::file::report(format_args!("numaweave: out of memory in operator new, and no C++ runtime to throw"));
+    numaweave::os::report(format_args!("numaweave: out of memory in operator new, and no C++ runtime to throw"));
     // SAFETY: always sound.
     unsafe { libc::abort() }
 }
@@ -175,10 +175,14 @@ unsafe extern "C-unwind" fn new_failed() -> *mut c_void {
     )
 }
 
-/// Defines a throwing `new` of one size argument: the block from
-/// [`new_plain`], else [`new_failed`].
-macro_rules! new_plain_fn {
-    ($(#[$m:meta])* $name:ident) => {
+/// Defines a throwing `new`: `$save` keeps its arguments for the failure
+/// path (and the stack aligned to 16 at the call), `$alloc` allocates,
+/// `$restore` undoes `$save`; on null, `$fail_args` sets what
+/// [`new_failed`] takes besides the size (`rsi`: the alignment, 0 for a
+/// plain `new`) and it goes there by a jump.
+macro_rules! throwing_new {
+    ($(#[$m:meta])* $name:ident($($arg:ident: $t:ty),*) => $alloc:ident,
+     save [$($save:literal),*], restore [$($restore:literal),*], fail [$($fail:literal),*]) => {
         $(#[$m])*
         ///
         /// # Safety
@@ -186,66 +190,51 @@ macro_rules! new_plain_fn {
         #[cfg(target_arch = "x86_64")]
         #[unsafe(no_mangle)]
         #[unsafe(naked)]
-        #[unsafe(link_section = ".text.hot.numaweave")]
-        pub unsafe extern "C-unwind" fn $name(size: usize) -> *mut c_void {
+        pub unsafe extern "C-unwind" fn $name($($arg: $t),*) -> *mut c_void {
             core::arch::naked_asm!(
                 ".cfi_startproc",
-                // Keeps the size for the failure path and aligns the stack.
-                "push rdi",
-                ".cfi_def_cfa_offset 16",
+                $($save,)*
                 "call {alloc}",
-                "pop rdi",
-                ".cfi_def_cfa_offset 8",
+                $($restore,)*
                 "test rax, rax",
                 "jz 2f",
                 "ret",
                 "2:",
-                "xor esi, esi",
+                $($fail,)*
                 "jmp {failed}",
                 ".cfi_endproc",
-                alloc = sym new_plain,
+                alloc = sym $alloc,
                 failed = sym new_failed,
             )
         }
     };
 }
 
-/// Defines a throwing `new` of a size and an alignment: the block from
-/// [`new_aligned`], else [`new_failed`].
+/// A plain `new`: the size kept across the call (a push that also aligns).
+macro_rules! new_plain_fn {
+    ($(#[$m:meta])* $name:ident) => {
+        throwing_new! {
+            $(#[$m])*
+            #[unsafe(link_section = ".text.hot.numaweave")]
+            $name(size: usize) => new_plain,
+            save ["push rdi", ".cfi_def_cfa_offset 16"],
+            restore ["pop rdi", ".cfi_def_cfa_offset 8"],
+            fail ["xor esi, esi"]
+        }
+    };
+}
+
+/// An aligned `new`: size and alignment kept (two pushes and a pad).
 macro_rules! new_aligned_fn {
     ($(#[$m:meta])* $name:ident) => {
-        $(#[$m])*
-        ///
-        /// # Safety
-        /// The C++ contract of the operator.
-        #[cfg(target_arch = "x86_64")]
-        #[unsafe(no_mangle)]
-        #[unsafe(naked)]
-        pub unsafe extern "C-unwind" fn $name(size: usize, align: usize) -> *mut c_void {
-            core::arch::naked_asm!(
-                ".cfi_startproc",
-                "push rdi",
-                ".cfi_def_cfa_offset 16",
-                "push rsi",
-                ".cfi_def_cfa_offset 24",
-                "sub rsp, 8",
-                ".cfi_def_cfa_offset 32",
-                "call {alloc}",
-                "add rsp, 8",
-                ".cfi_def_cfa_offset 24",
-                "pop rsi",
-                ".cfi_def_cfa_offset 16",
-                "pop rdi",
-                ".cfi_def_cfa_offset 8",
-                "test rax, rax",
-                "jz 2f",
-                "ret",
-                "2:",
-                "jmp {failed}",
-                ".cfi_endproc",
-                alloc = sym new_aligned,
-                failed = sym new_failed,
-            )
+        throwing_new! {
+            $(#[$m])*
+            $name(size: usize, align: usize) => new_aligned,
+            save ["push rdi", ".cfi_def_cfa_offset 16", "push rsi", ".cfi_def_cfa_offset 24",
+                  "sub rsp, 8", ".cfi_def_cfa_offset 32"],
+            restore ["add rsp, 8", ".cfi_def_cfa_offset 24", "pop rsi", ".cfi_def_cfa_offset 16",
+                     "pop rdi", ".cfi_def_cfa_offset 8"],
+            fail []
         }
     };
 }

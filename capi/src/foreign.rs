@@ -72,7 +72,7 @@ pub unsafe fn free(p: *mut c_void) {
         }
         None => {
             if !REPORTED.swap(true, Ordering::Relaxed) {
-                numaweave::os::file::report(format_args!(
+                numaweave::os::report(format_args!(
                     "numaweave: free({p:p}): not a block of numaweave, and no other allocator to give it to: ignored (reported once)"
                 ));
             }

@@ -13,7 +13,7 @@
 //!   misuse, reported).
 //!
 //! The fast path is the Rust one: the heap pointer is read in the
-//! initial-exec TLS model (see numaweave's `alloc/tls.rs`), so `malloc` and
+//! initial-exec TLS model (see numaweave's `os/tls.rs`), so `malloc` and
 //! `free` make no `__tls_get_addr` call.
 
 #![allow(non_camel_case_types)]

@@ -9,13 +9,11 @@
 //! tail call, so `free` keeps no stack frame. The reports and
 //! `NUMAWEAVE_CHECK=full` are out of line.
 
-use core::alloc::Layout;
 use core::ptr;
 
 use super::segment::{self, Page, Segment, SegmentKind, SmallSegment, page_of, segment_of};
-use super::size_class::CLASS_ALIGN;
-use super::{NumaAlloc, huge, raw_usable_size, region, segmap};
-use crate::hardened::{self, Block as B, misuse};
+use super::{heap, huge, placement, region, segmap};
+use crate::hardened::{self, BlockKind as B, misuse};
 
 /// Reports a misuse found by a caller of the allocator (the C library's
 /// `realloc` of a pointer that is not ours) as the allocator's own: one
@@ -145,12 +143,12 @@ unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) {
         debug_assert!(hardened::full_now());
         if !hardened::full_now() {
             hardened::mark_freed(p);
-            super::free_small(page, p);
+            heap::free_block(page, p);
             return;
         }
         if full_free(p, bs, B::Sized(bs, usize::from(node))) {
             hardened::mark_freed(p);
-            super::free_small(page, p);
+            heap::free_block(page, p);
         }
     }
 }
@@ -217,7 +215,7 @@ pub(super) unsafe fn region(seg: *mut Segment, p: *mut u8) {
             return;
         }
         hardened::mark_freed(p);
-        super::free_region(seg, p);
+        placement::free_region(seg, p);
     }
 }
 
@@ -247,7 +245,7 @@ pub(super) unsafe fn huge(seg: *mut Segment, p: *mut u8) {
         if hardened::full_now() && !hardened::check_red_zone(p, huge::usable_size(seg, p), B::Huge) {
             return;
         }
-        super::free_huge(seg);
+        huge::free_block(seg);
     }
 }
 
@@ -273,30 +271,6 @@ pub(super) unsafe fn handed_out(p: *mut u8) {
             SegmentKind::Huge => p.cast::<usize>().add(1).write(0),
             SegmentKind::Small => {}
         }
-    }
-}
-
-/// `NUMAWEAVE_CHECK=full`: `layout` with the red zone's bytes more; the
-/// block gets its red zone.
-///
-/// # Safety
-/// As `GlobalAlloc::alloc` (`alloc_zeroed` with `zero`).
-#[cold]
-#[inline(never)]
-pub(super) unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) -> *mut u8 {
-    let Some(size) = layout.size().checked_add(hardened::PAD) else { return ptr::null_mut() };
-    // The padded size must not lose the alignment the size class of the
-    // plain size gives (C's malloc relies on it: 16 for a multiple of 16).
-    let align =
-        if layout.size().is_multiple_of(CLASS_ALIGN) { layout.align().max(CLASS_ALIGN) } else { layout.align() };
-    let Ok(padded) = Layout::from_size_align(size, align) else { return ptr::null_mut() };
-    // SAFETY: a valid layout; the block is ours until returned.
-    unsafe {
-        let p = if zero { a.alloc_slow(size, padded.align(), true) } else { a.alloc_plain(padded) };
-        if !p.is_null() {
-            hardened::set_red_zone(p, layout.size(), raw_usable_size(p));
-        }
-        p
     }
 }
 

@@ -71,7 +71,7 @@ impl Placer {
 unsafe fn dealloc(ptr: NonNull<u8>, layout: Layout) {
     if layout.size() != 0 {
         // SAFETY: per the contract.
-        unsafe { super::free(ptr.as_ptr()) };
+        unsafe { super::free::free(ptr.as_ptr()) };
     }
 }
 

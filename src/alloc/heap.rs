@@ -104,9 +104,11 @@ pub(crate) struct Heap {
     pub(crate) next_orphan: *mut Heap,
     /// Whether a live thread owns it.
     pub(crate) owned: AtomicU64,
-    /// The owning thread's policy state (set when a thread makes or adopts
-    /// it, see `placement::thread_heap`): the refill reads it here.
-    pub(crate) policy: *const super::placement::ThreadPolicy,
+    /// A word for the layer above: the owning thread's policy state, which
+    /// the placement sets when a thread makes or adopts the heap and reads
+    /// on refills (cheaper than its thread-local in the C library). Opaque
+    /// here: the heap never reads it; a thread's exit clears it.
+    pub(crate) policy: *const (),
     /// Pages with remote frees waiting in `thread_free` (doubly linked through
     /// `pend_prev`/`pend_next`).
     pending: *mut Page,
@@ -127,10 +129,10 @@ pub(crate) trait Placement {
 }
 
 /// The calling thread's heap, if it has one: null before its first
-/// allocation and after it exited. One `fs:`-relative load (see `tls.rs`).
+/// allocation and after it exited. One `fs:`-relative load (see `os/tls.rs`).
 #[inline(always)]
 pub(crate) fn current() -> *mut Heap {
-    super::tls::get().cast()
+    crate::os::tls::get().cast()
 }
 
 impl Heap {
@@ -623,8 +625,13 @@ impl Heap {
         }
     }
 
-    fn pend_link(&mut self, page: *mut Page) {
-        // SAFETY: owner-only fields of a page of this heap.
+    /// Puts `page` at the head of the pages with remote frees waiting.
+    ///
+    /// # Safety
+    /// `page` is a live page of this heap, not on the pending list; the
+    /// caller is the heap's owner (the fields are owner-only).
+    unsafe fn pend_link(&mut self, page: *mut Page) {
+        // SAFETY: owner-only fields of a page of this heap (the contract).
         unsafe {
             (*page).pending = true;
             (*page).pend_prev = ptr::null_mut();
@@ -636,8 +643,14 @@ impl Heap {
         }
     }
 
-    fn pend_unlink(&mut self, page: *mut Page) {
-        // SAFETY: as above; the page is on the pending list.
+    /// Takes `page` off the pending list.
+    ///
+    /// # Safety
+    /// `page` is a live page of this heap on the pending list; the caller is
+    /// the heap's owner.
+    unsafe fn pend_unlink(&mut self, page: *mut Page) {
+        // SAFETY: the contract: the page and its neighbours on the list are
+        // this heap's, their links owner-only.
         unsafe {
             let (prev, next) = ((*page).pend_prev, (*page).pend_next);
             if prev.is_null() {
@@ -655,8 +668,14 @@ impl Heap {
         }
     }
 
-    fn push_front(&mut self, page: *mut Page) {
-        // SAFETY: owner-only list fields of pages this heap owns.
+    /// Puts `page` at the head of its class's list.
+    ///
+    /// # Safety
+    /// `page` is a live page this heap owns, on no list; the caller is the
+    /// heap's owner.
+    unsafe fn push_front(&mut self, page: *mut Page) {
+        // SAFETY: owner-only list fields of pages this heap owns (the
+        // contract).
         unsafe {
             debug_assert!((*page).prev.is_null() && (*page).next.is_null(), "page already on a list");
             let class = usize::from((*page).info.class);
@@ -671,8 +690,14 @@ impl Heap {
         }
     }
 
-    fn unlink(&mut self, page: *mut Page) {
-        // SAFETY: as above. A page off every list has null links and is not a head.
+    /// Takes `page` off its class's list (a page on none is left as it is),
+    /// and out of the direct slot if it is there.
+    ///
+    /// # Safety
+    /// `page` is a live page this heap owns; the caller is the heap's owner.
+    unsafe fn unlink(&mut self, page: *mut Page) {
+        // SAFETY: owner-only list fields of pages this heap owns (the
+        // contract). A page off every list has null links and is not a head.
         unsafe {
             let class = usize::from((*page).info.class);
             let (prev, next) = ((*page).prev, (*page).next);
@@ -824,10 +849,48 @@ fn lists_dropped() -> bool {
 }
 
 /// Whether `p` lies in the blocks of `page` (a heap page).
-fn in_page(page: *mut Page, p: *const u8) -> bool {
+///
+/// # Safety
+/// `page` is a live heap page (its `info` is read).
+unsafe fn in_page(page: *mut Page, p: *const u8) -> bool {
     // SAFETY: the caller passes a live page.
     let (start, slots) = unsafe { ((*page).info.start as usize, usize::from((*page).info.slots)) };
     (start..start + slots * super::segment::SLOT_SIZE).contains(&(p as usize))
+}
+
+/// Frees `p`, a live block of `page` (of a small segment), on the page's
+/// free list if the calling thread's heap owns it, else on its remote list.
+///
+/// # Safety
+/// `p` is a live block of `page`, checked (hardened builds) and marked freed.
+#[inline(always)]
+pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
+    let heap = current();
+    // SAFETY: per the contract; `info.heap` is fixed while `p` is live.
+    unsafe {
+        if (*page).info.heap.load(Ordering::Relaxed) == heap {
+            Heap::free_local(heap, page, p.cast::<Block>());
+        } else {
+            free_remote(page, p.cast::<Block>());
+        }
+    }
+}
+
+/// A block of another heap's page: push it on the page's `thread_free`; the
+/// first push onto an empty list also queues the page on its heap, once.
+#[cold]
+unsafe fn free_remote(page: *mut Page, block: *mut Block) {
+    // SAFETY: the block is live and ours to give back; the page and its heap
+    // outlive it (heaps are never freed, pages not reassigned while they hold
+    // a live block).
+    unsafe {
+        // (A hardened build stores the link encoded, as in the page's own
+        // list: the owner then takes the chain without walking it.)
+        if (*page).remote.thread_free.push_by(block, |b, next| (*b).next = link(page, next)) {
+            let heap = (*page).info.heap.load(Ordering::Relaxed);
+            (*heap).remote_pages.0.push(page);
+        }
+    }
 }
 
 /// The link a free block of `page` stores to the next one: encoded in a
@@ -924,11 +987,18 @@ unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
 /// # Safety
 /// `page` is live.
 #[inline(always)]
-unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::Block) {
+unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::BlockKind) {
     // SAFETY: per the contract.
     let (bs, node, slots) =
         unsafe { ((*page).info.block_size as usize, usize::from((*page).info.node), (*page).info.slots) };
-    (bs, if slots == 0 { crate::hardened::Block::Region(bs, node) } else { crate::hardened::Block::Sized(bs, node) })
+    (
+        bs,
+        if slots == 0 {
+            crate::hardened::BlockKind::Region(bs, node)
+        } else {
+            crate::hardened::BlockKind::Sized(bs, node)
+        },
+    )
 }
 
 /// The node (arena) of one of the heap's pages.
@@ -998,7 +1068,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
         }
         heap
     };
-    super::tls::set(heap.cast());
+    crate::os::tls::set(heap.cast());
     // Ask for `thread_exit` at thread exit.
     state.exit_key.set(heap.cast());
     Some((heap, adopted))
@@ -1014,7 +1084,7 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     if heap.is_null() {
         return;
     }
-    super::tls::set(ptr::null_mut());
+    crate::os::tls::set(ptr::null_mut());
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
     unsafe {
         Heap::release_empty_pages(heap);

@@ -105,6 +105,19 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     }
 }
 
+/// Frees the huge block whose header is `seg` (the state exists once a
+/// block does).
+///
+/// # Safety
+/// `seg` is the header of a live huge block.
+#[inline(always)]
+pub(crate) unsafe fn free_block(seg: *mut Segment) {
+    if let Some(state) = State::try_get() {
+        // SAFETY: per the contract.
+        unsafe { free(state, seg) };
+    }
+}
+
 /// Frees the huge block whose header is `seg`.
 ///
 /// # Safety

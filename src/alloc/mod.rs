@@ -51,6 +51,7 @@
 mod arena;
 #[cfg(feature = "hardened")]
 mod checked;
+mod free;
 mod handle;
 mod heap;
 mod huge;
@@ -62,17 +63,15 @@ mod segment;
 pub(crate) mod size_class;
 pub(crate) mod state;
 pub mod stats;
-mod tls;
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
 
 #[cfg(feature = "hardened")]
-pub use checked::report_misuse;
+use checked::handed_out;
 #[cfg(feature = "hardened")]
-use checked::{alloc_red_zoned, handed_out};
+pub use checked::report_misuse;
 pub use handle::{InterleaveHandle, NodeHandle};
-pub(crate) use heap::for_each_heap;
 pub use huge::MAX_ALIGN;
 pub use placement::{PolicyGuard, with_policy};
 pub use size_class::SMALL_MAX;
@@ -82,7 +81,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "hardened")]
 use crate::hardened;
 use heap::Heap;
-use segment::{Block, Segment, SegmentKind, SmallSegment, page_of, segment_of};
+use segment::{Segment, SegmentKind, SmallSegment, page_of, segment_of};
 use size_class::{class_for, class_of, class_size};
 use state::State;
 
@@ -256,7 +255,7 @@ impl NumaAlloc {
     #[inline(always)]
     pub unsafe fn free(&self, p: *mut u8) {
         // SAFETY: per the contract.
-        unsafe { free(p) }
+        unsafe { free::free(p) }
     }
 
     /// C's `free` of a pointer of unknown origin: frees `p` and returns
@@ -272,7 +271,7 @@ impl NumaAlloc {
     #[inline(always)]
     pub unsafe fn free_if_owned(&self, p: *mut u8) -> bool {
         // SAFETY: forwarded contract.
-        unsafe { free_if_ours(p) }
+        unsafe { free::free_if_ours(p) }
     }
 
     /// [`free_if_owned`](Self::free_if_owned) for blocks of small segments
@@ -285,7 +284,7 @@ impl NumaAlloc {
     #[inline(always)]
     pub unsafe fn free_if_small(&self, p: *mut u8) -> bool {
         // SAFETY: forwarded contract.
-        unsafe { free_if_small(p) }
+        unsafe { free::free_if_small(p) }
     }
 
     /// Resizes the block at `p` to `new_size` bytes without its layout, as
@@ -440,214 +439,6 @@ unsafe fn alloc_class<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *
     }
 }
 
-/// The kinds as the segment map's byte and `free_as` name them.
-const SMALL: u8 = SegmentKind::Small as u8;
-const REGION: u8 = SegmentKind::Region as u8;
-
-/// Frees `p`, a live block of this allocator, whatever its size: the owner
-/// is found from the pointer alone.
-#[inline(always)]
-#[unsafe(link_section = ".text.hot.numaweave")]
-unsafe fn free(p: *mut u8) {
-    // A hardened build takes the kind from the segment map, which also says
-    // whether `p` is ours at all (`checked`); a misuse reported without
-    // aborting leaks the block. Null is in no segment of ours: C's
-    // `free(NULL)` costs its test only on the way out.
-    // SAFETY: `p` is a live block (caller's contract) or, a misuse, in no
-    // segment of ours: then nothing of it is read.
-    #[cfg(feature = "hardened")]
-    unsafe {
-        if !free_if_small(p) {
-            free_checked_not_small(p);
-        }
-    }
-    // Small blocks fall straight through; the other kinds are reached by a
-    // tail call.
-    // SAFETY: `p` is a live block (caller's contract), so its segment
-    // header is live.
-    #[cfg(not(feature = "hardened"))]
-    unsafe {
-        let kind = (*segment_of(p)).kind as u8;
-        if kind == SMALL {
-            free_as(p, SMALL);
-        } else {
-            free_not_small(p, kind);
-        }
-    };
-}
-
-/// [`free`] of a block that is not in a small segment (default builds).
-///
-/// # Safety
-/// As [`free`]; `kind` is `p`'s segment's.
-#[cfg(not(feature = "hardened"))]
-#[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
-unsafe fn free_not_small(p: *mut u8, kind: u8) {
-    // SAFETY: per the contract.
-    unsafe { free_as(p, kind) }
-}
-
-/// A hardened build's `free` of a pointer in no small segment of ours:
-/// null (a test and a `ret` straight after it), or the rest by a tail call.
-/// Out of line, so that a small block's free falls straight through to a
-/// `ret` of its own (with the null test in `free`, LLVM gave both one
-/// `ret`, and the small free a taken jump to it).
-///
-/// # Safety
-/// As [`free`].
-#[cfg(feature = "hardened")]
-#[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
-unsafe fn free_checked_not_small(p: *mut u8) {
-    if !p.is_null() {
-        // SAFETY: forwarded contract.
-        unsafe { free_checked_other(p) };
-    }
-}
-
-/// A hardened build's `free` of a pointer, not null, in no small segment of
-/// ours: a region or huge block, or a misuse (reported).
-///
-/// # Safety
-/// As [`free`].
-#[cfg(feature = "hardened")]
-#[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
-unsafe fn free_checked_other(p: *mut u8) {
-    debug_assert!(!p.is_null());
-    // SAFETY: as in `free`.
-    unsafe {
-        if !free_if_ours(p) {
-            checked::foreign(p);
-        }
-    }
-}
-
-/// Frees `p` and returns true if the segment map says it is in a live
-/// segment of ours (one load gives that and the segment's kind), else
-/// returns false having read nothing of `p`.
-///
-/// # Safety
-/// If `p` lies in a live segment of ours, it is a live block of this
-/// allocator (a hardened build checks that too).
-#[inline(always)]
-unsafe fn free_if_ours(p: *mut u8) -> bool {
-    // One dispatch on the mark (each arm gets `free_as` for its kind).
-    // SAFETY: a live segment of ours, of the kind its mark names; `p` a
-    // block in it (the caller's contract).
-    unsafe {
-        match segmap::kind(p) {
-            0 => return false,
-            SMALL => free_as(p, SMALL),
-            REGION => free_as(p, REGION),
-            huge => {
-                // Only the block's start is ours in a huge block's chunk
-                // (the rest may be another allocator's): tested here, off
-                // the small path. A hardened build checks it in
-                // `checked::huge`, which names the misuse.
-                #[cfg(not(feature = "hardened"))]
-                if !segmap::is_huge_block(p, huge) {
-                    return false;
-                }
-                free_as(p, huge)
-            }
-        }
-    }
-    true
-}
-
-/// Frees `p` and returns true if the segment map says it is in a live
-/// small segment of ours, else returns false having read nothing of `p`:
-/// [`free_if_ours`] for the common case alone, so that C's `free` takes it
-/// on its straight path and reaches the rest by a tail call.
-///
-/// # Safety
-/// As [`free_if_ours`].
-#[inline(always)]
-unsafe fn free_if_small(p: *mut u8) -> bool {
-    if segmap::kind(p) != SMALL {
-        return false;
-    }
-    // SAFETY: a live small segment of ours holding `p`, so a live block of
-    // it (the caller's contract).
-    unsafe { free_as(p, SMALL) };
-    true
-}
-
-/// Frees `p`, a live block in a segment of `kind` (`SegmentKind as u8`,
-/// from its header or from the segment map).
-///
-/// # Safety
-/// `p` is a live block of this allocator (a hardened build checks the rest
-/// of that), in a segment of `kind`.
-#[inline(always)]
-unsafe fn free_as(p: *mut u8, kind: u8) {
-    let seg = segment_of(p);
-    // SAFETY: `p` is a live block (caller's contract), so its segment header
-    // is live, and for a small segment the slot belongs to a page. (A
-    // hardened build checks the slot before it trusts it, and finishes the
-    // free itself where its checks need more than the fast path: every call
-    // here is a tail call, so `free` keeps no stack frame.)
-    unsafe {
-        debug_assert!(
-            kind == (*seg).kind as u8 || (segmap::is_huge(kind) && (*seg).kind == SegmentKind::Huge),
-            "the segment map names another kind"
-        );
-        match kind {
-            SMALL => {
-                #[cfg(feature = "hardened")]
-                let page = checked::small(seg.cast::<SmallSegment>(), p);
-                #[cfg(feature = "hardened")]
-                if page.is_null() {
-                    return;
-                }
-                #[cfg(not(feature = "hardened"))]
-                let page = page_of(seg.cast::<SmallSegment>(), p);
-                free_small(page, p)
-            }
-            #[cfg(feature = "hardened")]
-            REGION => checked::region(seg, p),
-            #[cfg(not(feature = "hardened"))]
-            REGION => free_region(seg, p),
-            #[cfg(feature = "hardened")]
-            _ => checked::huge(seg, p),
-            #[cfg(not(feature = "hardened"))]
-            _ => free_huge(seg),
-        }
-    }
-}
-
-/// Frees `p`, a live block of `page` (of a small segment), on the page's
-/// free list if the calling thread's heap owns it, else on its remote list.
-///
-/// # Safety
-/// `p` is a live block of `page`, checked (hardened builds) and marked freed.
-#[inline(always)]
-unsafe fn free_small(page: *mut segment::Page, p: *mut u8) {
-    let heap = heap::current();
-    // SAFETY: per the contract; `info.heap` is fixed while `p` is live.
-    unsafe {
-        if (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed) == heap {
-            Heap::free_local(heap, page, p.cast::<Block>());
-        } else {
-            free_remote(page, p.cast::<Block>());
-        }
-    }
-}
-
-/// Frees the huge block whose header is `seg`.
-///
-/// # Safety
-/// `seg` is the header of a live huge block.
-#[inline(always)]
-unsafe fn free_huge(seg: *mut segment::Segment) {
-    if let Some(state) = State::try_get() {
-        // SAFETY: per the contract.
-        unsafe { huge::free(state, seg) };
-    }
-}
-
 /// The bytes to set aside for a block of `size` bytes asked by an explicit
 /// API (a hardened build under `NUMAWEAVE_CHECK=full` adds a red zone).
 #[inline(always)]
@@ -678,30 +469,31 @@ pub(crate) unsafe fn handed_out_for(p: *mut u8, size: usize) {
     let _ = (p, size);
 }
 
-/// A region block (an interleaved I/O buffer): its owner's interleaver, if
-/// that is the caller's, takes it back. Out of line: the policy's
-/// thread-local is read here, never on the small blocks' free path.
+#[cfg(feature = "hardened")]
+/// `NUMAWEAVE_CHECK=full`: `layout` with the red zone's bytes more; the
+/// block gets its red zone.
+///
+/// # Safety
+/// As `GlobalAlloc::alloc` (`alloc_zeroed` with `zero`).
 #[cold]
 #[inline(never)]
-unsafe fn free_region(seg: *mut segment::Segment, p: *mut u8) {
-    // SAFETY: the caller's contract.
-    unsafe { interleave::free(seg, p, placement::thread_interleaver()) }
-}
-
-/// A block of another heap's page: push it on the page's `thread_free`; the
-/// first push onto an empty list also queues the page on its heap, once.
-#[cold]
-unsafe fn free_remote(page: *mut segment::Page, block: *mut Block) {
-    // SAFETY: the block is live and ours to give back; the page and its heap
-    // outlive it (heaps are never freed, pages not reassigned while they hold
-    // a live block).
+unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) -> *mut u8 {
+    let Some(size) = layout.size().checked_add(hardened::PAD) else { return ptr::null_mut() };
+    // The padded size must not lose the alignment the size class of the
+    // plain size gives (C's malloc relies on it: 16 for a multiple of 16).
+    let align = if layout.size().is_multiple_of(size_class::CLASS_ALIGN) {
+        layout.align().max(size_class::CLASS_ALIGN)
+    } else {
+        layout.align()
+    };
+    let Ok(padded) = Layout::from_size_align(size, align) else { return ptr::null_mut() };
+    // SAFETY: a valid layout; the block is ours until returned.
     unsafe {
-        // (A hardened build stores the link encoded, as in the page's own
-        // list: the owner then takes the chain without walking it.)
-        if (*page).remote.thread_free.push_by(block, |b, next| (*b).next = heap::link(page, next)) {
-            let heap = (*page).info.heap.load(core::sync::atomic::Ordering::Relaxed);
-            (*heap).remote_pages.0.push(page);
+        let p = if zero { a.alloc_slow(size, padded.align(), true) } else { a.alloc_plain(padded) };
+        if !p.is_null() {
+            hardened::set_red_zone(p, layout.size(), raw_usable_size(p));
         }
+        p
     }
 }
 
@@ -776,7 +568,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
         // SAFETY: forwarded contract: `p` is a live block of this allocator.
-        unsafe { free(p) }
+        unsafe { free::free(p) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -801,7 +593,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
                 let q = self.alloc(Layout::from_size_align_unchecked(new_size, layout.align()));
                 if !q.is_null() {
                     ptr::copy_nonoverlapping(p, q, usable_size(p).min(new_size));
-                    free(p);
+                    free::free(p);
                 }
                 return q;
             }
@@ -909,7 +701,7 @@ impl NumaAlloc {
             let q = self.alloc(new_layout);
             if !q.is_null() {
                 ptr::copy_nonoverlapping(p, q, old_size.unwrap_or(usable).min(new_size));
-                free(p);
+                free::free(p);
             }
             q
         }

@@ -32,6 +32,7 @@ use core::ptr;
 
 use super::heap::{self, Heap, Placement, page_bytes};
 use super::interleave::{self, ThreadInterleaver};
+use super::segment::Segment;
 use super::state::{Mode, State};
 use crate::error::Result;
 use crate::os::file;
@@ -244,6 +245,20 @@ extern "C" fn drop_default_interleaver(il: *mut libc::c_void) {
     }
 }
 
+/// Frees a region block (an interleaved I/O buffer): its owner's
+/// interleaver, if that is the caller's, takes it back, else its region.
+///
+/// # Safety
+/// `p` is a live block of the region `seg`, given up by the caller.
+/// Out of line: the policy's
+/// thread-local is read here, never on the small blocks' free path.
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn free_region(seg: *mut Segment, p: *mut u8) {
+    // SAFETY: the caller's contract.
+    unsafe { interleave::free(seg, p, thread_interleaver()) }
+}
+
 /// The calling thread's interleaver in force, null if none (or not looked up
 /// yet: then the thread has no region block of its own).
 #[inline(always)]
@@ -290,12 +305,15 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
     }
     let (h, adopted) = heap::init_current(state)?;
     state.settle();
+    if state.config.show_stats {
+        super::stats::show_at_exit();
+    }
     THREAD.with(|t| {
         // SAFETY: the calling thread's heap, which only this thread uses
         // until it exits (then another adopts it and comes here).
         unsafe {
             t.last_node.set((*h).node);
-            (*h).policy = t;
+            (*h).policy = ptr::from_ref(t).cast();
         }
         t.mixed.set(adopted);
     });
@@ -304,7 +322,7 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
 
 /// The policy state of the thread that owns `heap`, the calling one. In the
 /// C library `THREAD` is general-dynamic TLS (a `__tls_get_addr` call at
-/// every access, as `tls.rs` explains); the heap keeps its address, which
+/// every access, as `os/tls.rs` explains); the heap keeps its address, which
 /// holds while the thread lives, and the thread is the heap's only user.
 ///
 /// # Safety
@@ -313,7 +331,7 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
 unsafe fn policy_of(heap: *mut Heap) -> &'static ThreadPolicy {
     // SAFETY: per the contract: set by `thread_heap` for this thread (a heap
     // made elsewhere, only in tests, has none and looks it up).
-    match unsafe { (*heap).policy.as_ref() } {
+    match unsafe { (*heap).policy.cast::<ThreadPolicy>().as_ref() } {
         Some(t) => t,
         None => this_thread_policy(),
     }
@@ -531,7 +549,7 @@ fn install(t: &ThreadPolicy, active: Active) {
 /// // The previous policy again.
 /// ```
 pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
-    let state = State::get(&super::Config::new());
+    let state = State::get(&super::state::Config::new());
     if !state.policies {
         return Err(crate::Error::InvalidPolicy { reason: "memory policies are switched off (NUMAWEAVE_POLICY=none)" });
     }

@@ -12,7 +12,7 @@ use super::heap::Heap;
 use crate::os::mem::Huge;
 use crate::os::{file, mem, thread};
 use crate::policy::Policy;
-use crate::sync::{AtomicBool, AtomicI32, InitCell, Ordering, SpinLock};
+use crate::sync::{AtomicBool, InitCell, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
 /// How arenas map to nodes, chosen once at start-up (as knfsd chose its pool
@@ -264,8 +264,6 @@ pub(crate) struct State {
     pub(crate) policies: bool,
     /// Whether the first thread's start-up work (`settle`) was done.
     settled: AtomicBool,
-    /// Where the statistics go at exit (`NUMAWEAVE_SHOW_STATS`).
-    stats_fd: AtomicI32,
 }
 
 // SAFETY: raw pointers inside are guarded by the spin locks around them.
@@ -325,7 +323,10 @@ impl State {
         }
         let config = if file::env_has_prefix(b"NUMAWEAVE_") { config.apply_env() } else { config };
         #[cfg(feature = "hardened")]
-        crate::hardened::init();
+        {
+            crate::hardened::init();
+            crate::hardened::set_fast_bound(super::size_class::SMALL_MAX);
+        }
         let s = slot.as_mut_ptr();
         // SAFETY: writes the field in place (nothing was there to drop); the
         // reference taken after it points at that initialised field, which
@@ -381,7 +382,6 @@ impl State {
             (&raw mut (*s).default_policy).write(default_policy);
             (&raw mut (*s).policies).write(config.policies);
             (&raw mut (*s).settled).write(AtomicBool::new(false));
-            (&raw mut (*s).stats_fd).write(AtomicI32::new(2));
         }
         // The fields written above, by name: a field added to `State` fails
         // to compile here until it is written too.
@@ -399,18 +399,16 @@ impl State {
                 default_policy: _,
                 policies: _,
                 settled: _,
-                stats_fd: _,
             } = s;
         };
     }
 
     /// Once, when the first heap is made (after start-up, outside the
     /// allocator's locks: this may allocate): prints the configuration and
-    /// topology (`NUMAWEAVE_VERBOSE`) and asks for the statistics at exit
-    /// (`NUMAWEAVE_SHOW_STATS`).
+    /// topology (`NUMAWEAVE_VERBOSE`).
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn settle(&'static self) {
-        if (self.config.verbose || self.config.show_stats) && !self.settled.swap(true, Ordering::Relaxed) {
+        if self.config.verbose && !self.settled.swap(true, Ordering::Relaxed) {
             self.settle_slow();
         }
     }
@@ -420,27 +418,19 @@ impl State {
     #[cold]
     #[inline(never)]
     fn settle_slow(&'static self) {
-        if self.config.verbose {
-            let c = &self.config;
-            file::write_stderr(format_args!(
-                "numaweave: mode {:?} (asked {:?}), strict {}, purge threshold {} B, purge delay {} ms, huge pages {:?}, policy {}{}\n{}",
-                self.mode,
-                c.mode,
-                c.strict,
-                c.purge_threshold,
-                c.purge_delay_ms,
-                c.huge,
-                self.default_policy,
-                if self.policies { "" } else { " (policies off)" },
-                self.topology
-            ));
-        }
-        if self.config.show_stats {
-            self.stats_fd.store(file::stderr_copy(), Ordering::Relaxed);
-            if let Err(e) = thread::at_exit(show_stats_at_exit) {
-                file::report(format_args!("numaweave: NUMAWEAVE_SHOW_STATS: {e}"));
-            }
-        }
+        let c = &self.config;
+        file::write_stderr(format_args!(
+            "numaweave: mode {:?} (asked {:?}), strict {}, purge threshold {} B, purge delay {} ms, huge pages {:?}, policy {}{}\n{}",
+            self.mode,
+            c.mode,
+            c.strict,
+            c.purge_threshold,
+            c.purge_delay_ms,
+            c.huge,
+            self.default_policy,
+            if self.policies { "" } else { " (policies off)" },
+            self.topology
+        ));
     }
 
     /// The arena for logical node `node` (`None` if it has no memory here).
@@ -527,13 +517,6 @@ impl<T> RawLock for SpinLock<T> {
     unsafe fn release(&self) {
         // SAFETY: forwarded contract.
         unsafe { self.unlock_raw() }
-    }
-}
-
-extern "C" fn show_stats_at_exit() {
-    if let Some(s) = State::try_get() {
-        let stats = super::stats::Stats::snapshot(s);
-        file::write_fd(s.stats_fd.load(Ordering::Relaxed), format_args!("{stats}"));
     }
 }
 

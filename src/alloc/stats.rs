@@ -4,9 +4,11 @@
 
 use core::fmt;
 
-use super::Mode;
+use super::heap::for_each_heap;
 use super::segment::SEGMENT_SIZE;
-use super::state::State;
+use super::state::{Mode, State};
+use crate::os::{file, thread};
+use crate::sync::{AtomicI32, Ordering};
 use crate::topology::{MAX_NODES, NodeSet};
 
 /// Counters of one node's arena, in bytes or counts.
@@ -109,7 +111,7 @@ impl Stats {
             s.frees = ld(&c.huge_frees);
         }
         let (mut heaps, mut orphan_heaps) = (0, 0);
-        super::for_each_heap(state, |h| {
+        for_each_heap(state, |h| {
             heaps += 1;
             if !h.is_owned() {
                 orphan_heaps += 1;
@@ -153,7 +155,29 @@ impl Stats {
 /// Prints `stats` on stderr, as the table `Display` gives (for
 /// `malloc_stats` and `NUMAWEAVE_SHOW_STATS`).
 pub fn print_to_stderr(stats: &Stats) {
-    crate::os::file::write_stderr(format_args!("{stats}"));
+    file::write_stderr(format_args!("{stats}"));
+}
+
+/// Where the statistics go at exit: a copy of stderr, made when they are
+/// asked for (some programs close stderr in their own exit handlers).
+static AT_EXIT_FD: AtomicI32 = AtomicI32::new(2);
+
+/// Prints the statistics when the process exits (`NUMAWEAVE_SHOW_STATS`),
+/// asked once, when the first heap exists (this may allocate).
+pub(crate) fn show_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        AT_EXIT_FD.store(file::stderr_copy(), Ordering::Relaxed);
+        if let Err(e) = thread::at_exit(print_at_exit) {
+            file::report(format_args!("numaweave: NUMAWEAVE_SHOW_STATS: {e}"));
+        }
+    });
+}
+
+extern "C" fn print_at_exit() {
+    if let Some(s) = State::try_get() {
+        file::write_fd(AT_EXIT_FD.load(Ordering::Relaxed), format_args!("{}", Stats::snapshot(s)));
+    }
 }
 
 impl fmt::Display for Stats {

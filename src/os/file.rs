@@ -7,14 +7,8 @@ use core::fmt;
 
 use crate::error::{Error, Result};
 
-/// A NUL-terminated path built on the stack with `write!`.
-///
-/// ```
-/// use core::fmt::Write;
-/// let mut p = numaweave::os::file::PathBuf::new();
-/// write!(p, "/sys/devices/system/node/node{}/distance", 3).unwrap();
-/// assert_eq!(p.as_str(), "/sys/devices/system/node/node3/distance");
-/// ```
+/// A NUL-terminated path built on the stack with `write!` or
+/// [`push`](Self::push) (see the tests below).
 pub struct PathBuf {
     buf: [u8; Self::CAPACITY + 1],
     len: usize,
@@ -30,6 +24,7 @@ impl PathBuf {
     }
 
     /// The path as text.
+    #[cfg(test)]
     pub fn as_str(&self) -> &str {
         // Only ever filled from `&str` pieces.
         core::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
@@ -48,18 +43,12 @@ impl PathBuf {
     /// anywhere in the library's text, and every page of it that start-up
     /// touches stays resident in every program (see ARCHITECTURE.md,
     /// "Resident text and start-up stack").
-    ///
-    /// ```
-    /// let mut p = numaweave::os::file::PathBuf::new();
-    /// p.push("/sys/devices/system/node/node").push_num(12).push("/cpulist");
-    /// assert_eq!(p.as_str(), "/sys/devices/system/node/node12/cpulist");
-    /// ```
     pub fn push(&mut self, s: &str) -> &mut Self {
         self.push_bytes(s.as_bytes())
     }
 
     /// Appends `b`: ASCII, or a whole UTF-8 text, so that the buffer stays
-    /// text (as [`as_str`](Self::as_str) needs). Out of line: start-up's
+    /// text. Out of line: start-up's
     /// path building is a few calls, not a copy of this per piece.
     #[inline(never)]
     #[unsafe(link_section = ".text.hot.numaweave")]
@@ -105,7 +94,7 @@ fn with_fd<T>(path: &CStr, extra: i32, f: impl FnOnce(i32) -> Result<T>) -> Resu
     // SAFETY: `path` is NUL-terminated; flags are valid.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | extra) };
     if fd < 0 {
-        return Err(Error::last_os("open"));
+        return Err(super::last_error("open"));
     }
     let res = f(fd);
     // SAFETY: `fd` is ours and closed once.
@@ -122,7 +111,7 @@ fn retry(call: &'static str, mut f: impl FnMut() -> isize) -> Result<usize> {
             return Ok(r as usize);
         }
         if super::errno() != libc::EINTR {
-            return Err(Error::last_os(call));
+            return Err(super::last_error(call));
         }
     }
 }
@@ -406,32 +395,32 @@ pub(crate) mod paths {
 
     /// The device number (`st_dev`) of the file system holding `path`.
     pub(crate) fn device_number(path: &Path) -> Option<u64> {
-        let _errno = super::super::KeepErrno::new();
+        let _errno = crate::os::KeepErrno::new();
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(path).ok().map(|m| m.dev())
     }
 
     /// Where the symbolic link `path` points.
     pub(crate) fn read_link(path: &Path) -> Option<PathBuf> {
-        let _errno = super::super::KeepErrno::new();
+        let _errno = crate::os::KeepErrno::new();
         std::fs::read_link(path).ok()
     }
 
     /// `path` with every link and `..` resolved (`realpath`).
     pub(crate) fn canonical(path: &Path) -> Option<PathBuf> {
-        let _errno = super::super::KeepErrno::new();
+        let _errno = crate::os::KeepErrno::new();
         path.canonicalize().ok()
     }
 
     /// Whether `path` exists.
     pub(crate) fn exists(path: &Path) -> bool {
-        let _errno = super::super::KeepErrno::new();
+        let _errno = crate::os::KeepErrno::new();
         path.exists()
     }
 
     /// The contents of a small text file; `Ok(None)` when it does not exist.
     pub(crate) fn read_text(path: &Path) -> Result<Option<String>> {
-        let _errno = super::super::KeepErrno::new();
+        let _errno = crate::os::KeepErrno::new();
         match std::fs::read_to_string(path) {
             Ok(s) => Ok(Some(s)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -502,5 +491,11 @@ mod tests {
         assert_eq!(p.as_str(), "/a0/18446744073709551615");
         assert!(core::fmt::Write::write_str(&mut p, &"y".repeat(PathBuf::CAPACITY)).is_err());
         assert_eq!(p.as_cstr().to_bytes(), p.as_str().as_bytes());
+        let mut p = PathBuf::new();
+        p.push("/sys/devices/system/node/node").push_num(12).push("/cpulist");
+        assert_eq!(p.as_str(), "/sys/devices/system/node/node12/cpulist");
+        let mut p = PathBuf::new();
+        fmt::Write::write_fmt(&mut p, format_args!("/sys/devices/system/node/node{}/distance", 3)).unwrap();
+        assert_eq!(p.as_str(), "/sys/devices/system/node/node3/distance");
     }
 }

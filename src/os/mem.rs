@@ -166,7 +166,7 @@ pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>>
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(Error::last_os("mmap(MAP_HUGETLB)"));
+        return Err(super::last_error("mmap(MAP_HUGETLB)"));
     }
     let start = p as usize;
     let aligned = start.next_multiple_of(align);
@@ -288,7 +288,7 @@ pub fn map_charged(len: usize, charge: Charge) -> Result<NonNull<u8>> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(Error::last_os("mmap"));
+        return Err(super::last_error("mmap"));
     }
     NonNull::new(p.cast()).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
 }
@@ -367,7 +367,7 @@ pub unsafe fn remap(ptr: NonNull<u8>, old_len: usize, new_len: usize, may_move: 
     // SAFETY: forwarded to the caller.
     let p = unsafe { libc::mremap(ptr.as_ptr().cast(), old_len, new_len, flags) };
     if p == libc::MAP_FAILED {
-        return Err(Error::last_os("mremap"));
+        return Err(super::last_error("mremap"));
     }
     NonNull::new(p.cast()).ok_or(Error::Os { call: "mremap", errno: libc::ENOMEM })
 }
@@ -388,7 +388,7 @@ pub unsafe fn remap_to(ptr: NonNull<u8>, old_len: usize, new_len: usize, to: Non
         libc::mremap(ptr.as_ptr().cast(), old_len, new_len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to.as_ptr())
     };
     if p == libc::MAP_FAILED {
-        return Err(Error::last_os("mremap"));
+        return Err(super::last_error("mremap"));
     }
     NonNull::new(p.cast()).ok_or(Error::Os { call: "mremap", errno: libc::ENOMEM })
 }
@@ -566,14 +566,14 @@ pub fn page_frames(start: *const u8, out: &mut [Option<u64>]) -> Result<()> {
     // SAFETY: literal path, valid flags.
     let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(Error::last_os("open(/proc/self/pagemap)"));
+        return Err(super::last_error("open(/proc/self/pagemap)"));
     }
     let mut entries = vec![0u64; out.len()];
     let off = (start as usize / page_size() * 8) as libc::off_t;
     let want = entries.len() * 8;
     // SAFETY: reads into the vector's `want` bytes.
     let r = unsafe { libc::pread(fd, entries.as_mut_ptr().cast(), want, off) };
-    let err = (r != want as isize).then(|| Error::last_os("pread(/proc/self/pagemap)"));
+    let err = (r != want as isize).then(|| super::last_error("pread(/proc/self/pagemap)"));
     // SAFETY: `fd` is ours.
     unsafe { libc::close(fd) };
     if let Some(e) = err {
@@ -602,13 +602,13 @@ pub fn page_frame(addr: *const u8) -> Result<Option<u64>> {
     // SAFETY: literal path, valid flags.
     let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(Error::last_os("open(/proc/self/pagemap)"));
+        return Err(super::last_error("open(/proc/self/pagemap)"));
     }
     let mut entry = 0u64;
     let off = (addr as usize / page_size() * 8) as libc::off_t;
     // SAFETY: reads 8 bytes into a u64 on the stack.
     let r = unsafe { libc::pread(fd, (&mut entry as *mut u64).cast(), 8, off) };
-    let err = (r != 8).then(|| Error::last_os("pread(/proc/self/pagemap)"));
+    let err = (r != 8).then(|| super::last_error("pread(/proc/self/pagemap)"));
     // SAFETY: `fd` is ours.
     unsafe { libc::close(fd) };
     if let Some(e) = err {

@@ -8,68 +8,39 @@
 //!   (`madvise(MADV_DONTNEED)`), ask for transparent huge pages, and ask where
 //!   pages really are (`move_pages` with null nodes, `/proc/self/pagemap`).
 //! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), thread affinity.
-//! - [`file`](mod@file): raw reads of small sysfs/procfs files into caller buffers, and the
-//!   environment, without touching the heap; and the few file-system queries
-//!   of device locality (which may allocate).
-//! - [`thread`]: a destructor at thread exit (pthread key) and `fork()` handlers.
+//! - `file` (crate-private): raw reads of small sysfs/procfs files into
+//!   caller buffers, and the environment, without touching the heap; the
+//!   few file-system queries of device locality (which may allocate); one
+//!   line on stderr without the heap ([`report`]).
+//! - `thread` (crate-private): a destructor at thread exit (pthread key),
+//!   the ranked `fork()` handlers, the futex a blocking lock sleeps on.
+//! - `tls` (crate-private): the heap's thread-local slot, in the
+//!   initial-exec model (platform assembly).
+//! - [`abort`]: the end of a process whose heap cannot be trusted.
 //!
 //! Node ids at this layer are the kernel's (physical) ids. The topology layer maps
 //! the logical nodes of a synthetic topology onto them before calling here.
 //!
 //! Every failure is an [`Error::Os`](crate::Error::Os) naming the call and
-//! errno, and no function here changes the caller's errno ([`KeepErrno`]).
+//! errno, and no function here changes the caller's errno (`KeepErrno`).
 
 pub mod cpu;
-pub mod file;
+// (Under loom only the concurrent structures are built: the allocator,
+// which uses most of these, is not.)
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) mod file;
 pub mod mem;
-pub mod thread;
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) mod thread;
+#[cfg(not(loom))]
+pub(crate) mod tls;
 
-/// `Ok` where a call returned 0, else the error its `errno` names: the
-/// check of every wrapper here whose call returns 0 or -1.
-#[inline]
-pub(crate) fn os_result(rc: impl Into<i64>, call: &'static str) -> crate::error::Result<()> {
-    if rc.into() != 0 { Err(crate::error::Error::last_os(call)) } else { Ok(()) }
-}
+mod errno;
 
-/// The calling thread's `errno`.
-#[inline]
-pub fn errno() -> i32 {
-    // SAFETY: `__errno_location` always returns a valid pointer to this
-    // thread's errno.
-    unsafe { *libc::__errno_location() }
-}
-
-/// Sets the calling thread's `errno`.
-#[inline]
-pub fn set_errno(e: i32) {
-    // SAFETY: as in `errno`.
-    unsafe { *libc::__errno_location() = e };
-}
-
-/// Puts back, when dropped, the `errno` the calling thread had when it was
-/// made. Every function of this layer whose libc call may fail holds one
-/// from before the call, so a failure's errno travels only in its
-/// [`Error::Os`](crate::Error::Os) and nothing above this layer sees errno
-/// change: a `malloc` that succeeded after an `mremap` in place failed, or
-/// after start-up found a sysfs file missing, leaves errno as it found it,
-/// as POSIX asks of `free` and C programs rely on of every call. (Two
-/// thread-local accesses, beside a system call.)
-#[must_use]
-pub(crate) struct KeepErrno(i32);
-
-impl KeepErrno {
-    #[inline]
-    pub(crate) fn new() -> Self {
-        Self(errno())
-    }
-}
-
-impl Drop for KeepErrno {
-    #[inline]
-    fn drop(&mut self) {
-        set_errno(self.0);
-    }
-}
+pub use crate::error::errno_name;
+pub(crate) use errno::{KeepErrno, last_error, os_result};
+pub use errno::{errno, set_errno};
+pub use file::report;
 
 /// The size of a base page in bytes (read once from `sysconf`, 4096 on x86-64).
 pub fn page_size() -> usize {
@@ -110,6 +81,15 @@ impl ReadOnce {
     }
 }
 
+/// Ends the process at once (`abort()`: `SIGABRT`, a core dump where
+/// enabled), for a misuse the hardened build reports: nothing of the
+/// process's own (exit handlers, buffers) runs on a heap that cannot be
+/// trusted.
+pub fn abort() -> ! {
+    // SAFETY: always sound.
+    unsafe { libc::abort() }
+}
+
 /// A monotonic clock in milliseconds, cheap enough for slow paths
 /// (`CLOCK_MONOTONIC_COARSE`, a vDSO read: no system call).
 pub fn monotonic_ms() -> u64 {
@@ -127,37 +107,4 @@ pub fn random_u64() -> Option<u64> {
     // SAFETY: writes at most 8 bytes into `v`; GRND_NONBLOCK never waits.
     let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
     (n == 8).then_some(v)
-}
-
-/// The symbolic name of an errno value (`"EINVAL"`), or `"E?"` for one not listed.
-pub fn errno_name(errno: i32) -> &'static str {
-    match errno {
-        libc::EPERM => "EPERM",
-        libc::ENOENT => "ENOENT",
-        libc::ESRCH => "ESRCH",
-        libc::EINTR => "EINTR",
-        libc::EIO => "EIO",
-        libc::ENXIO => "ENXIO",
-        libc::E2BIG => "E2BIG",
-        libc::EBADF => "EBADF",
-        libc::EAGAIN => "EAGAIN",
-        libc::ENOMEM => "ENOMEM",
-        libc::EACCES => "EACCES",
-        libc::EFAULT => "EFAULT",
-        libc::EBUSY => "EBUSY",
-        libc::EEXIST => "EEXIST",
-        libc::ENODEV => "ENODEV",
-        libc::ENOTDIR => "ENOTDIR",
-        libc::EISDIR => "EISDIR",
-        libc::EINVAL => "EINVAL",
-        libc::ENFILE => "ENFILE",
-        libc::EMFILE => "EMFILE",
-        libc::ENOSPC => "ENOSPC",
-        libc::ERANGE => "ERANGE",
-        libc::ENOSYS => "ENOSYS",
-        libc::ENAMETOOLONG => "ENAMETOOLONG",
-        libc::EOVERFLOW => "EOVERFLOW",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        _ => "E?",
-    }
 }

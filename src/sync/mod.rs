@@ -8,6 +8,7 @@
 mod mutex;
 mod once;
 mod retire;
+mod shim;
 mod spin;
 mod stack;
 mod unit_map;
@@ -15,6 +16,8 @@ mod unit_map;
 pub use mutex::{Mutex, MutexGuard};
 pub use once::InitCell;
 pub use retire::{Acquired, RetireCount};
+#[allow(unused_imports)]
+pub(crate) use shim::*;
 pub use spin::{SpinGuard, SpinLock};
 pub use stack::{AtomicStack, CountedStack, Linked};
 pub use unit_map::{UnitMap, for_words};
@@ -25,51 +28,3 @@ pub use unit_map::{UnitMap, for_words};
 #[repr(C, align(128))]
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) struct CachePadded<T>(pub(crate) T);
-
-#[cfg(loom)]
-#[allow(unused_imports)]
-pub(crate) use loom::{
-    cell::UnsafeCell,
-    hint::spin_loop,
-    sync::atomic::{
-        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-    },
-    thread::yield_now,
-};
-
-#[cfg(not(loom))]
-#[allow(unused_imports)]
-pub(crate) use std::{
-    hint::spin_loop,
-    sync::atomic::{
-        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-    },
-    thread::yield_now,
-};
-
-/// `std::cell::UnsafeCell` with loom's closure-based access API, so callers
-/// write the same code under both configurations.
-#[cfg(not(loom))]
-#[derive(Debug)]
-#[allow(dead_code)]
-pub(crate) struct UnsafeCell<T: ?Sized>(std::cell::UnsafeCell<T>);
-
-#[cfg(not(loom))]
-impl<T> UnsafeCell<T> {
-    pub(crate) const fn new(data: T) -> Self {
-        Self(std::cell::UnsafeCell::new(data))
-    }
-}
-
-#[cfg(not(loom))]
-impl<T: ?Sized> UnsafeCell<T> {
-    #[inline(always)]
-    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
-        f(self.0.get())
-    }
-
-    #[inline(always)]
-    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
-        f(self.0.get())
-    }
-}

@@ -4,7 +4,7 @@
 
 use core::mem::MaybeUninit;
 
-use super::{AtomicU8, Ordering, UnsafeCell, spin_loop, yield_now};
+use super::shim::{AtomicU8, Ordering, UnsafeCell, spin_loop, yield_now};
 
 const UNINIT: u8 = 0;
 const RUNNING: u8 = 1;

@@ -5,7 +5,7 @@
 //! reference" true: the last release after retirement, or the retirement
 //! itself when nothing is live. Modelled with loom in `loom-tests/`.
 
-use super::{AtomicUsize, Ordering};
+use super::shim::{AtomicUsize, Ordering};
 
 const RETIRED: usize = 1 << (usize::BITS - 1);
 

@@ -6,7 +6,7 @@
 
 use core::ops::{Deref, DerefMut};
 
-use super::{AtomicBool, Ordering, UnsafeCell, spin_loop, yield_now};
+use super::shim::{AtomicBool, Ordering, UnsafeCell, spin_loop, yield_now};
 
 /// A spin lock owning a `T`.
 ///

@@ -9,7 +9,7 @@
 
 use core::ptr;
 
-use super::{AtomicPtr, AtomicUsize, Ordering};
+use super::shim::{AtomicPtr, AtomicUsize, Ordering};
 
 /// A node type that can be linked into an [`AtomicStack`] through a `next`
 /// pointer stored inside it.

@@ -16,7 +16,7 @@
 //! purging) sees the length cleared, the count raised, and the freer's last
 //! use of the memory.
 
-use super::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use super::shim::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 
 /// See the module docs: `W` words of 64 units, all storage inline (the
 /// allocator keeps it in a region's header).

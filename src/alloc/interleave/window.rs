@@ -13,11 +13,11 @@ use crate::alloc::region::Region;
 use crate::policy::Pick;
 
 pub(crate) struct Window {
-    /// `Count`: allocations left in the turn (0: closed). `Bytes`: bytes
-    /// served since the window opened (closed once it reaches `limit`).
-    served: Cell<u64>,
-    /// `Count`: allocations left when it opened. `Bytes`: the bytes the turn
-    /// had left then. 0: closed.
+    /// What is left of the turn: allocations (`Count`) or bytes (`Bytes`).
+    /// Open while above 0; a byte turn ends at the allocation that crosses
+    /// it, so it may end below.
+    left: Cell<i64>,
+    /// `left` when it opened. 0: closed.
     limit: Cell<u64>,
     /// The turn's node and that node's current region.
     region: Cell<*mut Region>,
@@ -33,7 +33,7 @@ pub(crate) struct Window {
 impl Window {
     pub(crate) fn new(count: bool) -> Self {
         Self {
-            served: Cell::new(0),
+            left: Cell::new(0),
             limit: Cell::new(0),
             region: Cell::new(ptr::null_mut()),
             node: Cell::new(0),
@@ -53,7 +53,7 @@ impl Window {
         self.node.set(pick.node);
         self.turn.set(pick.turn);
         self.fresh.set(fresh);
-        self.served.set(if self.count { left } else { 0 });
+        self.left.set(left as i64);
         self.limit.set(left);
     }
 
@@ -61,22 +61,22 @@ impl Window {
     /// that reaches its bytes).
     #[inline(always)]
     pub(crate) fn is_open(&self) -> bool {
-        let a = self.served.get();
-        if self.count { a != 0 } else { a < self.limit.get() }
+        self.left.get() > 0
     }
 
     /// Allocations the turn has left for blocks of `size` bytes (0: closed).
     #[inline(always)]
     pub(crate) fn allocations_left(&self, size: usize) -> u64 {
-        let a = self.served.get();
-        if self.count { a } else { self.limit.get().saturating_sub(a).div_ceil(size as u64) }
+        let left = self.left.get().max(0) as u64;
+        if self.count { left } else { left.div_ceil(size as u64) }
     }
 
     /// Books `n` allocations of `size` bytes served (negative: given back).
     #[inline(always)]
     pub(crate) fn serve(&self, n: i64, size: usize) {
-        let a = self.served.get() as i64;
-        self.served.set(if self.count { a - n } else { a + n * size as i64 } as u64);
+        let left = self.left.get() - if self.count { n } else { n * size as i64 };
+        debug_assert!(!self.count || left >= 0, "a count turn served past its end");
+        self.left.set(left);
     }
 
     /// Closes the window: what it served, as (allocations, bytes) for the
@@ -87,10 +87,10 @@ impl Window {
         if limit == 0 {
             return None;
         }
-        let a = self.served.get();
-        self.served.set(0);
+        let served = (limit as i64 - self.left.get()) as u64;
+        self.left.set(0);
         self.limit.set(0);
-        Some(if self.count { (limit - a, 0) } else { (u64::from(a > 0), a) })
+        Some(if self.count { (served, 0) } else { (u64::from(served > 0), served) })
     }
 
     /// The turn's node and region.
