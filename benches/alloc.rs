@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
+#[path = "../src/rng.rs"]
+mod rng;
+use rng::Rng;
+
 static NUMAWEAVE: numaweave::NumaAlloc = numaweave::NumaAlloc::new();
 static MIMALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -50,17 +54,7 @@ macro_rules! for_each_allocator {
     }};
 }
 
-/// xorshift64*: a deterministic size sequence shared by every allocator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
+/// A deterministic size sequence shared by every allocator.
 fn sizes(n: usize, min: usize, max: usize) -> Vec<usize> {
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
     (0..n)

@@ -32,6 +32,10 @@ mod rounds;
 
 use rounds::{ratio_to, row};
 
+#[path = "../src/rng.rs"]
+mod rng;
+use rng::Rng;
+
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
@@ -98,13 +102,11 @@ unsafe fn dealloc<const CALLED: bool>(p: *mut u8, l: Layout) {
 /// code reaches it (`std::alloc::alloc`, inlined into the loop with this
 /// build's LTO), or with `called` through a call per operation.
 fn churn<const CALLED: bool>(rounds: usize) -> f64 {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15u64);
     let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(256);
     let t = thread_cpu_ns();
     for i in 0..rounds {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next();
         // As C's malloc: alignment 16.
         let l = Layout::from_size_align(16 << (x % 11), 16).unwrap();
         // SAFETY: valid layout; freed below or at the end.

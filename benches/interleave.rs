@@ -24,6 +24,10 @@ use std::process::Command;
 
 use numaweave::NumaAlloc;
 
+#[path = "../src/rng.rs"]
+mod rng;
+use rng::Rng;
+
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
@@ -50,16 +54,6 @@ fn peak_rss_kib() -> u64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 fn churn(rounds: usize) {

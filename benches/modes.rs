@@ -16,18 +16,17 @@ use std::hint::black_box;
 use std::process::Command;
 use std::time::Instant;
 
+#[path = "../src/rng.rs"]
+mod rng;
+use rng::Rng;
+
 static A: numaweave::NumaAlloc = numaweave::NumaAlloc::new();
 
 /// ns per alloc+free pair: 256 blocks of 16–4096 bytes, allocated then freed
 /// in a shuffled order, repeated; the best of 15 samples of 20,000 rounds.
 fn measure() -> f64 {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15u64);
+    let mut next = || rng.next();
     let sizes: Vec<usize> = (0..256).map(|_| 16 + (next() % 4081) as usize).collect();
     let mut order: Vec<usize> = (0..256).collect();
     for i in (1..256).rev() {

@@ -28,6 +28,10 @@ use std::process::Command;
 use numaweave::NumaAlloc;
 use numaweave::policy::{Granularity, Interleave, Policy};
 
+#[path = "../src/rng.rs"]
+mod rng;
+use rng::Rng;
+
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
@@ -43,13 +47,11 @@ fn thread_cpu_ns() -> u64 {
 /// Mixed-size churn: 256 live blocks of 16 B–16 KiB, replaced one by one;
 /// nanoseconds per alloc + free pair.
 fn churn(rounds: usize) -> f64 {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15u64);
     let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(256);
     let t = thread_cpu_ns();
     for i in 0..rounds {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next();
         let l = Layout::from_size_align(16 << (x % 11), 8).unwrap();
         // SAFETY: valid layout; freed below or at the end.
         let p = unsafe { A.alloc(l) };

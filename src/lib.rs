@@ -63,6 +63,8 @@ pub mod error;
 pub(crate) mod hardened;
 pub mod os;
 pub mod policy;
+#[cfg(test)]
+mod rng;
 mod sets;
 pub mod slab;
 #[cfg(not(loom))]

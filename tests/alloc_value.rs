@@ -11,18 +11,8 @@ use numaweave::{Error, NumaAlloc};
 
 static A: NumaAlloc = NumaAlloc::new();
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+mod support;
+use support::Rng;
 
 /// A live block: its layout and the seed of the bytes written into it.
 #[derive(Clone, Copy)]

@@ -13,6 +13,8 @@ use std::ptr::NonNull;
 use numaweave::NumaAlloc;
 use numaweave::slab::RawCache;
 
+mod support;
+
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
@@ -316,13 +318,8 @@ fn busy() {
             .map(|t| {
                 let c = &c;
                 s.spawn(move || {
-                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
-                    let mut rng = move || {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x
-                    };
+                    let mut r = support::Rng(0x9e37_79b9_7f4a_7c15u64 ^ t);
+                    let mut rng = move || r.next();
                     let mut live: Vec<(usize, usize, u8)> = Vec::new();
                     let mut objs: Vec<(usize, usize, u8)> = Vec::new();
                     for i in 0..20_000u32 {

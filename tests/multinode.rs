@@ -336,12 +336,18 @@ fn cpuset_mems_confine_every_page(t: &Topology, layout: Option<&Guest>) -> Outco
     let confined = t.cpu_nodes().last().unwrap();
     assert!(confined != 0, "needs at least two CPU nodes");
     let group = cpuset_group("numaweave-test", &confined.to_string());
+    run_child(&["--cpuset-child", &group, &confined.to_string()]);
+    Outcome::Pass
+}
+
+/// Runs this binary again with `args` (a child's part of a check), prints
+/// what it printed and asserts that it passed.
+fn run_child(args: &[&str]) {
     let exe = std::fs::read_link("/proc/self/exe").unwrap();
-    let out = Command::new(exe).args(["--cpuset-child", &group, &confined.to_string()]).output().unwrap();
+    let out = Command::new(exe).args(args).output().unwrap();
     print!("\n{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "cpuset child failed: {}", out.status);
-    Outcome::Pass
+    assert!(out.status.success(), "child {args:?} failed: {}", out.status);
 }
 
 /// Runs in a child process: joins the cgroup, then tries every way to get
@@ -399,11 +405,7 @@ fn cpuset_mems_narrowed_while_allocating(t: &Topology, layout: Option<&Guest>) -
     let victim = t.cpu_nodes().last().unwrap();
     assert!(victim != 0, "needs at least two CPU nodes");
     let group = cpuset_group("numaweave-live", &t.memory_nodes().to_string());
-    let exe = std::fs::read_link("/proc/self/exe").unwrap();
-    let out = Command::new(exe).args(["--cpuset-live-child", &group, &victim.to_string()]).output().unwrap();
-    print!("\n{}", String::from_utf8_lossy(&out.stdout));
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "live cpuset child failed: {}", out.status);
+    run_child(&["--cpuset-live-child", &group, &victim.to_string()]);
     Outcome::Pass
 }
 

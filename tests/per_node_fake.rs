@@ -5,27 +5,22 @@
 //! environment set, because the allocator reads it once at start-up.
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 use std::sync::mpsc;
 
 use numaweave::{Mode, NumaAlloc, os, topology::Topology};
+
+mod support;
 
 static A: NumaAlloc = NumaAlloc::new();
 
 #[test]
 fn per_node_arenas_and_remote_frees_on_a_fake_topology() {
-    if std::env::var_os("NUMAWEAVE_TEST_CHILD").is_none() {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "per_node_arenas_and_remote_frees_on_a_fake_topology", "--nocapture"])
-            .env("NUMAWEAVE_TEST_CHILD", "1")
-            .env("NUMAWEAVE_TOPOLOGY", "fake:2")
-            .env("NUMAWEAVE_MODE", "per-node")
-            .output()
-            .unwrap();
-        print!("{}", String::from_utf8_lossy(&out.stdout));
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "child failed");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("SYNTHETIC"));
+    if !support::in_child() {
+        support::rerun(
+            "per_node_arenas_and_remote_frees_on_a_fake_topology",
+            &[("NUMAWEAVE_TOPOLOGY", Some("fake:2")), ("NUMAWEAVE_MODE", Some("per-node"))],
+            "SYNTHETIC",
+        );
         return;
     }
     let topo = Topology::global();

@@ -6,45 +6,36 @@
 //! environment set (the allocator reads it once).
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 
 use numaweave::policy::{Granularity, Interleave, Policy};
 use numaweave::topology::{NodeSet, Topology};
 use numaweave::{Mode, NumaAlloc, os, with_policy};
 
+mod support;
+use support::in_child;
+
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
+/// Runs `test` again in a child on `fake:2`, per-node, with `policy` as the
+/// process default; its output.
 fn child(test: &str, policy: Option<&str>) -> String {
-    let mut c = Command::new(std::env::current_exe().unwrap());
+    let mut env = vec![("NUMAWEAVE_TOPOLOGY", Some("fake:2")), ("NUMAWEAVE_MODE", Some("per-node"))];
     // Tests of exact geometry (adjacent buffers, bytes per turn) run
     // without a hardened build's red zones, which make every block longer.
     if test.starts_with("scoped_interleave_") || test.contains("huge") {
-        c.env_remove("NUMAWEAVE_CHECK");
+        env.push(("NUMAWEAVE_CHECK", None));
     }
-    c.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("NUMAWEAVE_TEST_CHILD", "1")
-        .env("NUMAWEAVE_TOPOLOGY", "fake:2")
-        .env("NUMAWEAVE_MODE", "per-node");
     if let Some(p) = policy {
-        c.env("NUMAWEAVE_POLICY", p);
+        env.push(("NUMAWEAVE_POLICY", Some(p)));
     }
     if test.contains("hugetlb") {
-        c.env("NUMAWEAVE_HUGE", "hugetlb");
+        env.push(("NUMAWEAVE_HUGE", Some("hugetlb")));
     }
     if test.contains("strict") {
-        c.env("NUMAWEAVE_STRICT", "1");
+        env.push(("NUMAWEAVE_STRICT", Some("1")));
     }
-    let out = c.output().unwrap();
-    let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-    print!("{o}");
-    eprint!("{e}");
-    assert!(out.status.success(), "child failed");
-    o + &e
-}
-
-fn in_child() -> bool {
-    std::env::var_os("NUMAWEAVE_TEST_CHILD").is_some()
+    support::rerun(test, &env, "")
 }
 
 /// Pins the test thread to a CPU of node 0.
@@ -457,13 +448,11 @@ fn default_interleave_blocks_freed_across_threads() {
                         A.dealloc(p, Layout::from_size_align(size, 8).unwrap());
                     }
                 };
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut rng = support::Rng(0x9e37_79b9_7f4a_7c15u64 ^ t as u64);
                 let mut ring: std::collections::VecDeque<(usize, usize, u8)> = std::collections::VecDeque::new();
                 let mut batch = Vec::new();
                 for i in 0..PER {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next();
                     let size = 16 << (x % 13); // 16 B – 64 KiB
                     let v = (i * 7 + t) as u8;
                     // I/O buffers (page-aligned) and other blocks.

@@ -7,7 +7,6 @@
 //! process (the allocator reads `NUMAWEAVE_POLICY` once).
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 use std::sync::mpsc;
 
 use numaweave::NumaAlloc;
@@ -24,22 +23,14 @@ const POLICIES: [&str; 6] = [
     "interleave:0-1:bytes=256K:weights=3,1",
 ];
 
-struct Rng(u64);
+mod support;
+use support::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Log-uniform over 1 B – 1 MiB.
-    fn size(&mut self) -> usize {
-        let k = self.next() % 21;
-        let s = (1usize << k) + (self.next() as usize & ((1 << k) - 1));
-        s.min(1 << 20)
-    }
+/// Log-uniform over 1 B – 1 MiB.
+fn size_of_next(r: &mut Rng) -> usize {
+    let k = r.next() % 21;
+    let s = (1usize << k) + (r.next() as usize & ((1 << k) - 1));
+    s.min(1 << 20)
 }
 
 /// A live block: where, its layout, and the seed of its contents.
@@ -106,7 +97,7 @@ fn worker(t: usize, ops: usize, tx: mpsc::Sender<Vec<Live>>, rx: mpsc::Receiver<
     let mut out: Vec<Live> = Vec::new();
     for _ in 0..ops {
         let align = [8, 8, 8, 64, 4096][rng.next() as usize % 5];
-        let layout = Layout::from_size_align(rng.size(), align).unwrap();
+        let layout = Layout::from_size_align(size_of_next(&mut rng), align).unwrap();
         // SAFETY: a valid layout.
         let p = unsafe { A.alloc(layout) };
         assert!(!p.is_null());
@@ -121,7 +112,7 @@ fn worker(t: usize, ops: usize, tx: mpsc::Sender<Vec<Live>>, rx: mpsc::Receiver<
                 0 => out.push(b),
                 1 => {
                     // Realloc to another size: the common prefix survives.
-                    let new = rng.size();
+                    let new = size_of_next(&mut rng);
                     // SAFETY: a live block of `b.layout`.
                     let q = unsafe { A.realloc(b.p as *mut u8, b.layout, new) };
                     assert!(!q.is_null());
@@ -152,23 +143,18 @@ fn worker(t: usize, ops: usize, tx: mpsc::Sender<Vec<Live>>, rx: mpsc::Receiver<
 
 #[test]
 fn freeing_with_any_size_up_to_the_usable_one_is_exact_under_every_policy() {
-    if std::env::var_os("NUMAWEAVE_TEST_CHILD").is_none() {
+    if !support::in_child() {
         for policy in POLICIES {
-            let out = Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "freeing_with_any_size_up_to_the_usable_one_is_exact_under_every_policy",
-                    "--nocapture",
-                ])
-                .env("NUMAWEAVE_TEST_CHILD", "1")
-                .env("NUMAWEAVE_TOPOLOGY", "fake:2")
-                .env("NUMAWEAVE_MODE", "per-node")
-                .env("NUMAWEAVE_POLICY", policy)
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-            print!("{text}");
-            assert!(out.status.success() && text.contains("workload checked"), "{policy}: child failed");
+            let env = [
+                ("NUMAWEAVE_TOPOLOGY", Some("fake:2")),
+                ("NUMAWEAVE_MODE", Some("per-node")),
+                ("NUMAWEAVE_POLICY", Some(policy)),
+            ];
+            support::rerun(
+                "freeing_with_any_size_up_to_the_usable_one_is_exact_under_every_policy",
+                &env,
+                "workload checked",
+            );
         }
         return;
     }

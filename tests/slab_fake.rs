@@ -4,25 +4,20 @@
 //! go home to node 1 through its remote list, never into node 0's magazines.
 //! Re-runs itself with the environment set (the topology is read once).
 
-use std::process::Command;
-
 use numaweave::os;
 use numaweave::slab::{Home, SlabBox, SlabCache};
 use numaweave::topology::Topology;
 
+mod support;
+
 #[test]
 fn home_node_alloc_on_and_remote_frees_on_a_fake_topology() {
-    if std::env::var_os("NUMAWEAVE_TEST_CHILD").is_none() {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "home_node_alloc_on_and_remote_frees_on_a_fake_topology", "--nocapture"])
-            .env("NUMAWEAVE_TEST_CHILD", "1")
-            .env("NUMAWEAVE_TOPOLOGY", "fake:2")
-            .output()
-            .unwrap();
-        print!("{}", String::from_utf8_lossy(&out.stdout));
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "child failed");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("checked on SYNTHETIC"));
+    if !support::in_child() {
+        support::rerun(
+            "home_node_alloc_on_and_remote_frees_on_a_fake_topology",
+            &[("NUMAWEAVE_TOPOLOGY", Some("fake:2"))],
+            "checked on SYNTHETIC",
+        );
         return;
     }
     let topo = Topology::global();

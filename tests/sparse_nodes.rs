@@ -7,7 +7,6 @@
 //! reads it once at start-up.
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 
 use allocator_api2::alloc::Allocator as _;
 use numaweave::policy::{Granularity, Interleave, Policy};
@@ -15,23 +14,19 @@ use numaweave::slab::SlabCache;
 use numaweave::topology::{NodeSet, Topology};
 use numaweave::{Error, Mode, NumaAlloc, os};
 
+mod support;
+
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
 #[test]
 fn sparse_node_ids_work_everywhere() {
-    if std::env::var_os("NUMAWEAVE_TEST_CHILD").is_none() {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "sparse_node_ids_work_everywhere", "--nocapture"])
-            .env("NUMAWEAVE_TEST_CHILD", "1")
-            .env("NUMAWEAVE_TOPOLOGY", "fake:0,2")
-            .env("NUMAWEAVE_MODE", "per-node")
-            .output()
-            .unwrap();
-        print!("{}", String::from_utf8_lossy(&out.stdout));
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "child failed");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("SYNTHETIC NUMA topology (fake:0,2"));
+    if !support::in_child() {
+        support::rerun(
+            "sparse_node_ids_work_everywhere",
+            &[("NUMAWEAVE_TOPOLOGY", Some("fake:0,2")), ("NUMAWEAVE_MODE", Some("per-node"))],
+            "SYNTHETIC NUMA topology (fake:0,2",
+        );
         return;
     }
     let t = Topology::global();

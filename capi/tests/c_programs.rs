@@ -101,6 +101,15 @@ fn libraries() -> [Lib; 2] {
     ]
 }
 
+/// A C compiler, or `None` having said the test is skipped.
+fn c_compiler() -> Option<String> {
+    let cc = tool(&["cc", "gcc", "clang"]);
+    if cc.is_none() {
+        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
+    }
+    cc
+}
+
 /// The first of `names` that runs, if any.
 fn tool(names: &[&str]) -> Option<String> {
     names
@@ -172,10 +181,7 @@ fn passes(exe: &Path, lib: &Lib, env: &[(&str, &str)]) -> Output {
 #[test]
 fn every_exported_function_at_its_edges() {
     let libs = libraries();
-    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
-        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
-        return;
-    };
+    let Some(cc) = c_compiler() else { return };
     for lib in &libs {
         let exe = build_linked(&cc, "edges.c", lib, &["-std=c11"]);
         // (The hardened library reports a foreign free: edges.c leaves
@@ -190,10 +196,7 @@ fn every_exported_function_at_its_edges() {
 #[test]
 fn the_malloc_abi_as_the_standards_state_it() {
     let libs = libraries();
-    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
-        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
-        return;
-    };
+    let Some(cc) = c_compiler() else { return };
     for lib in &libs {
         let exe = build_linked(&cc, "abi.c", lib, &["-std=gnu11", "-O2"]);
         passes(&exe, lib, &[]);
@@ -219,10 +222,7 @@ fn cxx_new_and_delete_in_every_form() {
 #[test]
 fn a_process_life_under_preload() {
     let libs = libraries();
-    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
-        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
-        return;
-    };
+    let Some(cc) = c_compiler() else { return };
     let dir = scratch("life");
     let user = dir.join("libuser.so");
     compile(&cc, &["-O1", "-shared", "-fPIC", src("user.c").to_str().unwrap(), "-o", user.to_str().unwrap()]);
@@ -279,10 +279,7 @@ fn malloc_and_free_fast_paths_make_no_tls_call() {
 fn the_hardened_library_reports_each_misuse_and_aborts() {
     use std::os::unix::process::ExitStatusExt;
     let hardened = hardened_dir().join("libnumaweave_hardened.so");
-    let Some(cc) = tool(&["cc", "gcc", "clang"]) else {
-        println!("skipped: no C compiler (cc, gcc, clang) on PATH");
-        return;
-    };
+    let Some(cc) = c_compiler() else { return };
     let dir = release_dir();
     let exe = scratch("misuse").join("misuse");
     // Linked with the plain library for the slab API's symbols; the

@@ -367,15 +367,7 @@ mod tests {
         Cursor::new(&i)
     }
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::rng::Rng;
 
     #[test]
     fn count_turns_are_exactly_n_long_and_weighted() {

@@ -17,6 +17,35 @@ use crate::error::{DeviceKind, Error, Result};
 use crate::os::mem::Huge;
 use crate::topology::Topology;
 
+/// The accessors both cache handles have ([`SlabCache`] and [`RawCache`]:
+/// an `Arc<Core>` named `core`), written once.
+macro_rules! cache_accessors {
+    () => {
+        /// Returns fully free slabs to the OS after flushing this thread's
+        /// magazines and every node's depot and remote list into the slabs
+        /// (`kmem_cache_shrink`); returns the bytes unmapped. Objects in other
+        /// threads' magazines stay there.
+        pub fn shrink(&self) -> usize {
+            shrink_core(&self.core)
+        }
+
+        /// A snapshot of the cache's statistics.
+        pub fn stats(&self) -> CacheStats {
+            CacheStats::of(&self.core)
+        }
+
+        /// The cache's name.
+        pub fn name(&self) -> &str {
+            &self.core.name
+        }
+
+        /// Where objects go by default (a device home is resolved to its node).
+        pub fn home(&self) -> Home {
+            self.core.home
+        }
+    };
+}
+
 /// A cache line, for [`CacheBuilder::hwcache_align`] (`SLAB_HWCACHE_ALIGN`).
 pub const CACHE_LINE: usize = 64;
 
@@ -534,28 +563,7 @@ impl<T> SlabCache<T> {
         unsafe { thread::free_bulk(&self.core, &raw) };
     }
 
-    /// Returns fully free slabs to the OS after flushing this thread's
-    /// magazines and every node's depot and remote list into the slabs
-    /// (`kmem_cache_shrink`); returns the bytes unmapped. Objects in other
-    /// threads' magazines stay there.
-    pub fn shrink(&self) -> usize {
-        shrink_core(&self.core)
-    }
-
-    /// A snapshot of the cache's statistics.
-    pub fn stats(&self) -> CacheStats {
-        CacheStats::of(&self.core)
-    }
-
-    /// The cache's name.
-    pub fn name(&self) -> &str {
-        &self.core.name
-    }
-
-    /// Where objects go by default (a device home is resolved to its node).
-    pub fn home(&self) -> Home {
-        self.core.home
-    }
+    cache_accessors!();
 }
 
 impl<T> Drop for SlabCache<T> {
@@ -778,25 +786,7 @@ impl RawCache {
         unsafe { self.core.node_of(obj) }
     }
 
-    /// See [`SlabCache::shrink`].
-    pub fn shrink(&self) -> usize {
-        shrink_core(&self.core)
-    }
-
-    /// A snapshot of the cache's statistics.
-    pub fn stats(&self) -> CacheStats {
-        CacheStats::of(&self.core)
-    }
-
-    /// The cache's name.
-    pub fn name(&self) -> &str {
-        &self.core.name
-    }
-
-    /// Where objects go by default.
-    pub fn home(&self) -> Home {
-        self.core.home
-    }
+    cache_accessors!();
 }
 
 impl Drop for RawCache {

@@ -28,27 +28,9 @@
 #endif
 
 #include "numaweave.h"
+#include "check.h"
 
-static int checks;
 static volatile size_t HALF = SIZE_MAX / 2;
-#define CHECK(c)                                                                 \
-    do {                                                                         \
-        checks++;                                                                \
-        if (!(c)) {                                                              \
-            fprintf(stderr, "abi.c:%d: check failed: %s (errno %d)\n", __LINE__, \
-                    #c, errno);                                                  \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
-#define CHECK_AT(c, n)                                                                 \
-    do {                                                                               \
-        checks++;                                                                      \
-        if (!(c)) {                                                                    \
-            fprintf(stderr, "abi.c:%d: check failed for size %zu: %s\n", __LINE__, \
-                    (size_t)(n), #c);                                                  \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 
 /* The alignment C23 asks of a block of n bytes: the largest fundamental
  * alignment of a type no larger than n. */
@@ -178,17 +160,13 @@ static void test_flexible_array(void) {
 static void test_flexible_array(void) {}
 #endif
 
-/* errno must read `E` after the expression. */
-#define KEEPS_ERRNO(expr)                                                              \
-    do {                                                                               \
-        errno = 4242;                                                                  \
-        expr;                                                                          \
-        checks++;                                                                      \
-        if (errno != 4242) {                                                           \
-            fprintf(stderr, "abi.c:%d: errno %d after a successful %s\n", __LINE__, errno, \
-                    #expr);                                                            \
-            exit(1);                                                                   \
-        }                                                                              \
+/* errno must be as it was after the expression (a call that succeeded). */
+#define KEEPS_ERRNO(expr)                                                  \
+    do {                                                                   \
+        errno = 4242;                                                      \
+        expr;                                                              \
+        checks++;                                                          \
+        if (errno != 4242) CHECK_FAILED(#expr, ": errno %d after it\n", errno); \
     } while (0)
 
 static void *thread_allocs(void *arg) {

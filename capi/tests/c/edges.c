@@ -14,24 +14,15 @@
 #include <unistd.h>
 
 #include "numaweave.h"
+#include "check.h"
 
 void free_sized(void *p, size_t size);
 void free_aligned_sized(void *p, size_t align, size_t size);
 
-static int checks;
 /* Sizes the compiler must not see through (it warns, and may fold). */
 static volatile size_t SIZE_MAX_V = SIZE_MAX;
 static volatile size_t HALF = SIZE_MAX / 2;
 static volatile size_t TERA = (size_t)1 << 40;
-#define CHECK(c)                                                                   \
-    do {                                                                           \
-        checks++;                                                                  \
-        if (!(c)) {                                                                \
-            fprintf(stderr, "edges.c:%d: check failed: %s (errno %d)\n", __LINE__, \
-                    #c, errno);                                                    \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
 
 static int aligned(void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
 
