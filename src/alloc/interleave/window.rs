@@ -13,11 +13,13 @@ use crate::alloc::region::Region;
 use crate::policy::Pick;
 
 pub(crate) struct Window {
-    /// What is left of the turn: allocations (`Count`) or bytes (`Bytes`).
-    /// Open while above 0; a byte turn ends at the allocation that crosses
-    /// it, so it may end below.
-    left: Cell<i64>,
-    /// `left` when it opened. 0: closed.
+    /// `Count`: the allocations left in the turn (0: closed).
+    allocs_left: Cell<u64>,
+    /// `Bytes`: the bytes served since the window opened (closed once they
+    /// reach `limit`: a byte turn ends at the allocation that reaches it).
+    bytes_served: Cell<u64>,
+    /// `Count`: allocations left when it opened. `Bytes`: the bytes the turn
+    /// had left then. 0: closed.
     limit: Cell<u64>,
     /// The turn's node and that node's current region.
     region: Cell<*mut Region>,
@@ -33,7 +35,8 @@ pub(crate) struct Window {
 impl Window {
     pub(crate) fn new(count: bool) -> Self {
         Self {
-            left: Cell::new(0),
+            allocs_left: Cell::new(0),
+            bytes_served: Cell::new(0),
             limit: Cell::new(0),
             region: Cell::new(ptr::null_mut()),
             node: Cell::new(0),
@@ -53,7 +56,11 @@ impl Window {
         self.node.set(pick.node);
         self.turn.set(pick.turn);
         self.fresh.set(fresh);
-        self.left.set(left as i64);
+        if self.count {
+            self.allocs_left.set(left);
+        } else {
+            self.bytes_served.set(0);
+        }
         self.limit.set(left);
     }
 
@@ -61,22 +68,27 @@ impl Window {
     /// that reaches its bytes).
     #[inline(always)]
     pub(crate) fn is_open(&self) -> bool {
-        self.left.get() > 0
+        if self.count { self.allocs_left.get() != 0 } else { self.bytes_served.get() < self.limit.get() }
     }
 
     /// Allocations the turn has left for blocks of `size` bytes (0: closed).
     #[inline(always)]
     pub(crate) fn allocations_left(&self, size: usize) -> u64 {
-        let left = self.left.get().max(0) as u64;
-        if self.count { left } else { left.div_ceil(size as u64) }
+        if self.count {
+            self.allocs_left.get()
+        } else {
+            self.limit.get().saturating_sub(self.bytes_served.get()).div_ceil(size as u64)
+        }
     }
 
     /// Books `n` allocations of `size` bytes served (negative: given back).
     #[inline(always)]
     pub(crate) fn serve(&self, n: i64, size: usize) {
-        let left = self.left.get() - if self.count { n } else { n * size as i64 };
-        debug_assert!(!self.count || left >= 0, "a count turn served past its end");
-        self.left.set(left);
+        if self.count {
+            self.allocs_left.set((self.allocs_left.get() as i64 - n) as u64);
+        } else {
+            self.bytes_served.set((self.bytes_served.get() as i64 + n * size as i64) as u64);
+        }
     }
 
     /// Closes the window: what it served, as (allocations, bytes) for the
@@ -87,10 +99,13 @@ impl Window {
         if limit == 0 {
             return None;
         }
-        let served = (limit as i64 - self.left.get()) as u64;
-        self.left.set(0);
         self.limit.set(0);
-        Some(if self.count { (served, 0) } else { (u64::from(served > 0), served) })
+        Some(if self.count {
+            (limit - self.allocs_left.replace(0), 0)
+        } else {
+            let bytes = self.bytes_served.replace(0);
+            (u64::from(bytes > 0), bytes)
+        })
     }
 
     /// The turn's node and region.
