@@ -429,7 +429,8 @@ fn cpuset_live_child(group: &str, victim: &str) {
     let cpu = first_cpu(&t, victim);
     let handle = A.interleave(Interleave::new(all, Granularity::Count(1)).unwrap()).unwrap();
     let cache = RawCache::builder("vm_live", 4096).align(4096).node(victim).build().unwrap();
-    // 0: every node allowed; 1: the victim out; 2: back; 3: stop.
+    // 0: every node allowed; 1: the victim out (set once the narrowing has
+    // returned); 2: back (set before the widening starts); 3: stop.
     static PHASE: AtomicUsize = AtomicUsize::new(0);
     static ROUNDS: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
     static OUT: AtomicBool = AtomicBool::new(false);
@@ -443,6 +444,18 @@ fn cpuset_live_child(group: &str, victim: &str) {
         let mut seen = [[0usize; 2]; 3];
         let mut kept: Vec<*mut u8> = Vec::new();
         let (mut buffers, mut kept_huge) = (Vec::new(), Vec::new());
+        // The 2 MiB ranges touched while every node was allowed: memory
+        // committed then (a transparent huge page of a region, which
+        // blocks carved later share; a slab object reused) is not new
+        // memory, and the kernel need not move it.
+        let mut committed = HashSet::new();
+        // Each page of `[p, p + len)` touched: its 2 MiB range and node.
+        let locate = |p: *mut u8, len: usize, out: &mut Vec<(usize, Option<usize>)>| {
+            let first = p as usize & !(os::page_size() - 1);
+            out.extend(
+                touch_and_locate(p, len).into_iter().enumerate().map(|(i, n)| ((first + i * os::page_size()) >> 21, n)),
+            );
+        };
         loop {
             let phase = PHASE.load(Ordering::Acquire);
             if phase == 3 {
@@ -455,37 +468,49 @@ fn cpuset_live_child(group: &str, victim: &str) {
                 for _ in 0..16 {
                     let p = A.alloc(small);
                     assert!(!p.is_null(), "a small block failed in phase {phase}");
-                    pages.extend(touch_and_locate(p, small.size()));
+                    locate(p, small.size(), &mut pages);
                     kept.push(p);
                 }
                 // (Live too: a freed huge block's mapping would be kept for
                 // reuse, and a region could take it without a new binding.)
                 let h = A.alloc(huge);
                 assert!(!h.is_null(), "a huge block failed in phase {phase}");
-                pages.extend(touch_and_locate(h, huge.size()));
+                locate(h, huge.size(), &mut pages);
                 kept_huge.push(h);
             }
             // Page-aligned I/O buffers (region blocks), kept live, so that
             // every node's turn soon needs a fresh region.
             for _ in 0..2 {
                 let b = handle.allocate(io).unwrap_or_else(|_| panic!("an I/O buffer failed in phase {phase}"));
-                pages.extend(touch_and_locate(b.as_ptr().cast(), io.size()));
+                locate(b.as_ptr().cast(), io.size(), &mut pages);
                 buffers.push(b.cast::<u8>());
             }
             let o = cache.alloc().unwrap_or_else(|e| panic!("a slab object failed in phase {phase}: {e}"));
-            pages.extend(touch_and_locate(o.as_ptr(), 4096));
+            locate(o.as_ptr(), 4096, &mut pages);
             // SAFETY: allocated just above, freed once.
             unsafe { cache.free(o) };
-            // A round that ran wholly while the victim was out has nothing
-            // on it (the phase moves to 1 once the write has returned).
-            if phase == 1 && PHASE.load(Ordering::Acquire) == 1 {
+            // What a round that ran wholly while the victim was out took
+            // fresh (the phase moves to 1 once the write has returned) has
+            // nothing on it.
+            if phase == 0 {
+                committed.extend(pages.iter().map(|&(r, _)| r));
+            } else if phase == 1 && PHASE.load(Ordering::Acquire) == 1 {
+                let on: Vec<usize> = pages
+                    .iter()
+                    .filter(|&&(r, n)| n == Some(phys) && !committed.contains(&r))
+                    .map(|&(r, _)| r)
+                    .collect();
                 assert!(
-                    pages.iter().all(|&n| n != Some(phys)),
-                    "memory on node {victim} while cpuset.mems left it out: {pages:?}"
+                    on.is_empty(),
+                    "new memory on node {victim} while cpuset.mems left it out: 2 MiB ranges {on:?}"
                 );
             }
-            for n in pages.into_iter().flatten() {
-                seen[phase][usize::from(n != phys)] += 1;
+            // Counted for a round wholly in one phase, where fresh (memory
+            // committed before the narrowing is not what the phases compare).
+            for (r, n) in pages.into_iter().filter(|_| PHASE.load(Ordering::Acquire) == phase) {
+                if let Some(n) = n.filter(|_| phase == 0 || !committed.contains(&r)) {
+                    seen[phase][usize::from(n != phys)] += 1;
+                }
             }
             ROUNDS[phase].fetch_add(1, Ordering::Release);
             if phase == 1 {
@@ -522,9 +547,11 @@ fn cpuset_live_child(group: &str, victim: &str) {
     PHASE.store(1, Ordering::Release);
     wait_rounds(1, 48);
     let during = fallbacks();
+    // Phase 1 ends before the widening starts: a round still running then
+    // may already get the node back.
+    PHASE.store(2, Ordering::Release);
     write_file(&format!("{group}/cpuset.mems"), &all.to_string());
     assert_eq!(Topology::detect().unwrap().allowed_nodes(), all, "Mems_allowed after widening");
-    PHASE.store(2, Ordering::Release);
     wait_rounds(2, 48);
     PHASE.store(3, Ordering::Release);
     let seen = worker.join().unwrap();
