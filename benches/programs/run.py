@@ -4,8 +4,9 @@
     python3 benches/programs/run.py [--quick] [--hardened] [--baseline LIB] [--no-interleaves]
                                     [--repeat N] [--out DIR]
 
-Runs allocation-heavy programs from Debian's packages, and four small C
-programs of ours (one per workload class), under glibc's malloc, jemalloc
+Runs allocation-heavy programs from Debian's packages, and small C and C++
+programs of ours (workload classes, four of them the patterns of public
+allocator benchmarks), under glibc's malloc, jemalloc
 (libjemalloc2), mimalloc (libmimalloc2.0), tcmalloc (libtcmalloc-minimal4)
 and numaweave, each through LD_PRELOAD, repeats interleaved (every
 allocator once per round); then numaweave under process-wide interleaves
@@ -45,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
-PACKAGES = ["z3", "lua5.4", "redis-server", "redis-tools", "sqlite3", "python3.11", "gcc", "jq", "time",
+PACKAGES = ["z3", "lua5.4", "redis-server", "redis-tools", "sqlite3", "python3.11", "gcc", "g++", "jq", "time",
             "libjemalloc2", "libmimalloc2.0", "libtcmalloc-minimal4"]
 ALLOCATORS = {
     "glibc": None,
@@ -175,6 +176,18 @@ def programs(work: Path, quick: bool, bins: Path):
         ("thread churn", [str(bins / "threads"), "100" if quick else "400"]),
         ("cross-thread", [str(bins / "xthread"), "2000000" if quick else "10000000"]),
         ("churn+realloc", [str(bins / "churn"), "5000000" if quick else "20000000"]),
+        # Public allocator benchmarks' patterns, written from their
+        # descriptions (see each file): Larson's server, glibc's
+        # bench-malloc-simple and bench-malloc-thread, OLogN's alloc-test.
+        # Larson as mimalloc-bench runs it (5,000 blocks a thread, 100
+        # rounds of them a generation), and with short generations (a
+        # thread's start and exit every 10,000 replacements).
+        ("larson", [str(bins / "larson"), "2", "4" if quick else "40", "5000", "500000"]),
+        ("larson, short lives", [str(bins / "larson"), "2", "200" if quick else "2000", "1000", "10000"]),
+        ("malloc-simple", [str(bins / "simple"), "200000" if quick else "2000000"]),
+        ("new/delete, 1 thread", [str(bins / "mixed"), "1", "6000000" if quick else "60000000"]),
+        ("new/delete, 2 threads", [str(bins / "mixed"), "2", "6000000" if quick else "60000000"]),
+        ("per-thread sizes", [str(bins / "perthread"), "2", "2000000" if quick else "20000000"]),
     ]
     if quick:
         real = [p for p in real if p[0] in ("lua", "sqlite3", "jq")]
@@ -307,8 +320,9 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="numaweave-programs-"))
     bins = work / "bin"
     bins.mkdir()
-    for c in ("large", "threads", "xthread", "churn"):
+    for c in ("large", "threads", "xthread", "churn", "larson", "simple", "perthread"):
         sh(["gcc", "-O2", str(HERE / f"{c}.c"), "-o", str(bins / c), "-lpthread"])
+    sh(["g++", "-O2", str(HERE / "mixed.cc"), "-o", str(bins / "mixed"), "-lpthread"])
     inputs(work, a.quick)
     interleaves = {} if a.no_interleaves else INTERLEAVES
     baseline = {"baseline": Path(a.baseline).resolve()} if a.baseline else {}
@@ -347,12 +361,15 @@ def main():
     stamp = time.strftime("%Y-%m-%d")
     lines = [f"Programs under five allocators ({stamp}, {os.cpu_count()} CPUs, {repeat} round(s), medians; "
              f"interleaves: numaweave on fake:2 per-node)", "",
-             "| program | allocs | " + " | ".join(names) + " | numaweave / mimalloc | / glibc |",
-             "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: | ---: |"]
+             "| program | allocs | " + " | ".join(names) + " | numaweave / mimalloc | / glibc | / best peer (time, RSS) |",
+             "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: | ---: | ---: |"]
+    peers = [n for n in ALLOCATORS if n != "numaweave"]
     for r in rows:
         t, m = r["time"], r["rss"]
+        best_t = min(peers, key=lambda n: t[n])
         lines.append(f"| {r['name']} | {r['allocs']:,} | " + " | ".join(f"{t[n]:.2f} s, {m[n] / 1024:.0f} MiB" for n in names)
-                     + f" | {t['numaweave'] / t['mimalloc']:.2f} | {t['numaweave'] / t['glibc']:.2f} |")
+                     + f" | {t['numaweave'] / t['mimalloc']:.2f} | {t['numaweave'] / t['glibc']:.2f}"
+                     + f" | {t['numaweave'] / t[best_t]:.2f} ({best_t}), {m['numaweave'] / m[best_t]:.2f} |")
     for kind in ("real", "class"):
         sel = [r for r in rows if r["kind"] == kind]
         if not sel:
@@ -360,15 +377,15 @@ def main():
         gt = {n: geomean([r["time"][n] / r["time"]["mimalloc"] for r in sel]) for n in names}
         gm = {n: geomean([r["rss"][n] / r["rss"]["mimalloc"] for r in sel]) for n in names}
         label = "real programs" if kind == "real" else "workload classes"
-        lines.append(f"| geomean / mimalloc, {label} | | " + " | ".join(f"{gt[n]:.2f}, RSS {gm[n]:.2f}" for n in names) + " | | |")
+        lines.append(f"| geomean / mimalloc, {label} | | " + " | ".join(f"{gt[n]:.2f}, RSS {gm[n]:.2f}" for n in names) + " | | | |")
     # The variants of numaweave (interleaves, hardened) against it.
     il = [f"| variant / numaweave ({r['name']}) | | " + " | ".join(
         (f"{r['time'][n] / r['time']['numaweave']:.2f}, RSS {r['rss'][n] / r['rss']['numaweave']:.2f}" if n in variants else "")
-        for n in names) + " | | |" for r in rows]
+        for n in names) + " | | | |" for r in rows]
     il.append("| geomean variant / numaweave | | " + " | ".join(
         (f"{geomean([r['time'][n] / r['time']['numaweave'] for r in rows]):.2f}, "
          f"RSS {geomean([r['rss'][n] / r['rss']['numaweave'] for r in rows]):.2f}" if n in variants else "")
-        for n in names) + " | | |")
+        for n in names) + " | | | |")
     table = "\n".join(lines + il)
     print("\n" + table)
     (out / "programs.md").write_text(table + "\n")
