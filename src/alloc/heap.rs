@@ -61,10 +61,13 @@ fn bump(c: &AtomicU64, by: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
 }
 
-/// A list of pages of one class that (may) have free blocks.
+/// A list of pages of one class that (may) have free blocks: fresh pages
+/// at the head, pages that got a block back while full at the tail (see
+/// [`Heap::page_event_with`]).
 #[derive(Clone, Copy)]
 struct PageList {
     head: *mut Page,
+    tail: *mut Page,
 }
 
 /// A direct slot lent to a page the heap does not own (see the module docs).
@@ -301,22 +304,25 @@ impl Heap {
             }
             let mut page = (*heap).lists[class].head;
             while !page.is_null() {
-                let next = (*page).next;
+                let mut next = (*page).next;
                 if page != direct && placement.accepts(node_of(page)) && Heap::refill_from(heap, page) {
-                    (*heap).direct[class] = page;
+                    Heap::set_direct(heap, class, page);
                     let p = Heap::pop(heap, class);
                     if served(p) {
                         return p;
                     }
+                    // The page that left the slot may have gone back to its
+                    // arena: on from the list as it is now.
+                    next = (*page).next;
                 }
                 page = next;
             }
             let (node, within) = placement.fresh();
             let Some(page) = Heap::fresh_page(heap, class, state, state.node_arena(node), within) else {
-                (*heap).direct[class] = empty_page();
+                Heap::set_direct(heap, class, empty_page());
                 return ptr::null_mut();
             };
-            (*heap).direct[class] = page;
+            Heap::set_direct(heap, class, page);
             placement.took(node_of(page));
             Heap::pop(heap, class)
         }
@@ -435,7 +441,9 @@ impl Heap {
                 return true;
             }
             debug_assert!(
-                (*page).used == (*page).info.capacity || lists_dropped(),
+                (*page).used - u32::from((*heap).direct[usize::from((*page).info.class)] == page)
+                    == (*page).info.capacity
+                    || lists_dropped(),
                 "a page without free blocks is full"
             );
             (*heap).unlink(page);
@@ -485,8 +493,12 @@ impl Heap {
         // SAFETY: the caller owns the heap and the page.
         unsafe {
             if (*page).in_full {
+                // At the tail: the pages ahead of it have had longer to
+                // gather freed blocks, and it gathers more before a refill
+                // reaches it (at the head it served its one block and was
+                // full again: Larson's pattern refilled every sixth malloc).
                 (*page).in_full = false;
-                (*heap).push_front(page);
+                (*heap).push_back(page);
             }
             let class = usize::from((*page).info.class);
             if may_release && (*page).used == 0 && (*heap).direct[class] != page {
@@ -683,10 +695,34 @@ impl Heap {
             debug_assert_ne!(head, page);
             (*page).prev = ptr::null_mut();
             (*page).next = head;
-            if !head.is_null() {
+            if head.is_null() {
+                self.lists[class].tail = page;
+            } else {
                 (*head).prev = page;
             }
             self.lists[class].head = page;
+        }
+    }
+
+    /// Puts `page` at the tail of its class's list.
+    ///
+    /// # Safety
+    /// As [`push_front`](Self::push_front).
+    unsafe fn push_back(&mut self, page: *mut Page) {
+        // SAFETY: as in `push_front`.
+        unsafe {
+            debug_assert!((*page).prev.is_null() && (*page).next.is_null(), "page already on a list");
+            let class = usize::from((*page).info.class);
+            let tail = self.lists[class].tail;
+            debug_assert_ne!(tail, page);
+            (*page).next = ptr::null_mut();
+            (*page).prev = tail;
+            if tail.is_null() {
+                self.lists[class].head = page;
+            } else {
+                (*tail).next = page;
+            }
+            self.lists[class].tail = page;
         }
     }
 
@@ -708,11 +744,53 @@ impl Heap {
             }
             if !next.is_null() {
                 (*next).prev = prev;
+            } else if self.lists[class].tail == page {
+                self.lists[class].tail = prev;
             }
             (*page).prev = ptr::null_mut();
             (*page).next = ptr::null_mut();
             if self.direct[class] == page {
+                // Its callers unlink a full page or an empty one, which is
+                // never direct: the reference dropped leaves blocks in use.
                 self.direct[class] = empty_page();
+                debug_assert!((*page).used > 1, "an empty direct page unlinked");
+                (*page).used -= 1;
+            }
+        }
+    }
+
+    /// Makes `page` (one of the heap's pages, or the empty page) the class's
+    /// direct page. The slot holds a reference on the heap page in it: one
+    /// more in its `used`, so that a free on the direct page never finds it
+    /// empty (a loop of `malloc`/`free` pairs emptied it on every free, and
+    /// every free called [`page_event`](Self::page_event) for nothing: 20%
+    /// of glibc's `bench-malloc-simple` pair). The page that leaves the slot
+    /// loses the reference; if that empties it, it is kept or given back as
+    /// a free would have.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap (or its exiting owner's), no loan
+    /// in the slot; `page` is the empty page or a live page the heap owns.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    unsafe fn set_direct(heap: *mut Heap, class: usize, page: *mut Page) {
+        // SAFETY: per the contract: owner-only fields of the heap's pages.
+        unsafe {
+            debug_assert!(!Heap::is_lent(heap, class), "a reference taken on a lent page");
+            let old = (*heap).direct[class];
+            if old == page {
+                return;
+            }
+            if page != empty_page() {
+                debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
+                (*page).used += 1;
+            }
+            (*heap).direct[class] = page;
+            if old != empty_page() {
+                debug_assert!((*old).used > 0);
+                (*old).used -= 1;
+                if (*old).used == 0 {
+                    Heap::page_event_with(heap, old, true);
+                }
             }
         }
     }
@@ -729,6 +807,8 @@ impl Heap {
         unsafe {
             debug_assert!((*heap).loan.page.is_null(), "a second loan while one is open");
             debug_assert!((*page).info.heap.load(Ordering::Relaxed).is_null(), "lending a slot to a heap page");
+            // A lent page is not the heap's: the slot holds no reference.
+            Heap::set_direct(heap, class, empty_page());
             (*heap).direct[class] = page;
             (*heap).loan = Loan { page, class, used0: (*page).used };
         }
@@ -790,7 +870,9 @@ impl Heap {
         // SAFETY: per the contract; the pages stay on the heap's lists.
         unsafe {
             Heap::end_loan(heap);
-            (*heap).direct = [empty_page(); CLASSES];
+            for class in 0..CLASSES {
+                Heap::set_direct(heap, class, empty_page());
+            }
         }
     }
 
@@ -1037,7 +1119,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
                 h,
                 Heap {
                     direct: [empty_page(); CLASSES],
-                    lists: [PageList { head: ptr::null_mut() }; CLASSES],
+                    lists: [PageList { head: ptr::null_mut(), tail: ptr::null_mut() }; CLASSES],
                     kept_empty: [ptr::null_mut(); CLASSES],
                     refills: 0,
                     last_refill: [0; CLASSES],
@@ -1227,7 +1309,7 @@ mod tests {
                     }
                     assert!(seen.insert(p as usize));
                 }
-                assert_eq!((*page).used as usize, cap);
+                assert_eq!((*page).used as usize, cap + 1, "every block, and the direct slot's reference");
                 let p = Heap::refill(heap, class, state, &mut Anywhere(node));
                 assert!(!p.is_null() && (*heap).direct[class] != page, "a full page gives way to a fresh one");
                 assert!((*page).in_full);
@@ -1376,6 +1458,68 @@ mod tests {
                 let p = Heap::refill(heap, class, state, &mut Anywhere(node));
                 assert!(!p.is_null());
                 free_all(heap, &[p]);
+            }
+        });
+    }
+
+    #[test]
+    fn the_direct_page_stays_while_a_pair_loop_empties_it_and_is_kept_when_it_leaves() {
+        on_fresh_heap(|state, heap| {
+            let class = class_of(256);
+            let node = state.current_arena().node;
+            // SAFETY: this thread's heap and its blocks.
+            unsafe {
+                let a = Heap::refill(heap, class, state, &mut Anywhere(node));
+                let page = (*heap).direct[class];
+                assert_eq!((*page).used, 2, "one block and the direct slot's reference");
+                for _ in 0..3 {
+                    Heap::free_local(heap, page, a.cast());
+                    assert_eq!((*page).used, 1, "emptied by the free, but for the slot's reference");
+                    assert_eq!((*heap).direct[class], page);
+                    assert!((*heap).kept_empty[class].is_null(), "a direct page is not kept");
+                    assert_eq!(Heap::pop(heap, class), a, "the pair loop stays on the fast path");
+                }
+                Heap::free_local(heap, page, a.cast());
+                // The slot lets go: the page empties now, and is kept.
+                Heap::clear_direct(heap);
+                assert_eq!((*page).used, 0);
+                assert_eq!((*heap).kept_empty[class], page, "emptied as it left the slot: kept");
+                Heap::release_empty_pages(heap);
+                assert!(!listed(heap, class, page), "released to the arena");
+            }
+        });
+    }
+
+    #[test]
+    fn a_refill_takes_the_page_that_got_blocks_back_first() {
+        on_fresh_heap(|state, heap| {
+            // Four 16 KiB blocks a page: three full pages.
+            let class = class_of(16 * 1024);
+            let node = state.current_arena().node;
+            // SAFETY: this thread's heap and its blocks.
+            unsafe {
+                let mut ps = Vec::new();
+                for _ in 0..12 {
+                    let mut p = Heap::pop(heap, class);
+                    if p.is_null() {
+                        p = Heap::refill(heap, class, state, &mut Anywhere(node));
+                    }
+                    ps.push(p);
+                }
+                let (first, second, third) = (page_of_block(ps[0]), page_of_block(ps[4]), page_of_block(ps[8]));
+                assert!((*first).in_full && (*second).in_full && (*heap).direct[class] == third);
+                assert_eq!((*third).used, 5, "full, and the direct page");
+                // A block back to the first full page, then to the second.
+                Heap::free_local(heap, first, ps[0].cast());
+                Heap::free_local(heap, second, ps[4].cast());
+                assert!(!(*first).in_full && !(*second).in_full);
+                // The third page has none: the refill takes the first's.
+                assert!(Heap::pop(heap, class).is_null());
+                let p = Heap::refill(heap, class, state, &mut Anywhere(node));
+                assert_eq!(p, ps[0], "the first page's block, freed first");
+                assert_eq!((*heap).direct[class], first);
+                ps.remove(4);
+                free_all(heap, &ps);
             }
         });
     }

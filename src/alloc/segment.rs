@@ -106,7 +106,8 @@ pub(crate) struct Page {
     /// Local free list (owner only).
     pub(crate) free: *mut Block,
     /// Blocks handed out and not yet returned to `free` (owner only; remote
-    /// frees still on `thread_free` count as used).
+    /// frees still on `thread_free` count as used), plus one while the page
+    /// is its heap's direct page for its class (see `Heap::set_direct`).
     pub(crate) used: u32,
     /// Blocks carved from the page so far.
     pub(crate) carved: u32,
