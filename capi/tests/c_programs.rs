@@ -131,6 +131,11 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn run(cmd: &mut Command) -> Output {
+    // Cargo runs tests with `LD_LIBRARY_PATH` naming `target/debug`, where
+    // the test profile's `libnumaweave.so` lies: it outranks a program's
+    // RUNPATH, and the programs ran against the debug library, not the
+    // release one they were linked with. Gone, the RUNPATH decides.
+    cmd.env_remove("LD_LIBRARY_PATH");
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
