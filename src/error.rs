@@ -157,13 +157,26 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A pool's registrar refused a region of its memory
+    /// ([`Registrar`](crate::slab::Registrar)): the allocation that needed
+    /// the region failed and the region was unmapped.
+    Registration {
+        /// The region's node.
+        node: usize,
+        /// The region's length in bytes.
+        len: usize,
+        /// The registrar's answer, an errno value (`ENOMEM` from
+        /// `io_uring_register` is `RLIMIT_MEMLOCK` reached).
+        errno: i32,
+    },
 }
 
 impl Error {
-    /// For [`Error::Os`], the errno; `None` otherwise.
+    /// For [`Error::Os`] and [`Error::Registration`], the errno; `None`
+    /// otherwise.
     pub fn errno(&self) -> Option<i32> {
         match *self {
-            Error::Os { errno, .. } => Some(errno),
+            Error::Os { errno, .. } | Error::Registration { errno, .. } => Some(errno),
             _ => None,
         }
     }
@@ -189,6 +202,9 @@ impl fmt::Display for Error {
             Error::Timeout { waited } => write!(f, "no free object within {waited:?}"),
             Error::InvalidCache { reason } => write!(f, "invalid slab cache: {reason}"),
             Error::InvalidPolicy { reason } => write!(f, "invalid memory policy: {reason}"),
+            Error::Registration { node, len, errno } => {
+                write!(f, "the registrar refused {len} bytes on node {node}: {} (errno {errno})", errno_name(errno))
+            }
         }
     }
 }

@@ -491,3 +491,112 @@ fn strict_hugetlb_fails_where_the_pool_is_short() {
         }
     }
 }
+
+/// A registrar that keeps what it was told, and refuses while `refuse` is
+/// set (with that errno).
+#[derive(Default)]
+struct Ledger {
+    live: std::sync::Mutex<Vec<(usize, usize, usize)>>,
+    registered: AtomicUsize,
+    unregistered: AtomicUsize,
+    refuse: AtomicUsize,
+}
+
+impl numaweave::slab::Registrar for Ledger {
+    fn register(&self, r: &numaweave::slab::Region) -> Result<(), i32> {
+        let refuse = self.refuse.load(Ordering::Relaxed);
+        if refuse != 0 {
+            return Err(refuse as i32);
+        }
+        let a = r.addr.as_ptr() as usize;
+        assert!(a.is_multiple_of(r.page_size) && r.len.is_multiple_of(r.page_size) && r.len > 0);
+        let mut live = self.live.lock().unwrap();
+        assert!(live.iter().all(|&(b, l, _)| a + r.len <= b || b + l <= a), "a region registered twice");
+        live.push((a, r.len, r.node));
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn unregister(&self, r: &numaweave::slab::Region) {
+        let a = r.addr.as_ptr() as usize;
+        let mut live = self.live.lock().unwrap();
+        let i = live.iter().position(|&(b, l, n)| (b, l, n) == (a, r.len, r.node));
+        live.remove(i.expect("a region unregistered that was not registered, or twice"));
+        self.unregistered.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Ledger {
+    /// Whether `len` bytes at `p` lie in one live region.
+    fn covers(&self, p: usize, len: usize) -> bool {
+        self.live.lock().unwrap().iter().any(|&(b, l, _)| p >= b && p + len <= b + l)
+    }
+}
+
+#[test]
+fn every_region_is_registered_before_use_and_unregistered_once() {
+    let ledger = Arc::new(Ledger::default());
+    let cache = RawCache::builder("registered_bufs", 4096).align(4096).registrar(ledger.clone()).build().unwrap();
+    assert_eq!(ledger.registered.load(Ordering::Relaxed), 0, "nothing mapped before the first object");
+    let objs: Vec<NonNull<u8>> = (0..2000).map(|_| cache.alloc().unwrap()).collect();
+    for (i, o) in objs.iter().enumerate() {
+        assert!(ledger.covers(o.as_ptr() as usize, 4096), "object {i} outside every registered region");
+        // SAFETY: an object of the cache, 4096 bytes.
+        unsafe { o.as_ptr().write_bytes(i as u8, 4096) };
+    }
+    let registered = ledger.registered.load(Ordering::Relaxed);
+    assert!(registered >= 2, "8 MiB of buffers in {registered} region(s)");
+    let st = cache.stats();
+    let (regions, bytes) = (st.total().registered_regions, st.total().registered_bytes);
+    assert_eq!(regions, registered);
+    assert_eq!(bytes, ledger.live.lock().unwrap().iter().map(|r| r.1).sum::<usize>());
+    // Half back, and a shrink: regions with live objects stay registered.
+    for o in &objs[..1000] {
+        // SAFETY: objects of this cache, given back once.
+        unsafe { cache.free(*o) };
+    }
+    cache.shrink();
+    for o in &objs[1000..] {
+        assert!(ledger.covers(o.as_ptr() as usize, 4096));
+    }
+    for o in &objs[1000..] {
+        // SAFETY: as above.
+        unsafe { cache.free(*o) };
+    }
+    cache.shrink();
+    assert_eq!(ledger.unregistered.load(Ordering::Relaxed), ledger.registered.load(Ordering::Relaxed));
+    assert!(ledger.live.lock().unwrap().is_empty());
+    assert_eq!(cache.stats().total().registered_bytes, 0);
+    // Allocations go on (a region registered again) and the drop
+    // unregisters what is left.
+    let o = cache.alloc().unwrap();
+    assert!(ledger.covers(o.as_ptr() as usize, 4096));
+    // SAFETY: as above.
+    unsafe { cache.free(o) };
+    drop(cache);
+    assert!(ledger.live.lock().unwrap().is_empty(), "the dropped cache's regions unregistered");
+    assert_eq!(ledger.unregistered.load(Ordering::Relaxed), ledger.registered.load(Ordering::Relaxed));
+}
+
+#[test]
+fn a_refused_region_fails_the_allocation_and_is_not_kept() {
+    let ledger = Arc::new(Ledger { refuse: AtomicUsize::new(libc::ENOMEM as usize), ..Default::default() });
+    let pool = DmaPool::builder("refused_bufs", 4096).registrar(ledger.clone()).build().unwrap();
+    match pool.alloc() {
+        Err(Error::Registration { len, errno, .. }) => {
+            assert_eq!(errno, libc::ENOMEM);
+            assert!(len >= 4096);
+        }
+        other => panic!("expected a registration error, got {:?}", other.map(|b| b.as_ptr())),
+    }
+    let st = pool.stats();
+    assert_eq!((st.total().registered_regions, st.nodes.iter().map(|n| n.chunks).sum::<usize>()), (0, 0));
+    assert_eq!(ledger.unregistered.load(Ordering::Relaxed), 0, "a refused region is not unregistered");
+    // Accepted from now on: the pool serves, from a registered region.
+    ledger.refuse.store(0, Ordering::Relaxed);
+    let b = pool.alloc().unwrap();
+    assert!(ledger.covers(b.as_ptr() as usize, 4096));
+    drop(b);
+    drop(pool);
+    assert_eq!(ledger.registered.load(Ordering::Relaxed), 1);
+    assert_eq!(ledger.unregistered.load(Ordering::Relaxed), 1);
+}

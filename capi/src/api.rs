@@ -15,7 +15,7 @@ use core::ptr::{self, NonNull};
 
 use numaweave::alloc::malloc_align;
 use numaweave::policy::Policy;
-use numaweave::slab::RawCache;
+use numaweave::slab::{RawCache, Region, Registrar};
 use numaweave::{Error, PolicyGuard, Topology};
 
 use crate::A;
@@ -42,6 +42,8 @@ pub enum numaweave_status {
     NUMAWEAVE_LIMIT_REACHED = 7,
     /// A system call failed.
     NUMAWEAVE_OS_ERROR = 8,
+    /// A pool's registrar refused a region of its memory.
+    NUMAWEAVE_REGISTRATION_FAILED = 9,
 }
 
 use numaweave_status::*;
@@ -85,6 +87,7 @@ fn fail_with(e: Error) -> numaweave_status {
         Error::NoSuchDevice { .. } => NUMAWEAVE_NO_SUCH_DEVICE,
         Error::LimitReached { .. } => NUMAWEAVE_LIMIT_REACHED,
         Error::Os { .. } => NUMAWEAVE_OS_ERROR,
+        Error::Registration { .. } => NUMAWEAVE_REGISTRATION_FAILED,
         _ => NUMAWEAVE_INVALID_ARGUMENT,
     };
     fail(status, format_args!("{e}"))
@@ -295,6 +298,111 @@ pub unsafe extern "C" fn numaweave_slab_create_for_device(
         let b = b.device(dev);
         if or_local { b.or_local() } else { b }
     })
+}
+
+/// A region of a cache's memory, as a registrar is told of it: `len` bytes
+/// from `addr`, bound to `node`, on pages of `page_size` bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct numaweave_region {
+    /// The region's first byte.
+    pub addr: *mut c_void,
+    /// Its length in bytes.
+    pub len: usize,
+    /// The node its memory is bound to.
+    pub node: c_int,
+    /// The size of the pages behind it (hugetlb's, else the base page).
+    pub page_size: usize,
+}
+
+/// A registrar for a cache's memory (`numaweave_slab_create_registered`):
+/// `register_region` is called once for each region when it is mapped and
+/// bound, before anything of it is handed out, and returns 0 or an errno
+/// value (which fails the allocation that needed the region, with
+/// `NUMAWEAVE_REGISTRATION_FAILED`); `unregister_region` is called once
+/// for each registered region before it is unmapped. Both get `ctx`, may be
+/// called from any thread that allocates from or frees to the cache, under
+/// the cache's node lock (so they must not use this cache), and may use
+/// `malloc` and system calls: `io_uring_register_buffers_update_tag`,
+/// `VFIO_IOMMU_MAP_DMA`, `ibv_reg_mr` and their inverses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct numaweave_registrar {
+    /// Registers a region: 0, or an errno value.
+    pub register_region: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const numaweave_region) -> c_int>,
+    /// Unregisters a region registered before.
+    pub unregister_region: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const numaweave_region)>,
+    /// Passed to both.
+    pub ctx: *mut c_void,
+}
+
+/// A C registrar as the library's `Registrar`.
+struct CRegistrar(numaweave_registrar);
+
+// SAFETY: `numaweave_slab_create_registered`'s contract: the callbacks may
+// be called from any thread, with `ctx`, at the same time.
+unsafe impl Send for CRegistrar {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for CRegistrar {}
+
+impl CRegistrar {
+    fn c_region(r: &Region) -> numaweave_region {
+        numaweave_region {
+            addr: r.addr.as_ptr().cast(),
+            len: r.len,
+            node: c_int::try_from(r.node).unwrap_or(c_int::MAX),
+            page_size: r.page_size,
+        }
+    }
+}
+
+impl Registrar for CRegistrar {
+    fn register(&self, region: &Region) -> Result<(), i32> {
+        let Some(f) = self.0.register_region else { return Ok(()) };
+        let r = Self::c_region(region);
+        // SAFETY: the caller of `numaweave_slab_create_registered` gave a
+        // function that takes its `ctx` and a region it only reads.
+        match unsafe { f(self.0.ctx, &r) } {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    fn unregister(&self, region: &Region) {
+        if let Some(f) = self.0.unregister_region {
+            let r = Self::c_region(region);
+            // SAFETY: as in `register`.
+            unsafe { f(self.0.ctx, &r) };
+        }
+    }
+}
+
+/// `numaweave_slab_create` with a registrar (copied: `registrar` may go
+/// after the call, `ctx` must live as long as the cache's memory). Null on
+/// error, and null `registrar` is an error.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `registrar` is null or points at a
+/// registrar whose functions may be called from any thread at the same time
+/// until the cache's last region is unregistered.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_create_registered(
+    name: *const c_char,
+    size: usize,
+    align: usize,
+    node: c_int,
+    registrar: *const numaweave_registrar,
+) -> *mut numaweave_slab {
+    // SAFETY: per the contract.
+    let Some(r) = (unsafe { registrar.as_ref() }) else {
+        fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("registrar: null"));
+        return ptr::null_mut();
+    };
+    let r: std::sync::Arc<dyn Registrar> = std::sync::Arc::new(CRegistrar(*r));
+    if node < 0 {
+        return slab_create(name, size, align, |b| b.local().registrar(r));
+    }
+    slab_create(name, size, align, |b| b.node(node as usize).registrar(r))
 }
 
 /// An object of the cache, on its home node (the nearest one with memory

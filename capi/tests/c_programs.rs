@@ -13,6 +13,9 @@
 //! - `tests/c/cxx.cc`: `operator new`/`delete` in every form, and
 //!   `std::bad_alloc` and a new-handler's own exception thrown through
 //!   numaweave's `new` (C++ compiler);
+//! - `tests/c/register.c`: a cache's registration hooks (each region
+//!   registered and unregistered once, a refusal failing the allocation),
+//!   and with liburing a `READ_FIXED` into a registered object;
 //! - `tests/c/life.c`: a process's life under `LD_PRELOAD` (threads, fork,
 //!   dlopen/dlclose, exec, exit while threads allocate);
 //! - the fast paths of `malloc` and `free` make no `__tls_get_addr` call
@@ -150,6 +153,11 @@ fn compile(compiler: &str, args: &[&str]) {
 /// Compiles `source` linked with `lib` (the header from the release
 /// directory: the same API in both), into a scratch directory of its own.
 fn build_linked(compiler: &str, source: &str, lib: &Lib, extra: &[&str]) -> PathBuf {
+    build_linked_with(compiler, source, lib, extra, &[])
+}
+
+/// [`build_linked`], with libraries `libs` linked after the program.
+fn build_linked_with(compiler: &str, source: &str, lib: &Lib, extra: &[&str], libs: &[&str]) -> PathBuf {
     let include = release_dir();
     let name = source.split('.').next().unwrap();
     let exe = scratch(&format!("{name}-{}", lib.name)).join(name);
@@ -159,17 +167,9 @@ fn build_linked(compiler: &str, source: &str, lib: &Lib, extra: &[&str]) -> Path
     let s = src(source);
     let rpath = format!("-Wl,-rpath,{d}");
     let l = format!("-l{}", lib.link);
-    args.extend([
-        s.to_str().unwrap(),
-        "-o",
-        exe.to_str().unwrap(),
-        "-L",
-        d,
-        l.as_str(),
-        rpath.as_str(),
-        "-ldl",
-        "-lpthread",
-    ]);
+    args.extend([s.to_str().unwrap(), "-o", exe.to_str().unwrap(), "-L", d, l.as_str(), rpath.as_str()]);
+    args.extend(libs);
+    args.extend(["-ldl", "-lpthread"]);
     compile(compiler, &args);
     exe
 }
@@ -195,6 +195,23 @@ fn every_exported_function_at_its_edges() {
         let out = passes(&exe, lib, env);
         // The statistics went to stderr (malloc_stats).
         assert!(String::from_utf8_lossy(&out.stderr).contains("numaweave: mode"));
+    }
+}
+
+#[test]
+fn a_caches_regions_registered_once_and_unregistered_once() {
+    let libs = libraries();
+    let Some(cc) = c_compiler() else { return };
+    // The io_uring leg where liburing is installed (Debian's liburing-dev).
+    let uring = Path::new("/usr/include/liburing.h").is_file();
+    if !uring {
+        println!("io_uring leg skipped: /usr/include/liburing.h not found (liburing-dev)");
+    }
+    let (extra, link): (&[&str], &[&str]) =
+        if uring { (&["-std=gnu11", "-DHAVE_LIBURING"], &["-luring"]) } else { (&["-std=gnu11"], &[]) };
+    for lib in &libs {
+        let exe = build_linked_with(&cc, "register.c", lib, extra, link);
+        passes(&exe, lib, &[]);
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::cache::{Core, Ctor, Home, OnEmpty, Spec};
 use super::magazine::MAG_MAX;
+use super::register::Registrar;
 use super::stats::{CacheStats, register};
 use super::thread::{self, Start};
 use crate::error::{DeviceKind, Error, Result};
@@ -80,6 +81,7 @@ pub struct CacheBuilder<K> {
     huge: Option<Huge>,
     huge_strict: bool,
     pub(super) lock: bool,
+    registrar: Option<Arc<dyn Registrar>>,
     _kind: PhantomData<K>,
 }
 
@@ -97,6 +99,7 @@ impl<K> CacheBuilder<K> {
             huge: None,
             huge_strict: false,
             lock: false,
+            registrar: None,
             _kind: PhantomData,
         }
     }
@@ -210,6 +213,16 @@ impl<K> CacheBuilder<K> {
         self
     }
 
+    /// Tells `registrar` of each region of the cache's memory, once it is
+    /// mapped and bound and before anything of it is handed out, and again
+    /// before it is unmapped (see [`Registrar`]): io_uring fixed buffers,
+    /// VFIO or iommufd DMA mappings, RDMA memory regions. Given-back slabs
+    /// of a registered region keep their pages.
+    pub fn registrar(mut self, registrar: Arc<dyn Registrar>) -> Self {
+        self.registrar = Some(registrar);
+        self
+    }
+
     fn resolve_home(&self, topo: &Topology) -> Result<Home> {
         match &self.home {
             HomeSpec::Local => Ok(Home::Local),
@@ -263,6 +276,7 @@ impl<K> CacheBuilder<K> {
             huge,
             huge_strict: self.huge_strict,
             lock: self.lock,
+            registrar: self.registrar,
         };
         register(|index| Core::new(spec, index, topo))
     }

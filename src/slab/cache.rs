@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 
 use super::chunk::Chunks;
 use super::magazine::{Depot, Magazine, RemoteList};
+use super::register::Registrar;
 use crate::error::{Error, Result};
 use crate::os::mem::{self, Huge};
 use crate::os::thread::{futex_wait, futex_wake};
@@ -219,7 +220,7 @@ pub(crate) struct NodeSlabs {
 }
 
 impl NodeSlabs {
-    fn new(rounds: usize) -> Self {
+    fn new(rounds: usize, registrar: Option<(Arc<dyn Registrar>, usize)>) -> Self {
         Self {
             depot: Depot::new(DEPOT_MAX_FULL, rounds),
             remote: CachePadded(RemoteList::new()),
@@ -231,7 +232,7 @@ impl NodeSlabs {
                 capacity: 0,
                 active: 0,
                 mapped: 0,
-                chunks: Chunks::new(),
+                chunks: Chunks::new(registrar),
             }),
             wake: AtomicU32::new(0),
             counters: Counters::default(),
@@ -279,6 +280,8 @@ pub(crate) struct Spec {
     pub(crate) huge: Huge,
     pub(crate) huge_strict: bool,
     pub(crate) lock: bool,
+    /// Told of each chunk as it is mapped and before it goes.
+    pub(crate) registrar: Option<Arc<dyn Registrar>>,
 }
 
 /// The shared state of one cache. Kept alive by the cache handle, by every
@@ -390,7 +393,7 @@ impl Core {
             return Err(Error::InvalidCache { reason: "a per-node limit of 0 objects" });
         }
         let max_node = topo.nodes().iter().max().unwrap_or(0);
-        let nodes = (0..=max_node).map(|_| NodeSlabs::new(rounds)).collect();
+        let nodes = (0..=max_node).map(|n| NodeSlabs::new(rounds, spec.registrar.clone().map(|r| (r, n)))).collect();
         Ok(Self {
             name: spec.name,
             index,

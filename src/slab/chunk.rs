@@ -22,10 +22,17 @@
 //! its pages until the chunk goes: returning a slab's part would split a
 //! transparent huge page, and a hugetlb page cannot be returned in part.
 //!
+//! A pool with a [`Registrar`] registers each chunk once it is mapped and
+//! bound, before a slab of it is handed out, and unregisters it before it
+//! is unmapped; a registered chunk's given-back slots keep their pages (see
+//! `register.rs`).
+//!
 //! Everything here runs under the node's slab mutex.
 
 use core::ptr::NonNull;
+use std::sync::Arc;
 
+use super::register::{Region, Registrar};
 use crate::error::{Error, Result};
 use crate::os::mem::{self, BindFlags, HUGE_PAGE, Huge, MemPolicy};
 
@@ -48,6 +55,11 @@ struct Chunk {
     free: Vec<usize>,
     /// On huge pages, as asked.
     huge: bool,
+    /// The size of the pages behind it (hugetlb's, or the base page size).
+    page_size: usize,
+    /// Registered with the pool's registrar (every chunk of a pool that
+    /// has one).
+    registered: bool,
 }
 
 impl Chunk {
@@ -63,11 +75,21 @@ pub(crate) struct Chunks {
     first_room: usize,
     /// Chunks that asked for hugetlb pages and got base pages (cumulative).
     pub(crate) huge_fallbacks: u64,
+    /// The pool's registrar, and the node (as the topology names it) that
+    /// it is told the chunks are on.
+    registrar: Option<(Arc<dyn Registrar>, usize)>,
 }
 
 impl Chunks {
-    pub(crate) const fn new() -> Self {
-        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0 }
+    /// No chunks yet; with `registrar`, each chunk is registered, on `node`.
+    pub(crate) fn new(registrar: Option<(Arc<dyn Registrar>, usize)>) -> Self {
+        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0, registrar }
+    }
+
+    /// Registered chunks, and their bytes.
+    pub(crate) fn registered(&self) -> (usize, usize) {
+        let r = self.list.iter().filter(|c| c.registered);
+        (r.clone().count(), r.map(|c| c.len).sum())
     }
 
     /// Mappings held.
@@ -130,8 +152,7 @@ impl Chunks {
             let mut l = len.max(unit);
             loop {
                 if let Ok(p) = Self::map_hugetlb(l, slot, phys, page) {
-                    self.insert(p.as_ptr() as usize, l, true);
-                    return Ok(());
+                    return self.add(p, l, true, page);
                 }
                 if l == unit {
                     break;
@@ -149,19 +170,32 @@ impl Chunks {
         let least = if thp { slot.max(HUGE_PAGE) } else { slot };
         let base = loop {
             match Self::map(len, slot, phys, thp) {
-                Ok(p) => break p.as_ptr() as usize,
+                Ok(p) => break p,
                 Err(e) if len <= least => return Err(e),
                 Err(_) => len /= 2,
             }
         };
-        self.insert(base, len, thp);
-        Ok(())
+        self.add(base, len, thp, crate::os::page_size())
     }
 
-    fn insert(&mut self, base: usize, len: usize, huge: bool) {
+    /// Registers the fresh mapping at `p` if the pool has a registrar (a
+    /// refusal unmaps it and is the error), then lists it in address order
+    /// and points `first_room` at it.
+    fn add(&mut self, p: NonNull<u8>, len: usize, huge: bool, page_size: usize) -> Result<()> {
+        if let Some((r, node)) = &self.registrar {
+            let region = Region { addr: p, len, node: *node, page_size };
+            if let Err(errno) = r.register(&region) {
+                // SAFETY: our fresh mapping; nothing was handed out of it.
+                let _ = unsafe { mem::unmap(p, len) };
+                return Err(Error::Registration { node: *node, len, errno });
+            }
+        }
+        let base = p.as_ptr() as usize;
         let at = self.list.partition_point(|c| c.base < base);
-        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge });
+        let registered = self.registrar.is_some();
+        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge, page_size, registered });
         self.first_room = at;
+        Ok(())
     }
 
     /// A bound mapping of `len` bytes aligned to `slot` (and to a huge page
@@ -210,13 +244,22 @@ impl Chunks {
         debug_assert!(a >= c.base && a + slot <= c.base + c.len && c.used > 0);
         c.used -= 1;
         if c.used == 0 {
-            let (base, len) = (c.base, c.len);
-            self.list.remove(i);
+            let c = self.list.remove(i);
+            // SAFETY: a live mapping is never at address 0.
+            let base = unsafe { NonNull::new_unchecked(c.base as *mut u8) };
+            if c.registered
+                && let Some((r, node)) = &self.registrar
+            {
+                r.unregister(&Region { addr: base, len: c.len, node: *node, page_size: c.page_size });
+            }
             // SAFETY: per the contract no slot of the chunk is in use; the
-            // mapping is ours.
-            let _ = unsafe { mem::unmap(NonNull::new_unchecked(base as *mut u8), len) };
+            // mapping is ours, and no longer registered.
+            let _ = unsafe { mem::unmap(base, c.len) };
         } else {
-            if !c.huge {
+            // A registered chunk's pages are pinned where the registrar
+            // handed them to the kernel or a device: returned and faulted in
+            // again, a page would be a new one, not the one registered.
+            if !c.huge && !c.registered {
                 // SAFETY: per the contract the slot's memory is unused; it
                 // is page-aligned (slots are at least a page) and mapped.
                 let _ = unsafe { mem::decommit(p, touched.min(slot)) };
@@ -242,7 +285,7 @@ mod tests {
     #[test]
     fn slots_are_aligned_disjoint_reused_and_chunks_go_with_their_last_slot() {
         let slot = 64 << 10;
-        let mut c = Chunks::new();
+        let mut c = Chunks::new(None);
         let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0, Huge::Off, false).unwrap()).collect();
         let mut addrs: Vec<usize> = got.iter().map(|p| p.as_ptr() as usize).collect();
         addrs.sort_unstable();
@@ -273,11 +316,55 @@ mod tests {
         assert_eq!(c.reserved(), 0);
     }
 
+    /// Counts what it is told.
+    #[derive(Default)]
+    struct Count {
+        registered: std::sync::atomic::AtomicUsize,
+        unregistered: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Registrar for Count {
+        fn register(&self, _: &Region) -> core::result::Result<(), i32> {
+            self.registered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        fn unregister(&self, _: &Region) {
+            self.unregistered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_registered_chunks_slots_keep_their_pages_and_it_unregisters_once() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slot = 64 << 10;
+        let count = Arc::new(Count::default());
+        let mut c = Chunks::new(Some((count.clone(), 0)));
+        let a = c.take(slot, 0, Huge::Off, false).unwrap();
+        let b = c.take(slot, 0, Huge::Off, false).unwrap();
+        assert_eq!((count.registered.load(Relaxed), c.registered()), (1, (1, c.reserved())));
+        // SAFETY: a slot of ours, in use by nobody but this test.
+        unsafe { a.as_ptr().write_bytes(0xab, 4096) };
+        // SAFETY: taken above, no longer used.
+        unsafe { c.give(a, slot, 4096) };
+        let again = c.take(slot, 0, Huge::Off, false).unwrap();
+        assert_eq!(again, a);
+        // SAFETY: a live slot of ours: its page was not returned (the
+        // registered page is still the one behind it).
+        assert_eq!(unsafe { *again.as_ptr() }, 0xab, "a registered slot's page was returned");
+        // SAFETY: taken above, no longer used.
+        unsafe {
+            c.give(again, slot, 4096);
+            c.give(b, slot, 4096);
+        }
+        assert_eq!((count.registered.load(Relaxed), count.unregistered.load(Relaxed)), (1, 1));
+        assert_eq!(c.count(), 0);
+    }
+
     #[test]
     fn huge_chunks_are_whole_huge_pages_or_counted_fallbacks() {
         let slot = 128 << 10;
         for huge in [Huge::Thp, Huge::Hugetlb, Huge::Hugetlb1G] {
-            let mut c = Chunks::new();
+            let mut c = Chunks::new(None);
             let got: Vec<NonNull<u8>> = (0..40).map(|_| c.take(slot, 0, huge, false).unwrap()).collect();
             for p in &got {
                 // SAFETY: a slot of ours.

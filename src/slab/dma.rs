@@ -58,7 +58,10 @@ impl CacheBuilder<Dma> {
 /// through the builder's `huge` or `NUMAWEAVE_HUGE`) a buffer is one
 /// physically contiguous DMA segment; optionally locked in memory; buffers
 /// of up to 1 MiB. SPDK's `spdk_dma_malloc_socket`, DPDK's
-/// `rte_malloc_socket`.
+/// `rte_malloc_socket`. With the builder's
+/// [`registrar`](CacheBuilder::registrar), each region of the pool is
+/// registered once (io_uring fixed buffers, VFIO, RDMA: see
+/// [`Registrar`](super::Registrar)).
 ///
 /// ```
 /// use numaweave::slab::DmaPool;

@@ -62,6 +62,8 @@ mod dma;
 #[cfg(all(feature = "hardened", not(loom)))]
 mod hardened;
 #[cfg(not(loom))]
+pub mod register;
+#[cfg(not(loom))]
 mod stats;
 #[cfg(not(loom))]
 mod thread;
@@ -72,6 +74,8 @@ pub use api::*;
 pub use cache::Home;
 #[cfg(not(loom))]
 pub use dma::{Dma, DmaBuf, DmaPool, phys_addr, phys_segments};
+#[cfg(not(loom))]
+pub use register::{Region, Registrar};
 #[cfg(not(loom))]
 pub use stats::{CacheStats, NodeCacheStats, SlabInfo, slabinfo};
 

@@ -53,6 +53,11 @@ pub struct NodeCacheStats {
     pub slabs_created: u64,
     /// Slabs returned to the OS (cumulative).
     pub slabs_released: u64,
+    /// Chunks registered with the cache's [`Registrar`](super::Registrar)
+    /// now.
+    pub registered_regions: usize,
+    /// Their bytes (pinned where the registrar pins them).
+    pub registered_bytes: usize,
 }
 
 impl NodeCacheStats {
@@ -72,6 +77,8 @@ impl NodeCacheStats {
         self.fallbacks += o.fallbacks;
         self.slabs_created += o.slabs_created;
         self.slabs_released += o.slabs_released;
+        self.registered_regions += o.registered_regions;
+        self.registered_bytes += o.registered_bytes;
     }
 }
 
@@ -116,6 +123,7 @@ impl CacheStats {
             // SAFETY: `s` is this node's locked slabs.
             unsafe { core.drain_remote(node, &mut s) };
             let c = &ns.counters;
+            let (registered_regions, registered_bytes) = s.chunks.registered();
             let n = NodeCacheStats {
                 node,
                 active: s.active,
@@ -133,6 +141,8 @@ impl CacheStats {
                 fallbacks: c.fallbacks.load(Ordering::Relaxed),
                 slabs_created: c.slabs_created.load(Ordering::Relaxed),
                 slabs_released: c.slabs_released.load(Ordering::Relaxed),
+                registered_regions,
+                registered_bytes,
             };
             let thp = if core.huge == crate::os::mem::Huge::Thp { s.chunks.huge_ranges() } else { Vec::new() };
             drop(s);
