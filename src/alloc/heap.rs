@@ -773,7 +773,12 @@ impl Heap {
     /// in the slot; `page` is the empty page or a live page the heap owns.
     #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn set_direct(heap: *mut Heap, class: usize, page: *mut Page) {
-        // SAFETY: per the contract: owner-only fields of the heap's pages.
+        // SAFETY: the heap is the calling thread's (or its exiting owner's),
+        // so its direct slots and its pages' `used` are written by no other
+        // thread; `old`, in the slot and not lent, is the empty page or a
+        // live page of the heap (a page leaves the heap only through
+        // `release_page`, never while direct), and `page` is one of those
+        // by the caller's word.
         unsafe {
             debug_assert!(!Heap::is_lent(heap, class), "a reference taken on a lent page");
             let old = (*heap).direct[class];
