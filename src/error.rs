@@ -203,7 +203,14 @@ impl fmt::Display for Error {
             Error::InvalidCache { reason } => write!(f, "invalid slab cache: {reason}"),
             Error::InvalidPolicy { reason } => write!(f, "invalid memory policy: {reason}"),
             Error::Registration { node, len, errno } => {
-                write!(f, "the registrar refused {len} bytes on node {node}: {} (errno {errno})", errno_name(errno))
+                write!(f, "the registrar refused {len} bytes on node {node}: {} (errno {errno})", errno_name(errno))?;
+                if errno == libc::ENOMEM {
+                    // What ENOMEM from a registration that pins usually means.
+                    f.write_str(
+                        "; pinned memory counts against RLIMIT_MEMLOCK (`ulimit -l`, systemd's LimitMEMLOCK=)",
+                    )?;
+                }
+                Ok(())
             }
         }
     }

@@ -582,9 +582,10 @@ fn a_refused_region_fails_the_allocation_and_is_not_kept() {
     let ledger = Arc::new(Ledger { refuse: AtomicUsize::new(libc::ENOMEM as usize), ..Default::default() });
     let pool = DmaPool::builder("refused_bufs", 4096).registrar(ledger.clone()).build().unwrap();
     match pool.alloc() {
-        Err(Error::Registration { len, errno, .. }) => {
+        Err(e @ Error::Registration { len, errno, .. }) => {
             assert_eq!(errno, libc::ENOMEM);
             assert!(len >= 4096);
+            assert!(e.to_string().contains("RLIMIT_MEMLOCK"), "{e}");
         }
         other => panic!("expected a registration error, got {:?}", other.map(|b| b.as_ptr())),
     }
