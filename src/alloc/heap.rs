@@ -146,7 +146,7 @@ impl Heap {
     /// `heap` must be the calling thread's heap; `class < CLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn pop(heap: *mut Heap, class: usize) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: the caller's heap and a class below CLASSES, as `pop_as` needs.
         unsafe { Heap::pop_as::<true>(heap, class) }
     }
 
@@ -157,7 +157,7 @@ impl Heap {
     /// As [`pop`](Self::pop).
     #[inline(always)]
     pub(crate) unsafe fn pop_checked_off(heap: *mut Heap, class: usize) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: as in `pop`: the caller's heap, a class below CLASSES.
         unsafe { Heap::pop_as::<false>(heap, class) }
     }
 
@@ -202,7 +202,9 @@ impl Heap {
     /// As [`take`](Self::take).
     #[inline(always)]
     unsafe fn pop_not_full(heap: *mut Heap, page: *mut Page, block: *mut Block) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: `block` is the head of `page`'s free list, so a free block of
+        // the page whose first word is its link; the heap and page are the
+        // caller's (what `take` needs).
         unsafe {
             // (A hardened build checks the link it reads when it is the
             // head: before the next pop reads through it.)
@@ -224,7 +226,10 @@ impl Heap {
     /// As [`pop`](Self::pop); `block` is `page`'s first free block.
     #[inline(always)]
     unsafe fn take(heap: *mut Heap, page: *mut Page, block: *mut Block, next: *mut Block) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: the page's `free` and `used` are written only by the
+        // thread whose heap holds it (its owner, or the borrower of a loan),
+        // and the heap's counters only by the heap's thread: the caller;
+        // `block` leaves the list here and `next` was its link.
         unsafe {
             (*page).free = next;
             (*page).used += 1;
@@ -263,7 +268,8 @@ impl Heap {
     #[cold]
     #[inline(never)]
     unsafe fn pop_corrupt(page: *mut Page, block: *mut Block) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: `page` is live (a page a pop reached), and its `free` is
+        // written only by its owner, the caller; `block` is not read.
         unsafe { (*page).free = corrupted_list(page, block) };
         ptr::null_mut()
     }
@@ -282,7 +288,10 @@ impl Heap {
         state: &State,
         placement: &mut impl Placement,
     ) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: the heap is the calling thread's, so its slots, lists and
+        // pages' owner-only fields are written by no other thread; every
+        // page reached through them is live (a page leaves the heap only
+        // through `release_page`, which unlinks it first).
         unsafe {
             if Heap::is_lent(heap, class) {
                 // A lent page that ran dry: the heap's own pages serve now.
@@ -337,7 +346,8 @@ impl Heap {
     /// # Safety
     /// `heap` is the calling thread's heap.
     pub(crate) unsafe fn alloc_on_node(heap: *mut Heap, class: usize, state: &State, node: usize) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: as in `refill`: the caller's heap, its pages live and
+        // theirs to write.
         unsafe {
             let direct = (*heap).direct[class];
             if direct != empty_page()
@@ -376,7 +386,9 @@ impl Heap {
     /// `heap` is the calling thread's heap and owns `page`, whose free list
     /// is not empty.
     unsafe fn pop_from(heap: *mut Heap, page: *mut Page) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: the caller's heap owns `page` (live, owner-only fields ours
+        // to write) and its free list is not empty, so `free` is a block of
+        // the page.
         unsafe {
             debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
             let block = (*page).free;
@@ -426,7 +438,9 @@ impl Heap {
     /// The heap is the caller's and owns `page`.
     #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn refill_from(heap: *mut Heap, page: *mut Page) -> bool {
-        // SAFETY: per the contract.
+        // SAFETY: `page` is one of the caller's heap's pages: live, its list
+        // links, free list and counts written only by this thread; remote
+        // frees reach it only through `thread_free`, taken atomically.
         unsafe {
             debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap, "refilling from another heap's page");
             if (*page).free.is_null() && (*page).pending {
@@ -808,7 +822,9 @@ impl Heap {
     /// `heap` is the calling thread's heap, with no loan open; `page` holds
     /// blocks of `class`'s size (at least) and stays live until the loan ends.
     pub(crate) unsafe fn lend(heap: *mut Heap, class: usize, page: *mut Page) {
-        // SAFETY: per the contract.
+        // SAFETY: the heap is the calling thread's (its slot and loan are
+        // ours to write) and `page` stays live until the loan ends, as the
+        // caller promises.
         unsafe {
             debug_assert!((*heap).loan.page.is_null(), "a second loan while one is open");
             debug_assert!((*page).info.heap.load(Ordering::Relaxed).is_null(), "lending a slot to a heap page");
@@ -836,7 +852,8 @@ impl Heap {
     /// `heap` is the calling thread's heap; `class < CLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn pop_loan(heap: *mut Heap, class: usize) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: the caller's heap and a class below CLASSES; `pop` runs only
+        // on a lent slot, whose page the lender keeps live.
         unsafe { if Heap::is_lent(heap, class) { Heap::pop(heap, class) } else { ptr::null_mut() } }
     }
 
@@ -1006,7 +1023,8 @@ pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
 #[cfg(feature = "hardened")]
 #[inline(always)]
 unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
-    // SAFETY: per the contract.
+    // SAFETY: `page` is live (the caller's word); its `info` is written
+    // once, when the page is taken, so reading it races with nothing.
     let (start, links) = unsafe { ((*page).info.start as usize, (*page).info.links) };
     debug_assert!(links > 0, "a page with a free list spans some blocks");
     (block as usize).wrapping_sub(start) >= links
@@ -1020,7 +1038,7 @@ unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
 #[cfg(feature = "hardened")]
 #[inline(always)]
 unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
-    // SAFETY: per the contract.
+    // SAFETY: `page` is live (the caller's word), as `outside` needs.
     !next.is_null() && unsafe { outside(page, next) }
 }
 
@@ -1033,7 +1051,8 @@ unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
 #[cold]
 #[inline(never)]
 unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut Block {
-    // SAFETY: per the contract.
+    // SAFETY: `page` is live (the caller's word): its `info` is read for
+    // the report, nothing is read through `next`.
     unsafe {
         crate::hardened::misuse(format_args!(
             "corrupted free list in the {}-byte page at {:p} (node {}): a free block links to {next:p}",
@@ -1075,7 +1094,8 @@ unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
 /// `page` is live.
 #[inline(always)]
 unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::BlockKind) {
-    // SAFETY: per the contract.
+    // SAFETY: `page` is live (the caller's word); `info` is written once,
+    // when the page is taken.
     let (bs, node, slots) =
         unsafe { ((*page).info.block_size as usize, usize::from((*page).info.node), (*page).info.slots) };
     (
