@@ -191,7 +191,8 @@ pub(crate) fn freed_mark(p: *const u8) -> usize {
 /// `p` is a block of at least 16 bytes of this allocator.
 #[inline(always)]
 pub(crate) unsafe fn is_marked_freed(p: *const u8) -> bool {
-    // SAFETY: per the contract.
+    // SAFETY: a block of ours of at least 16 bytes (the caller's word): its
+    // second word is in bounds and aligned.
     unsafe { p.cast::<usize>().add(1).read() == freed_mark(p) }
 }
 
@@ -201,7 +202,8 @@ pub(crate) unsafe fn is_marked_freed(p: *const u8) -> bool {
 /// As [`is_marked_freed`]; the block is being freed.
 #[inline(always)]
 pub(crate) unsafe fn mark_freed(p: *mut u8) {
-    // SAFETY: per the contract.
+    // SAFETY: as in `is_marked_freed`: the block's second word, ours to write
+    // while it is being freed.
     unsafe { p.cast::<usize>().add(1).write(freed_mark(p)) }
 }
 
@@ -216,10 +218,12 @@ pub(crate) unsafe fn mark_freed(p: *mut u8) {
 pub(crate) unsafe fn handing_out(p: *mut u8, what: impl FnOnce() -> (usize, BlockKind)) {
     if full_now() {
         let (size, what) = what();
-        // SAFETY: per the contract.
+        // SAFETY: `p` is a block of ours of `size` bytes (the page or region
+        // that hands it out says so): all of it is readable.
         unsafe { check_poison(p, size, what) };
     }
-    // SAFETY: per the contract.
+    // SAFETY: a block of ours of at least 16 bytes, being handed out: its
+    // second word is ours to clear.
     unsafe { handing_out_plain(p) };
 }
 
@@ -230,7 +234,8 @@ pub(crate) unsafe fn handing_out(p: *mut u8, what: impl FnOnce() -> (usize, Bloc
 /// As [`is_marked_freed`].
 #[inline(always)]
 pub(crate) unsafe fn handing_out_plain(p: *mut u8) {
-    // SAFETY: per the contract.
+    // SAFETY: a block of ours of at least 16 bytes, being handed out: its
+    // second word is ours to clear.
     unsafe { p.cast::<usize>().add(1).write(0) };
 }
 
@@ -243,7 +248,7 @@ unsafe fn check_poison(p: *mut u8, size: usize, what: BlockKind) {
     // Interleaved (region) blocks are runs of units that merge and split
     // while free: what lies in them then is not one block's poison. They are
     // checked for double frees only.
-    // SAFETY: per the contract.
+    // SAFETY: a block of ours of at least 16 bytes (the caller's word).
     if matches!(what, BlockKind::Region(..)) || !unsafe { is_marked_freed(p) } {
         return;
     }
@@ -262,7 +267,8 @@ unsafe fn check_poison(p: *mut u8, size: usize, what: BlockKind) {
 #[inline]
 pub(crate) unsafe fn poison(p: *mut u8, size: usize) {
     if full_now() && size > 16 {
-        // SAFETY: per the contract.
+        // SAFETY: the block is `size` bytes, ours, being freed: bytes 16.. are
+        // in bounds and no one else's.
         unsafe { p.add(16).write_bytes(POISON, size - 16) };
     }
 }
@@ -274,7 +280,8 @@ pub(crate) unsafe fn poison(p: *mut u8, size: usize) {
 /// `p` is such a block, ours.
 pub(crate) unsafe fn set_red_zone(p: *mut u8, size: usize, bs: usize) {
     debug_assert!(size + PAD <= bs);
-    // SAFETY: per the contract.
+    // SAFETY: `p` is a block of ours of `bs` bytes handed out for `size` (the
+    // caller's word): `size..bs` is in it.
     unsafe {
         p.add(size).write_bytes(RED, bs - PAD - size);
         let tail = p.add(bs - PAD).cast::<u32>();
@@ -289,7 +296,8 @@ pub(crate) unsafe fn set_red_zone(p: *mut u8, size: usize, bs: usize) {
 /// # Safety
 /// As [`set_red_zone`]; the block was handed out with it.
 pub(crate) unsafe fn check_red_zone(p: *mut u8, bs: usize, what: BlockKind) -> bool {
-    // SAFETY: per the contract.
+    // SAFETY: `p` is a live block of ours of `bs` bytes with a red zone (the
+    // caller's word): its last `PAD` bytes are in it.
     unsafe {
         let tail = p.add(bs - PAD).cast::<u32>();
         let delta = tail.read_unaligned() as usize;
@@ -318,7 +326,7 @@ pub(crate) unsafe fn check_red_zone(p: *mut u8, bs: usize, what: BlockKind) -> b
 /// # Safety
 /// As [`check_red_zone`].
 pub(crate) unsafe fn asked_size(p: *const u8, bs: usize) -> usize {
-    // SAFETY: per the contract.
+    // SAFETY: as in `check_red_zone`: the block's last `PAD` bytes are in it.
     let delta = unsafe { p.add(bs - PAD).cast::<u32>().read_unaligned() } as usize;
     bs.saturating_sub(delta.clamp(PAD, bs))
 }

@@ -345,7 +345,9 @@ impl Arena {
     /// `page` must be a page of one of this arena's segments, with no live block
     /// and no heap referring to it.
     pub(crate) unsafe fn free_page(&self, state: &State, page: *mut Page) {
-        // SAFETY: per the contract.
+        // SAFETY: `page` is a page of this arena's segments, empty and
+        // unreferenced (the caller's word): its segment header is live and the
+        // page's slots are ours to return.
         let (seg, first, slots) = unsafe {
             let seg = super::segment::segment_of((*page).info.start) as *mut SmallSegment;
             ((seg), (*page).info.first_slot as usize, (*page).info.slots as usize)
@@ -478,7 +480,9 @@ impl Arena {
     /// # Safety
     /// `seg` is a segment of this arena; the caller holds the lock.
     unsafe fn decommit_dirty(&self, seg: *mut SmallSegment) {
-        // SAFETY: per the contract.
+        // SAFETY: `seg` is a segment of this arena and the caller holds the
+        // lock (the caller's word), as `decommit_slots` asks; the dirty slots
+        // are a subset of themselves.
         unsafe { self.decommit_slots(seg, (*seg).dirty_slots) };
     }
 
@@ -489,7 +493,9 @@ impl Arena {
     /// As [`decommit_dirty`](Self::decommit_dirty); `mask` is a subset of
     /// the segment's dirty slots.
     unsafe fn decommit_slots(&self, seg: *mut SmallSegment, mask: u64) {
-        // SAFETY: per the contract.
+        // SAFETY: `seg` is a live segment of this arena under the lock the
+        // caller holds; `mask` names free, committed slots, whose memory no one
+        // uses.
         unsafe {
             debug_assert_eq!(mask & !(*seg).dirty_slots, 0, "purging a slot that is not dirty");
             debug_assert_eq!(mask & !(*seg).free_slots, 0, "purging a slot in use");
@@ -517,7 +523,8 @@ impl Arena {
     /// # Safety
     /// As [`decommit_dirty`](Self::decommit_dirty); no slot is in use.
     unsafe fn unmap_segment(&self, seg: *mut SmallSegment) {
-        // SAFETY: per the contract.
+        // SAFETY: a live segment of this arena with no slot in use, off the
+        // list, under the lock the caller holds: nothing points into it.
         unsafe {
             debug_assert_eq!((*seg).free_slots, !1u64);
             let dirty = ((*seg).dirty_slots.count_ones() as usize * SLOT_SIZE) as u64;
@@ -695,7 +702,8 @@ impl Arena {
     /// `c` is null or a chain of this arena's cached mappings, unlisted.
     unsafe fn unmap_cached(&self, g: &mut ArenaInner, mut c: *mut Cached) {
         while !c.is_null() {
-            // SAFETY: per the contract.
+            // SAFETY: `c` is one of this arena's cached mappings, unlisted (the
+            // caller's word): its header is live and read by no one else.
             let (next, len) = unsafe { ((*c).next, (*c).len) };
             g.cached_count -= 1;
             g.cached_bytes -= len;
@@ -849,7 +857,8 @@ unsafe fn find_slots(
             }
             first += slots;
         }
-        // SAFETY: per the contract.
+        // SAFETY: `seg` is on the arena's segment list, read under the lock the
+        // caller holds, so live.
         seg = unsafe { (*seg).seg.next };
     }
     None

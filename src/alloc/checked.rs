@@ -161,7 +161,8 @@ unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) {
 #[cold]
 #[inline(never)]
 unsafe fn small_double(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
-    // SAFETY: per the contract.
+    // SAFETY: `p` is a block's start in a live page of `small` (the caller's
+    // word): the page and the block's second word are readable.
     unsafe {
         let bs = (*page_of(small, p)).info.block_size;
         misuse(format_args!("double free of {p:p} ({bs}-byte block, node {})", (*small).seg.arena));
@@ -176,7 +177,8 @@ unsafe fn small_double(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
 /// `p` is a live block of `bs` bytes, handed out with its red zone.
 #[inline(never)]
 unsafe fn full_free(p: *mut u8, bs: usize, what: B) -> bool {
-    // SAFETY: per the contract.
+    // SAFETY: `p` is a live block of `bs` bytes handed out with its red zone
+    // (the caller's word), as `check_red_zone` and `poison` ask.
     unsafe {
         if !hardened::check_red_zone(p, bs, what) {
             return false;

@@ -63,7 +63,8 @@ pub(super) unsafe fn free(p: *mut u8) {
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_not_small(p: *mut u8, kind: u8) {
-    // SAFETY: per the contract.
+    // SAFETY: `p` is a live block of this allocator in a segment of `kind` (the
+    // caller's word), what `free_as` asks.
     unsafe { free_as(p, kind) }
 }
 

@@ -70,7 +70,8 @@ impl Placer {
 /// `ptr` is a live block of `layout` from a handle or from `NumaAlloc`.
 unsafe fn dealloc(ptr: NonNull<u8>, layout: Layout) {
     if layout.size() != 0 {
-        // SAFETY: per the contract.
+        // SAFETY: `ptr` is a live block of this allocator (the caller's word),
+        // as `free` asks.
         unsafe { super::free::free(ptr.as_ptr()) };
     }
 }

@@ -113,7 +113,8 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
 #[inline(always)]
 pub(crate) unsafe fn free_block(seg: *mut Segment) {
     if let Some(state) = State::try_get() {
-        // SAFETY: per the contract.
+        // SAFETY: `seg` is the header of a live huge block (the caller's word),
+        // as `free` asks.
         unsafe { free(state, seg) };
     }
 }
@@ -126,7 +127,8 @@ pub(crate) unsafe fn free_block(seg: *mut Segment) {
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
-    // SAFETY: per the contract.
+    // SAFETY: `seg` is the header of a live huge block (the caller's word): its
+    // fields are written once, at mapping.
     let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
     let a = &state.arenas[arena];
     let c = &a.counters;
@@ -229,7 +231,8 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
 /// # Safety
 /// `seg` must be the header of a live huge block.
 pub(crate) unsafe fn usable_size(seg: *mut Segment, p: *const u8) -> usize {
-    // SAFETY: per the contract.
+    // SAFETY: `seg` is the header of a live huge block holding `p` (the
+    // caller's word).
     unsafe { (*seg).map_base as usize + (*seg).map_len - p as usize }
 }
 

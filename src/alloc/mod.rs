@@ -165,7 +165,8 @@ impl NumaAlloc {
     /// `p` must be a live block of this allocator.
     #[inline]
     pub unsafe fn usable_size(&self, p: *const u8) -> usize {
-        // SAFETY: per the contract.
+        // SAFETY: `p` is a live block of this allocator (the caller's word), as
+        // `usable_size` asks.
         unsafe { usable_size(p) }
     }
 
@@ -254,7 +255,8 @@ impl NumaAlloc {
     /// `p` must be a live block of this allocator.
     #[inline(always)]
     pub unsafe fn free(&self, p: *mut u8) {
-        // SAFETY: per the contract.
+        // SAFETY: `p` is a live block of this allocator (the caller's word), as
+        // `free::free` asks.
         unsafe { free::free(p) }
     }
 
@@ -333,7 +335,8 @@ impl NumaAlloc {
     /// # Safety
     /// `p` must be a live block of this allocator.
     pub unsafe fn node_of(&self, p: *const u8) -> usize {
-        // SAFETY: per the contract.
+        // SAFETY: `p` is a live block of this allocator (the caller's word), so
+        // its segment header is live.
         usize::from(unsafe { (*segment_of(p)).arena })
     }
 
@@ -429,7 +432,9 @@ impl Default for NumaAlloc {
 /// unless `LOOK_FULL`.
 #[inline(always)]
 unsafe fn alloc_class<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *mut u8 {
-    // SAFETY: per the contract.
+    // SAFETY: `heap` is the calling thread's heap and `class < CLASSES` (the
+    // caller's word), as the pops ask; `full` is off unless `LOOK_FULL`, as
+    // `pop_checked_off` asks.
     unsafe {
         let p = if LOOK_FULL { Heap::pop(heap, class) } else { Heap::pop_checked_off(heap, class) };
         if !p.is_null() {
@@ -459,7 +464,8 @@ pub(crate) fn padded(size: usize) -> usize {
 #[inline(always)]
 pub(crate) unsafe fn handed_out_for(p: *mut u8, size: usize) {
     #[cfg(feature = "hardened")]
-    // SAFETY: per the contract.
+    // SAFETY: `p` is null or a block of this allocator just handed out for
+    // `size` bytes (the caller's word).
     unsafe {
         checked::handed_out(p);
         if hardened::full() && !p.is_null() {

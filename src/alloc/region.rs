@@ -419,7 +419,8 @@ impl Region {
     /// As [`file_free`](Self::file_free), for one live block the owner gives up.
     pub(crate) unsafe fn owner_free(&self, p: *mut u8, units: usize) {
         let b = p.cast::<Block>();
-        // SAFETY: per the contract.
+        // SAFETY: `p` is one live block of `units` units that the owner gives
+        // up (the caller's word): a one-block chain for `file_free`.
         unsafe { self.file_free(b, b, units) };
         self.owner_freed.set(self.owner_freed.get() + 1);
     }
@@ -504,7 +505,10 @@ impl Region {
 /// and touches `r` no more.
 pub(crate) unsafe fn retire(r: NonNull<Region>) {
     let r = r.as_ptr();
-    // SAFETY: per the contract.
+    // SAFETY: the caller is `r`'s carver (and owner, if any), retires it once
+    // and touches it no more: no one else writes its carver-only fields, and
+    // the region stays mapped until `live.retire()` below finds no block
+    // live and unmaps it, after the last use of `reg`.
     unsafe {
         let reg = &*r;
         reg.flush_reuse();
@@ -589,7 +593,8 @@ unsafe fn unmap(r: *mut Region) {
 /// # Safety
 /// `p` is a live block of region `seg`.
 pub(crate) unsafe fn usable_size(seg: *mut Segment, p: *const u8) -> usize {
-    // SAFETY: per the contract.
+    // SAFETY: `p` is a live block of region `seg` (the caller's word), so the
+    // region header is live.
     unsafe { (*seg.cast::<Region>()).block_size(p) }
 }
 

@@ -203,7 +203,8 @@ impl Cursor {
     /// As [`pick_exclusive`](Self::pick_exclusive).
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) unsafe fn turn_left_exclusive(&self, last: Pick) -> u64 {
-        // SAFETY: per the contract.
+        // SAFETY: the caller has the cursor exclusively (what `pick_exclusive`
+        // asks, which `turn_exclusive` asks too).
         let (now, left) = unsafe { self.turn_exclusive() };
         if now.turn == last.turn { left } else { 0 }
     }
@@ -484,7 +485,8 @@ mod tests {
             bytes += sizes[*i];
             *i += 1;
         }
-        // SAFETY: per the contract.
+        // SAFETY: the caller has the cursor exclusively, as `settle_exclusive`
+        // asks.
         unsafe { c.settle_exclusive(n, bytes) };
     }
 

@@ -796,7 +796,8 @@ impl RawCache {
     /// # Safety
     /// `obj` is a live object of this cache.
     pub unsafe fn node_of(&self, obj: NonNull<u8>) -> usize {
-        // SAFETY: per the contract.
+        // SAFETY: `obj` is a live object of this cache (the caller's word), as
+        // `Core::node_of` asks.
         unsafe { self.core.node_of(obj) }
     }
 

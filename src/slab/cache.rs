@@ -58,7 +58,8 @@ pub(crate) fn lock_ranges_for_fork() {
 /// Taken by `lock_ranges_for_fork` on this thread (or, in a forked child,
 /// the thread it was copied from).
 pub(crate) unsafe fn unlock_ranges_after_fork() {
-    // SAFETY: per the contract.
+    // SAFETY: `lock_ranges_for_fork` took it on this thread (or the thread the
+    // child was copied from), so it is held and ours to release.
     #[cfg(any(debug_assertions, feature = "hardened"))]
     unsafe {
         SLAB_RANGES.unlock_raw()
@@ -604,7 +605,8 @@ impl Core {
     /// # Safety
     /// `slab` is on one of `s`'s lists; the caller holds the mutex.
     unsafe fn relist(&self, s: &mut Slabs, slab: *mut Slab) {
-        // SAFETY: per the contract.
+        // SAFETY: `slab` is on one of the node's lists (the caller's word), so
+        // live; its state is read under the node mutex the caller holds.
         let (cur, inuse, cap) = unsafe { ((*slab).state.list, (*slab).state.inuse, (*slab).cap) };
         let want = if inuse == 0 {
             ListId::Empty
@@ -682,7 +684,8 @@ impl Core {
     /// # Safety
     /// `slab` is empty and on `s.empty`; the caller holds the node mutex.
     unsafe fn release(&self, node: usize, s: &mut Slabs, slab: *mut Slab) -> usize {
-        // SAFETY: per the contract.
+        // SAFETY: `slab` is empty and on `s.empty` (the caller's word), and the
+        // caller holds the node mutex that guards the list.
         let (len, cap) = unsafe {
             s.empty.remove(slab);
             ((*slab).map_len, (*slab).cap as usize)
@@ -774,7 +777,9 @@ impl Core {
     /// As [`RemoteList::push_chain`]; the objects are this cache's, of `node`.
     pub(crate) unsafe fn free_remote(&self, node: usize, first: NonNull<u8>, last: NonNull<u8>, n: usize) {
         let ns = &self.nodes[node];
-        // SAFETY: per the contract.
+        // SAFETY: the chain is `n` free objects of this cache on `node`, linked
+        // through their link words, owned by the caller: what `push_chain`
+        // needs.
         unsafe { ns.remote.0.push_chain(first, last, self.link) };
         ns.counters.remote_frees.fetch_add(n as u64, Ordering::Relaxed);
         ns.wake_waiters();
@@ -834,7 +839,8 @@ impl Core {
     /// thread it was copied from).
     pub(crate) unsafe fn unlock_after_fork(&self) {
         for ns in self.nodes.iter().rev() {
-            // SAFETY: per the contract.
+            // SAFETY: `lock_for_fork` took these on this thread (or the thread
+            // the child was copied from); released in the reverse order.
             unsafe {
                 ns.depot.unlock_after_fork();
                 ns.slabs.unlock_raw();
@@ -876,7 +882,8 @@ impl Core {
     /// another reference.
     pub(crate) unsafe fn put_refs(this: *const Core, n: usize) {
         for _ in 0..n {
-            // SAFETY: per the contract.
+            // SAFETY: the caller owns `n` strong references to this
+            // `Arc<Core>`: each decrement gives one back.
             unsafe { Arc::decrement_strong_count(this) };
         }
     }
@@ -887,7 +894,8 @@ impl Core {
     /// # Safety
     /// `this` is a live `Arc<Core>` allocation.
     pub(crate) unsafe fn hold(this: *const Core) {
-        // SAFETY: per the contract.
+        // SAFETY: `this` is a live `Arc<Core>` allocation (the caller's word),
+        // so its count may be raised.
         unsafe { Arc::increment_strong_count(this) };
     }
 }

@@ -126,7 +126,9 @@ impl DmaPool {
     /// As [`RawCache::free_bulk`]: buffers of this pool, each once, unused
     /// afterwards.
     pub unsafe fn free_bulk(&self, bufs: &[NonNull<u8>]) {
-        // SAFETY: per the contract.
+        // SAFETY: buffers of this pool, each given once and unused afterwards
+        // (the caller's word): `RawCache::free_bulk`'s conditions, the pool's
+        // cache being that cache.
         unsafe { self.raw.free_bulk(bufs) }
     }
 
@@ -135,7 +137,8 @@ impl DmaPool {
     /// # Safety
     /// `buf` is a live buffer of this pool.
     pub unsafe fn node_of(&self, buf: NonNull<u8>) -> usize {
-        // SAFETY: per the contract.
+        // SAFETY: `buf` is a live buffer of this pool, so a live object of its
+        // cache.
         unsafe { self.raw.node_of(buf) }
     }
 

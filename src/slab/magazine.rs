@@ -377,7 +377,8 @@ impl Depot {
     /// thread it was copied from).
     #[doc(hidden)]
     pub unsafe fn unlock_after_fork(&self) {
-        // SAFETY: per the contract.
+        // SAFETY: `lock_for_fork` took the lock on this thread (or the thread
+        // the child was copied from), so it is held and ours to release.
         unsafe { self.lists.unlock_raw() };
     }
 }

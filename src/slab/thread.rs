@@ -398,7 +398,8 @@ pub(crate) unsafe fn free(core: *const Core, obj: NonNull<u8>) {
         Freed::Done => {}
         // SAFETY: a one-object chain of a free object of `node`.
         Freed::Remote => unsafe { c.free_remote(node, obj, obj, 1) },
-        // SAFETY: per the contract.
+        // SAFETY: `obj` is a live object of this cache on `node`, given up once
+        // by the caller (`free`'s contract), which is what `free_slow` asks.
         Freed::Slow => unsafe { free_slow(core, obj, node, urgent) },
     }
 }
@@ -473,7 +474,8 @@ type Chain = (NonNull<u8>, NonNull<u8>, usize);
 pub(crate) unsafe fn free_bulk(core: &Arc<Core>, objs: &[NonNull<u8>]) {
     if !core.multi_node {
         for &o in objs {
-            // SAFETY: per the contract.
+            // SAFETY: each object is this cache's, live, given once
+            // (`free_bulk`'s contract, which is `free`'s for each).
             unsafe { free(Arc::as_ptr(core), o) };
         }
         return;
@@ -490,7 +492,7 @@ pub(crate) unsafe fn free_bulk(core: &Arc<Core>, objs: &[NonNull<u8>]) {
         // SAFETY: an object of this cache.
         let node = unsafe { core.node_of(o) };
         if node == here {
-            // SAFETY: per the contract.
+            // SAFETY: as above: a live object of this cache, given once.
             unsafe { free(Arc::as_ptr(core), o) };
             continue;
         }

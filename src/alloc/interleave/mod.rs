@@ -82,7 +82,8 @@ impl ThreadInterleaver {
             Granularity::Bytes(b) => Granularity::Bytes(b),
         };
         let pages = i.with_granularity(per_page);
-        // SAFETY: per the contract.
+        // SAFETY: `at` is valid for writes of a `ThreadInterleaver`, aligned,
+        // and holds nothing that needs dropping (the caller's word).
         unsafe {
             at.write(Self {
                 cursor: Cursor::new(i),
@@ -140,7 +141,9 @@ impl ThreadInterleaver {
     #[inline(never)]
     pub(crate) unsafe fn alloc_class(&self, heap: *mut Heap, class: usize) -> *mut u8 {
         debug_assert!(class >= PAGE_CLASS);
-        // SAFETY: per the contract.
+        // SAFETY: `heap` is the calling thread's heap and this interleaver the
+        // thread's (the caller's word): the pool, window and cursor are this
+        // thread's to use.
         unsafe {
             self.reclaim(heap);
             if (self.window.is_open() || self.open_turn()) && self.fill(heap, class) {
@@ -169,7 +172,9 @@ impl ThreadInterleaver {
     pub(crate) unsafe fn free_own(&self, r: &Region, p: *mut u8) {
         let units = r.block_size(p) / UNIT;
         debug_assert!(units > 0, "free of a pointer that is no region block");
-        // SAFETY: per the contract.
+        // SAFETY: on the interleaver's thread, `r` one of its space's regions
+        // owned by it and `p` a live block of `r` given up (the caller's word):
+        // what `put_back` and `owner_free` ask.
         unsafe {
             if !self.pool.put_back(r as *const Region as *mut Region, p, units) {
                 r.owner_free(p, units);
@@ -225,7 +230,8 @@ impl ThreadInterleaver {
     /// Exclusive, as [`window_alloc`](Self::window_alloc).
     #[inline(always)]
     unsafe fn open_turn(&self) -> bool {
-        // SAFETY: per the contract.
+        // SAFETY: the caller has the interleaver exclusively (on its thread, no
+        // pool open), as `close_window` and `pick_exclusive` ask.
         let (pick, left) = unsafe {
             self.close_window();
             self.cursor.turn_exclusive()
@@ -249,7 +255,8 @@ impl ThreadInterleaver {
     unsafe fn close_window(&self) {
         debug_assert_eq!(self.pool.filled.get(), 0);
         if let Some((served, bytes)) = self.window.close() {
-            // SAFETY: per the contract.
+            // SAFETY: exclusive use of the interleaver (the caller's word), so
+            // of its cursor.
             unsafe { self.cursor.settle_exclusive(served, bytes) };
         }
     }
@@ -261,7 +268,8 @@ impl ThreadInterleaver {
     /// Exclusive, as [`window_alloc`](Self::window_alloc); no pool is open.
     #[inline(never)]
     unsafe fn alloc_picked(&self, size: usize, align: usize) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: exclusive use of the interleaver with no pool open (the
+        // caller's word), as `close_window` and `pick_exclusive` ask.
         let pick = unsafe {
             self.close_window();
             self.cursor.pick_exclusive(size)
@@ -438,7 +446,9 @@ pub(crate) unsafe fn free(seg: *mut Segment, p: *mut u8, il: *const ThreadInterl
         // SAFETY: owned by `il`, which is this thread's.
         unsafe { (*il).free_own(r, p) };
     } else {
-        // SAFETY: per the contract.
+        // SAFETY: `p` is a live block of the live region `seg` (the caller's
+        // word), freed by a thread that does not own the region: `free_shared`
+        // is for those.
         unsafe { super::region::free_shared(seg, p) };
     }
 }

@@ -128,7 +128,8 @@ impl Window {
     #[inline(always)]
     pub(crate) unsafe fn carved(&self) {
         if self.fresh.replace(false) {
-            // SAFETY: per the contract.
+            // SAFETY: the caller is the region's carver, the one thread that
+            // writes its last turn.
             unsafe { (*self.region.get()).set_last_turn(self.turn.get()) };
         }
     }
