@@ -169,6 +169,20 @@ pub enum Error {
         /// `io_uring_register` is `RLIMIT_MEMLOCK` reached).
         errno: i32,
     },
+    /// Registering a region of a pool would pin more memory than the
+    /// process's `RLIMIT_MEMLOCK` allows (a registrar that pins, such as
+    /// `uring::FixedBuffers` of the `io-uring` feature, said so before
+    /// asking the kernel): the allocation that needed it failed, nothing was kept.
+    MemlockLimit {
+        /// The region's node.
+        node: usize,
+        /// The soft `RLIMIT_MEMLOCK`, in bytes.
+        limit: u64,
+        /// Bytes pinned already.
+        pinned: u64,
+        /// Bytes the region would have pinned.
+        asked: usize,
+    },
 }
 
 impl Error {
@@ -212,6 +226,11 @@ impl fmt::Display for Error {
                 }
                 Ok(())
             }
+            Error::MemlockLimit { node, limit, pinned, asked } => write!(
+                f,
+                "pinning {asked} more bytes on node {node} would pass RLIMIT_MEMLOCK ({limit} bytes, {pinned} pinned); \
+                 raise it with `ulimit -l` or systemd's LimitMEMLOCK="
+            ),
         }
     }
 }

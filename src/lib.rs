@@ -73,6 +73,8 @@ pub use alloc::stats;
 pub mod sync;
 pub mod topology;
 pub mod units;
+#[cfg(all(feature = "io-uring", not(loom)))]
+pub mod uring;
 
 #[cfg(not(loom))]
 pub use alloc::{Config, InterleaveHandle, Mode, NodeHandle, NumaAlloc, PolicyGuard, with_policy};

@@ -137,6 +137,11 @@ fn main() {
         ("slab_chunks_scale_and_stay_on_their_node", slab_chunks_scale_and_stay_on_their_node),
         ("slab_hugetlb_pages_are_on_the_node_and_contiguous", slab_hugetlb_pages_are_on_the_node_and_contiguous),
         ("slab_gigantic_pages_make_one_physical_run", slab_gigantic_pages_make_one_physical_run),
+        #[cfg(feature = "io-uring")]
+        (
+            "uring_rings_per_node_read_and_write_fixed_on_their_node",
+            uring_rings_per_node_read_and_write_fixed_on_their_node,
+        ),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, check) in checks {
@@ -780,6 +785,58 @@ fn slab_objects_land_on_the_cache_node(t: &Topology, _: Option<&Guest>) -> Outco
     })
     .join()
     .unwrap();
+    Outcome::Pass
+}
+
+/// A `NodeRing` per memory node, each used from a CPU of the first CPU
+/// node: every buffer on the ring's node (move_pages), written with
+/// `WRITE_FIXED` and read back with `READ_FIXED` through its registered slot.
+#[cfg(feature = "io-uring")]
+fn uring_rings_per_node_read_and_write_fixed_on_their_node(t: &Topology, _: Option<&Guest>) -> Outcome {
+    use std::os::fd::AsRawFd;
+
+    use io_uring::{opcode, types};
+    use numaweave::uring::NodeRing;
+
+    const SIZE: usize = 4096;
+    let run = |ring: &NodeRing, e: io_uring::squeue::Entry| {
+        // SAFETY: the buffer the entry names outlives its completion, reaped here.
+        unsafe { ring.submission().push(&e).unwrap() };
+        ring.submit_and_wait(1).unwrap();
+        ring.completion().next().unwrap().result()
+    };
+    for node in t.memory_nodes().iter() {
+        let ring = match NodeRing::new(node, SIZE, 32) {
+            Ok(r) => r,
+            Err(e) => {
+                print!("({e}) ");
+                return Outcome::Skip("no io_uring in the guest");
+            }
+        };
+        let phys = t.physical_node(node);
+        let path = format!("/tmp/numaweave-uring-{node}");
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let fd = types::Fd(file.as_raw_fd());
+        let mut bufs: Vec<_> = (0..64).map(|_| ring.alloc().unwrap()).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let got = touch_and_locate(b.as_mut_ptr(), SIZE);
+            assert!(got.iter().all(|&g| g == Some(phys)), "ring of node {node}: buffer {i} on {got:?}");
+            b.fill(node as u8 ^ i as u8);
+            let w = opcode::WriteFixed::new(fd, b.as_mut_ptr(), SIZE as u32, b.index()).offset((i * SIZE) as u64);
+            assert_eq!(run(&ring, w.build()), SIZE as i32);
+        }
+        for (i, b) in bufs.iter_mut().enumerate() {
+            b.fill(0);
+            let r = opcode::ReadFixed::new(fd, b.as_mut_ptr(), SIZE as u32, b.index()).offset((i * SIZE) as u64);
+            assert_eq!(run(&ring, r.build()), SIZE as i32);
+            assert!(b.iter().all(|&x| x == node as u8 ^ i as u8), "ring of node {node}: buffer {i} read back wrong");
+        }
+        println!(
+            "\n  ring of node {node}: 64 fixed buffers on node {node}, {} bytes pinned, written and read back",
+            ring.pinned()
+        );
+    }
     Outcome::Pass
 }
 

@@ -503,10 +503,10 @@ struct Ledger {
 }
 
 impl numaweave::slab::Registrar for Ledger {
-    fn register(&self, r: &numaweave::slab::Region) -> Result<(), i32> {
+    fn register(&self, r: &numaweave::slab::Region) -> Result<(), numaweave::slab::Refusal> {
         let refuse = self.refuse.load(Ordering::Relaxed);
         if refuse != 0 {
-            return Err(refuse as i32);
+            return Err(numaweave::slab::Refusal::Errno(refuse as i32));
         }
         let a = r.addr.as_ptr() as usize;
         assert!(a.is_multiple_of(r.page_size) && r.len.is_multiple_of(r.page_size) && r.len > 0);

@@ -15,7 +15,7 @@ use core::ptr::{self, NonNull};
 
 use numaweave::alloc::malloc_align;
 use numaweave::policy::Policy;
-use numaweave::slab::{RawCache, Region, Registrar};
+use numaweave::slab::{RawCache, Refusal, Region, Registrar};
 use numaweave::{Error, PolicyGuard, Topology};
 
 use crate::A;
@@ -87,7 +87,7 @@ fn fail_with(e: Error) -> numaweave_status {
         Error::NoSuchDevice { .. } => NUMAWEAVE_NO_SUCH_DEVICE,
         Error::LimitReached { .. } => NUMAWEAVE_LIMIT_REACHED,
         Error::Os { .. } => NUMAWEAVE_OS_ERROR,
-        Error::Registration { .. } => NUMAWEAVE_REGISTRATION_FAILED,
+        Error::Registration { .. } | Error::MemlockLimit { .. } => NUMAWEAVE_REGISTRATION_FAILED,
         _ => NUMAWEAVE_INVALID_ARGUMENT,
     };
     fail(status, format_args!("{e}"))
@@ -357,14 +357,14 @@ impl CRegistrar {
 }
 
 impl Registrar for CRegistrar {
-    fn register(&self, region: &Region) -> Result<(), i32> {
+    fn register(&self, region: &Region) -> Result<(), Refusal> {
         let Some(f) = self.0.register_region else { return Ok(()) };
         let r = Self::c_region(region);
         // SAFETY: the caller of `numaweave_slab_create_registered` gave a
         // function that takes its `ctx` and a region it only reads.
         match unsafe { f(self.0.ctx, &r) } {
             0 => Ok(()),
-            e => Err(e),
+            e => Err(Refusal::Errno(e)),
         }
     }
 

@@ -442,6 +442,19 @@ pub unsafe fn lock(ptr: NonNull<u8>, len: usize) -> Result<()> {
     super::os_result(unsafe { libc::mlock(ptr.as_ptr().cast(), len) }, "mlock")
 }
 
+/// The soft `RLIMIT_MEMLOCK`: how many bytes the process may pin (`mlock`,
+/// io_uring's registered buffers, RDMA memory regions); `None` when
+/// unlimited or unreadable.
+pub fn memlock_limit() -> Option<u64> {
+    let _errno = super::KeepErrno::new();
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a valid `rlimit` for the kernel to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(r.rlim_cur)
+}
+
 /// Undoes [`lock`] (`munlock`), before the range is decommitted (a locked
 /// page cannot be) or unmapped.
 ///

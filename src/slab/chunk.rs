@@ -32,7 +32,7 @@
 use core::ptr::NonNull;
 use std::sync::Arc;
 
-use super::register::{Region, Registrar};
+use super::register::{Refusal, Region, Registrar};
 use crate::error::{Error, Result};
 use crate::os::mem::{self, BindFlags, HUGE_PAGE, Huge, MemPolicy};
 
@@ -184,10 +184,14 @@ impl Chunks {
     fn add(&mut self, p: NonNull<u8>, len: usize, huge: bool, page_size: usize) -> Result<()> {
         if let Some((r, node)) = &self.registrar {
             let region = Region { addr: p, len, node: *node, page_size };
-            if let Err(errno) = r.register(&region) {
+            if let Err(refusal) = r.register(&region) {
                 // SAFETY: our fresh mapping; nothing was handed out of it.
                 let _ = unsafe { mem::unmap(p, len) };
-                return Err(Error::Registration { node: *node, len, errno });
+                let node = *node;
+                return Err(match refusal {
+                    Refusal::Errno(errno) => Error::Registration { node, len, errno },
+                    Refusal::Memlock { limit, pinned } => Error::MemlockLimit { node, limit, pinned, asked: len },
+                });
             }
         }
         let base = p.as_ptr() as usize;
@@ -324,7 +328,7 @@ mod tests {
     }
 
     impl Registrar for Count {
-        fn register(&self, _: &Region) -> core::result::Result<(), i32> {
+        fn register(&self, _: &Region) -> core::result::Result<(), Refusal> {
             self.registered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         }

@@ -75,7 +75,7 @@ pub use cache::Home;
 #[cfg(not(loom))]
 pub use dma::{Dma, DmaBuf, DmaPool, phys_addr, phys_segments};
 #[cfg(not(loom))]
-pub use register::{Region, Registrar};
+pub use register::{Refusal, Region, Registrar};
 #[cfg(not(loom))]
 pub use stats::{CacheStats, NodeCacheStats, SlabInfo, slabinfo};
 

@@ -35,7 +35,7 @@
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
-//! use numaweave::slab::{RawCache, Region, Registrar};
+//! use numaweave::slab::{RawCache, Refusal, Region, Registrar};
 //!
 //! /// Keeps the regions, as an io_uring or RDMA registrar would keep its
 //! /// table of registered memory.
@@ -43,7 +43,7 @@
 //! struct Table(Mutex<Vec<(usize, usize)>>);
 //!
 //! impl Registrar for Table {
-//!     fn register(&self, r: &Region) -> Result<(), i32> {
+//!     fn register(&self, r: &Region) -> Result<(), Refusal> {
 //!         self.0.lock().unwrap().push((r.addr.as_ptr() as usize, r.len));
 //!         Ok(())
 //!     }
@@ -88,14 +88,31 @@ unsafe impl Send for Region {}
 // SAFETY: as for `Send`; nothing in it can be changed through `&Region`.
 unsafe impl Sync for Region {}
 
+/// Why a [`Registrar`] refused a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The registration failed with this errno: the allocation fails with
+    /// [`Error::Registration`](crate::Error::Registration).
+    Errno(i32),
+    /// Pinning the region would take the process past its
+    /// `RLIMIT_MEMLOCK`: the allocation fails with
+    /// [`Error::MemlockLimit`](crate::Error::MemlockLimit).
+    Memlock {
+        /// The limit, in bytes.
+        limit: u64,
+        /// What was pinned already, in bytes.
+        pinned: u64,
+    },
+}
+
 /// Told of a pool's memory region by region: see the [module
 /// documentation](self). Given to a pool by its builder's `registrar`.
 pub trait Registrar: Send + Sync {
-    /// Registers `region`, before any object of it is handed out. An error
-    /// (an errno value) fails the allocation that needed the region with
-    /// [`Error::Registration`](crate::Error::Registration); the region is
-    /// unmapped and `unregister` is not called for it.
-    fn register(&self, region: &Region) -> Result<(), i32>;
+    /// Registers `region`, before any object of it is handed out. A
+    /// refusal fails the allocation that needed the region (see
+    /// [`Refusal`]); the region is unmapped and `unregister` is not called
+    /// for it.
+    fn register(&self, region: &Region) -> Result<(), Refusal>;
 
     /// Unregisters `region`, registered before, before it is unmapped:
     /// nothing of the pool uses it any more.

@@ -1,0 +1,376 @@
+//! io_uring fixed buffers from a node's pool (feature `io-uring`, with the
+//! `io-uring` crate).
+//!
+//! A [`NodeRing`] is one ring and one [`DmaPool`] on a node, the model for a
+//! storage or network thread pinned to that node's CPUs. Each region of the
+//! pool (a chunk of its slabs, see [`slab::register`](crate::slab::register))
+//! goes into a slot of the ring's sparse registered-buffer table as it is
+//! mapped (`IORING_REGISTER_BUFFERS2` sparse, then `_BUFFERS_UPDATE`), so a
+//! chunk that arrives later is registered without re-registering the rest,
+//! and leaves its slot before it is unmapped. A buffer from
+//! [`NodeRing::alloc`] carries the slot its region has: a `READ_FIXED` or
+//! `WRITE_FIXED` names it as `buf_index`, and the kernel neither walks the
+//! page tables nor pins pages per request.
+//!
+//! Registered buffers are pinned. [`FixedBuffers`] keeps what all rings of
+//! the process have pinned within the soft `RLIMIT_MEMLOCK` (whatever the
+//! process's capabilities, so the limit means the same to root): a region
+//! beyond it fails the allocation with [`Error::MemlockLimit`], which says
+//! the limit, what is pinned and what was asked; nothing is kept and the
+//! ring goes on serving from the regions it has. [`NodeRing::pinned`] and
+//! the pool's statistics (`registered_bytes` per node) say what is pinned.
+//!
+//! Needs Linux 5.19 or later (sparse registration and updates came in
+//! 5.13, buffer rings in 5.19); [`NodeRing::new`] on an older kernel fails
+//! with the `io_uring_register` error (`EINVAL`) instead of later.
+//!
+//! ```no_run
+//! use std::os::fd::AsRawFd;
+//! use io_uring::{opcode, types};
+//! use numaweave::uring::NodeRing;
+//!
+//! let ring = NodeRing::new(0, 4096, 64).unwrap();
+//! let file = std::fs::File::open("/etc/hostname").unwrap();
+//! let mut buf = ring.alloc().unwrap();
+//! let read = opcode::ReadFixed::new(types::Fd(file.as_raw_fd()), buf.as_mut_ptr(), 4096, buf.index())
+//!     .build()
+//!     .user_data(1);
+//! // SAFETY: the buffer lives until the completion is reaped below.
+//! unsafe { ring.submission().push(&read).unwrap() };
+//! ring.submit_and_wait(1).unwrap();
+//! let cqe = ring.completion().next().unwrap();
+//! assert!(cqe.result() > 0);
+//! ```
+
+use core::cell::Cell;
+use core::marker::PhantomData;
+use core::ops::{Deref, DerefMut};
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use io_uring::IoUring;
+use io_uring::squeue::Entry;
+
+use crate::error::{Error, Result};
+use crate::os::mem::memlock_limit;
+use crate::slab::{DmaBuf, DmaPool, Refusal, Region, Registrar};
+
+/// Bytes pinned by every [`FixedBuffers`] of the process.
+static PINNED: AtomicU64 = AtomicU64::new(0);
+
+/// Granule of the address-to-slot map: a region covers whole granules but
+/// at its ends, where another region may start.
+const GRANULE_SHIFT: u32 = 21;
+
+/// The table of one ring's registered buffers: which slot each region of
+/// the pool has.
+#[derive(Default)]
+struct Table {
+    /// Slots taken, by slot: the region's start and length.
+    slots: Vec<Option<(usize, usize)>>,
+    /// Per 2 MiB granule, the slots of the regions that touch it (one or
+    /// two but where regions are small).
+    granules: HashMap<usize, Vec<u16>>,
+    /// Bytes registered now.
+    bytes: u64,
+}
+
+impl Table {
+    fn granules(start: usize, len: usize) -> core::ops::RangeInclusive<usize> {
+        (start >> GRANULE_SHIFT)..=((start + len - 1) >> GRANULE_SHIFT)
+    }
+}
+
+/// A [`Registrar`] that puts each region of a pool into a slot of one
+/// ring's sparse registered-buffer table, within `RLIMIT_MEMLOCK` (see the
+/// [module documentation](self)). [`NodeRing`] makes and uses one; it is
+/// public for rings the application makes itself, which must have a sparse
+/// table of `slots` entries registered ([`FixedBuffers::new`] does it).
+pub struct FixedBuffers {
+    ring: Arc<IoUring>,
+    table: Mutex<Table>,
+}
+
+impl FixedBuffers {
+    /// Registers a sparse table of `slots` buffers (at most 16,384) on
+    /// `ring` and returns the registrar that fills it.
+    pub fn new(ring: Arc<IoUring>, slots: u16) -> Result<Arc<Self>> {
+        ring.submitter()
+            .register_buffers_sparse(u32::from(slots))
+            .map_err(|e| io_error("io_uring_register(IORING_REGISTER_BUFFERS2)", &e))?;
+        let table = Table { slots: vec![None; usize::from(slots)], ..Table::default() };
+        Ok(Arc::new(Self { ring, table: Mutex::new(table) }))
+    }
+
+    /// The slot of the registered region that holds `len` bytes at `p`, if
+    /// one does: a hash lookup and a scan of one or two entries.
+    pub fn index_of(&self, p: *const u8, len: usize) -> Option<u16> {
+        let a = p as usize;
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let slots = t.granules.get(&(a >> GRANULE_SHIFT))?;
+        slots
+            .iter()
+            .copied()
+            .find(|&s| t.slots[usize::from(s)].is_some_and(|(start, l)| a >= start && a + len <= start + l))
+    }
+
+    /// Bytes this table has registered (pinned) now.
+    pub fn registered(&self) -> u64 {
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).bytes
+    }
+
+    /// Bytes every table of the process has pinned now.
+    pub fn pinned_in_process() -> u64 {
+        PINNED.load(Ordering::Relaxed)
+    }
+
+    fn update(&self, slot: u16, iov: libc::iovec) -> io::Result<()> {
+        // SAFETY: the iovec names a region of a pool's memory that stays
+        // mapped until this slot is updated to the empty iovec (the pool
+        // unregisters before it unmaps), or the empty iovec itself.
+        unsafe { self.ring.submitter().register_buffers_update(u32::from(slot), &[iov], None) }
+    }
+}
+
+impl Registrar for FixedBuffers {
+    fn register(&self, r: &Region) -> core::result::Result<(), Refusal> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(slot) = t.slots.iter().position(Option::is_none) else {
+            return Err(Refusal::Errno(libc::ENOSPC));
+        };
+        let len = r.len as u64;
+        // Account first, so that two tables racing for the last of the
+        // limit cannot both pass.
+        let pinned = PINNED.fetch_add(len, Ordering::Relaxed);
+        if let Some(limit) = memlock_limit()
+            && pinned + len > limit
+        {
+            PINNED.fetch_sub(len, Ordering::Relaxed);
+            return Err(Refusal::Memlock { limit, pinned });
+        }
+        let slot = slot as u16;
+        let iov = libc::iovec { iov_base: r.addr.as_ptr().cast(), iov_len: r.len };
+        if let Err(e) = self.update(slot, iov) {
+            PINNED.fetch_sub(len, Ordering::Relaxed);
+            return Err(Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)));
+        }
+        let start = r.addr.as_ptr() as usize;
+        t.slots[usize::from(slot)] = Some((start, r.len));
+        for g in Table::granules(start, r.len) {
+            t.granules.entry(g).or_default().push(slot);
+        }
+        t.bytes += len;
+        Ok(())
+    }
+
+    fn unregister(&self, r: &Region) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let start = r.addr.as_ptr() as usize;
+        let Some(slot) = t.slots.iter().position(|s| *s == Some((start, r.len))) else {
+            debug_assert!(false, "a region unregistered that this table does not hold");
+            return;
+        };
+        let slot16 = slot as u16;
+        // The slot empty again before the pool unmaps the region. (It
+        // cannot fail for a slot this table filled; if it did, the ring
+        // would keep the pages pinned, not point at freed memory.)
+        let _ = self.update(slot16, libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 });
+        t.slots[slot] = None;
+        for g in Table::granules(start, r.len) {
+            if let Some(v) = t.granules.get_mut(&g) {
+                v.retain(|&s| s != slot16);
+                if v.is_empty() {
+                    t.granules.remove(&g);
+                }
+            }
+        }
+        t.bytes -= r.len as u64;
+        PINNED.fetch_sub(r.len as u64, Ordering::Relaxed);
+    }
+}
+
+fn io_error(call: &'static str, e: &io::Error) -> Error {
+    Error::Os { call, errno: e.raw_os_error().unwrap_or(libc::EIO) }
+}
+
+/// A ring and a pool of fixed buffers on one node: see the [module
+/// documentation](self). Used from one thread at a time (it is `Send`, not
+/// `Sync`): the submission and completion queues are its own.
+pub struct NodeRing {
+    // Dropped first: the pool's regions are unregistered (those whose
+    // buffers are all back) while the table and ring still exist; the
+    // table, held by the pool's registrar too, keeps the ring open until
+    // the last region goes.
+    pool: DmaPool,
+    fixed: Arc<FixedBuffers>,
+    ring: Arc<IoUring>,
+    node: usize,
+    /// A [`Submission`] is live; a [`Completion`] is live. (Flags, not
+    /// `&mut self`: buffers borrow the ring while requests are queued.)
+    sq_busy: Cell<bool>,
+    cq_busy: Cell<bool>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+/// The ring's submission queue, one at a time ([`NodeRing::submission`]).
+pub struct Submission<'a> {
+    sq: io_uring::SubmissionQueue<'a, Entry>,
+    busy: &'a Cell<bool>,
+}
+
+impl<'a> Deref for Submission<'a> {
+    type Target = io_uring::SubmissionQueue<'a, Entry>;
+    fn deref(&self) -> &Self::Target {
+        &self.sq
+    }
+}
+
+impl DerefMut for Submission<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.sq
+    }
+}
+
+impl Drop for Submission<'_> {
+    fn drop(&mut self) {
+        // (The queue itself publishes its tail as it drops, after this.)
+        self.busy.set(false);
+    }
+}
+
+/// The ring's completion queue, one at a time ([`NodeRing::completion`]).
+pub struct Completion<'a> {
+    cq: io_uring::CompletionQueue<'a>,
+    busy: &'a Cell<bool>,
+}
+
+impl<'a> Deref for Completion<'a> {
+    type Target = io_uring::CompletionQueue<'a>;
+    fn deref(&self) -> &Self::Target {
+        &self.cq
+    }
+}
+
+impl DerefMut for Completion<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.cq
+    }
+}
+
+impl Drop for Completion<'_> {
+    fn drop(&mut self) {
+        self.busy.set(false);
+    }
+}
+
+/// A buffer of a [`NodeRing`]'s pool, with the slot of the registered
+/// region it lies in: `buf_index` of a `READ_FIXED`/`WRITE_FIXED` of it.
+pub struct FixedBuf<'a> {
+    buf: DmaBuf<'a>,
+    index: u16,
+}
+
+impl FixedBuf<'_> {
+    /// The registered-buffer slot that holds this buffer.
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+
+    /// The buffer's first byte (for the SQE's address).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.buf.as_ptr()
+    }
+}
+
+impl Deref for FixedBuf<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl DerefMut for FixedBuf<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+impl NodeRing {
+    /// A ring of `entries` submission entries and a pool of `buf_size`-byte
+    /// buffers (up to 1 MiB) on `node`, its regions registered as they
+    /// come (up to 1,024 regions: a pool of tens of GiB).
+    pub fn new(node: usize, buf_size: usize, entries: u32) -> Result<Self> {
+        let ring = Arc::new(IoUring::new(entries).map_err(|e| io_error("io_uring_setup", &e))?);
+        let fixed = FixedBuffers::new(ring.clone(), 1024)?;
+        let pool = DmaPool::builder("uring_fixed", buf_size).node(node).registrar(fixed.clone()).build()?;
+        Ok(Self {
+            pool,
+            fixed,
+            ring,
+            node,
+            sq_busy: Cell::new(false),
+            cq_busy: Cell::new(false),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// A buffer on the ring's node (the nearest with memory when it is out
+    /// of it), in a registered region. Fails as [`DmaPool::alloc`] does, and
+    /// with [`Error::MemlockLimit`] when its region would pass
+    /// `RLIMIT_MEMLOCK`.
+    pub fn alloc(&self) -> Result<FixedBuf<'_>> {
+        let buf = self.pool.alloc()?;
+        let index = self
+            .fixed
+            .index_of(buf.as_ptr(), self.pool.buffer_size())
+            .expect("a buffer of a registered pool lies in a registered region");
+        Ok(FixedBuf { buf, index })
+    }
+
+    /// The node the ring's buffers are on.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+
+    /// The pool the buffers come from (statistics, `shrink`).
+    pub fn pool(&self) -> &DmaPool {
+        &self.pool
+    }
+
+    /// Bytes of this ring's registered regions (pinned).
+    pub fn pinned(&self) -> u64 {
+        self.fixed.registered()
+    }
+
+    /// The submission queue. Panics if one is live already.
+    pub fn submission(&self) -> Submission<'_> {
+        assert!(!self.sq_busy.replace(true), "a second submission queue of a NodeRing while one is live");
+        Submission {
+            // SAFETY: no other submission queue of the ring exists: this
+            // `NodeRing` is used from one thread (not `Sync`), its flag
+            // says none of its own is live, and the ring's other holder
+            // (the registrar) makes only `io_uring_register` calls, which
+            // do not touch the queue.
+            sq: unsafe { self.ring.submission_shared() },
+            busy: &self.sq_busy,
+        }
+    }
+
+    /// The completion queue. Panics if one is live already.
+    pub fn completion(&self) -> Completion<'_> {
+        assert!(!self.cq_busy.replace(true), "a second completion queue of a NodeRing while one is live");
+        Completion {
+            // SAFETY: as for `submission`: no other completion queue of the
+            // ring exists.
+            cq: unsafe { self.ring.completion_shared() },
+            busy: &self.cq_busy,
+        }
+    }
+
+    /// Submits what is queued and waits for `want` completions.
+    pub fn submit_and_wait(&self, want: usize) -> Result<usize> {
+        self.ring.submit_and_wait(want).map_err(|e| io_error("io_uring_enter", &e))
+    }
+}
