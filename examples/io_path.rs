@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --release --example io_path -- [--device NAME] [--dir DIR]
 //!     [--threads N] [--seconds S] [--file-mib M] [--request-kib K]
+//!     [--uring [--no-fixed]]
 //! ```
 //!
 //! It writes a scratch file whose every 4 KiB block holds its own block
@@ -18,6 +19,14 @@
 //! Prints IOPS, MiB/s, segments per request (virtual: the iovecs; physical:
 //! the page frames behind them, sampled, when run as root) and the slabinfo
 //! table.
+//!
+//! With `--uring` (built with `--features io-uring`) each worker has a
+//! `NodeRing` on the device's node and reads each request with one
+//! `READ_FIXED` into a buffer of the request's size from the ring's pool,
+//! whose regions are the ring's registered buffers (no page walk or pin per
+//! request); with `--uring --no-fixed` the same buffers through plain
+//! `READ` (a walk and a pin per request). It then also prints the regions
+//! registered and the bytes pinned.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -78,11 +87,31 @@ struct Args {
     seconds: f64,
     file_mib: usize,
     request_kib: usize,
+    engine: Engine,
+}
+
+/// How requests are read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    /// `preadv` into 4 KiB slab buffers, adjacent ones merged.
+    Preadv,
+    /// io_uring `READ_FIXED` into a registered buffer of the request's size.
+    Fixed,
+    /// io_uring plain `READ` into the same buffers.
+    Plain,
 }
 
 fn parse_args() -> Args {
-    let mut a =
-        Args { device: None, dir: std::env::temp_dir(), threads: 0, seconds: 2.0, file_mib: 64, request_kib: 32 };
+    let mut a = Args {
+        device: None,
+        dir: std::env::temp_dir(),
+        threads: 0,
+        seconds: 2.0,
+        file_mib: 64,
+        request_kib: 32,
+        engine: Engine::Preadv,
+    };
+    let (mut uring, mut no_fixed) = (false, false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage(&format!("{flag} needs a value")));
@@ -93,6 +122,8 @@ fn parse_args() -> Args {
             "--seconds" => a.seconds = val().parse().unwrap_or_else(|_| usage("--seconds S")),
             "--file-mib" => a.file_mib = val().parse().unwrap_or_else(|_| usage("--file-mib M")),
             "--request-kib" => a.request_kib = val().parse().unwrap_or_else(|_| usage("--request-kib K")),
+            "--uring" => uring = true,
+            "--no-fixed" => no_fixed = true,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
@@ -103,6 +134,13 @@ fn parse_args() -> Args {
     if a.file_mib * 1024 < a.request_kib {
         usage("--file-mib must hold at least one request");
     }
+    a.engine = match (uring, no_fixed) {
+        (false, false) => Engine::Preadv,
+        (false, true) => usage("--no-fixed goes with --uring"),
+        (true, _) if cfg!(not(feature = "io-uring")) => usage("--uring: built without --features io-uring"),
+        (true, false) => Engine::Fixed,
+        (true, true) => Engine::Plain,
+    };
     a
 }
 
@@ -111,7 +149,8 @@ fn usage(msg: &str) -> ! {
         eprintln!("io_path: {msg}");
     }
     eprintln!(
-        "usage: io_path [--device NAME] [--dir DIR] [--threads N] [--seconds S] [--file-mib M] [--request-kib K]"
+        "usage: io_path [--device NAME] [--dir DIR] [--threads N] [--seconds S] [--file-mib M] [--request-kib K] \
+         [--uring [--no-fixed]]"
     );
     std::process::exit(2)
 }
@@ -166,6 +205,9 @@ struct Totals {
     phys_sampled: AtomicU64,
     phys_unavailable: AtomicBool,
     pool_waits: AtomicU64,
+    /// io_uring engines: regions registered and bytes pinned, all rings.
+    regions: AtomicU64,
+    pinned: AtomicU64,
 }
 
 fn main() {
@@ -227,17 +269,28 @@ fn main() {
     let file = Arc::new(file);
     let totals = Arc::new(Totals::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let how = match args.engine {
+        Engine::Preadv => format!("{per_req} × 4 KiB slab buffers, preadv"),
+        Engine::Fixed => "one registered buffer each, io_uring READ_FIXED".to_owned(),
+        Engine::Plain => "one buffer each, io_uring READ (not fixed)".to_owned(),
+    };
     println!(
-        "{threads} threads, {} KiB requests ({per_req} × 4 KiB slab buffers), {}",
+        "{threads} threads, {} KiB requests ({how}), {}",
         args.request_kib,
-        if direct { "O_DIRECT preadv" } else { "buffered preadv" }
+        if direct { "O_DIRECT" } else { "buffered" }
     );
 
     let start = Instant::now();
     let mut workers = Vec::new();
     for t in 0..threads {
         let (pool, data, file, totals, stop) = (pool.clone(), data.clone(), file.clone(), totals.clone(), stop.clone());
+        let engine = args.engine;
         workers.push(std::thread::spawn(move || {
+            if engine != Engine::Preadv {
+                #[cfg(feature = "io-uring")]
+                uring_worker(t, engine, node, &pool, &file, blocks, per_req, &totals, &stop);
+                return;
+            }
             let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
             let mut bufs = vec![std::ptr::null_mut(); per_req];
             let mut iov = Vec::with_capacity(per_req);
@@ -317,9 +370,10 @@ fn main() {
     let mib = totals.bytes.load(Ordering::Relaxed) as f64 / (1 << 20) as f64;
     let segs = totals.segments.load(Ordering::Relaxed) as f64 / reqs.max(1) as f64;
     println!(
-        "{reqs} requests in {secs:.2} s: {:.0} IOPS, {:.1} MiB/s, {segs:.2} segments per request ({per_req} buffers each), {} waits for a command",
+        "{reqs} requests in {secs:.2} s: {:.0} IOPS, {:.1} MiB/s, {segs:.2} segments per request ({} each), {} waits for a command",
         reqs as f64 / secs,
         mib / secs,
+        if args.engine == Engine::Preadv { format!("{per_req} buffers") } else { "one buffer".to_owned() },
         totals.pool_waits.load(Ordering::Relaxed)
     );
     let sampled = totals.phys_sampled.load(Ordering::Relaxed);
@@ -331,6 +385,91 @@ fn main() {
     } else if totals.phys_unavailable.load(Ordering::Relaxed) {
         println!("physical segments per request: unavailable (page frame numbers need root)");
     }
+    if args.engine != Engine::Preadv {
+        println!(
+            "io_uring: {} region(s) registered, {:.1} MiB pinned (all rings, at the end)",
+            totals.regions.load(Ordering::Relaxed),
+            totals.pinned.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
+        );
+    }
     println!("\n{}", slabinfo());
     let _ = std::fs::remove_file(&path);
+}
+
+/// One worker of the io_uring engines: a ring on the device's node (this
+/// thread's where it has none), one buffer of the request's size per
+/// request, read with `READ_FIXED` (its registered slot) or plain `READ`,
+/// every block checked.
+#[cfg(feature = "io-uring")]
+#[allow(clippy::too_many_arguments)]
+fn uring_worker(
+    t: usize,
+    engine: Engine,
+    node: Option<usize>,
+    pool: &CommandPool,
+    file: &File,
+    blocks: usize,
+    per_req: usize,
+    totals: &Totals,
+    stop: &AtomicBool,
+) {
+    use io_uring::{opcode, types};
+    use numaweave::uring::NodeRing;
+
+    let len = per_req * BLOCK;
+    let node = node.unwrap_or_else(|| Topology::global().current_node());
+    let ring = NodeRing::new(node, len, 8).unwrap_or_else(|e| panic!("io_uring on node {node}: {e}"));
+    let fd = types::Fd(file.as_raw_fd());
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+    let mut tag = (t as u64) << 48;
+    while !stop.load(Ordering::Relaxed) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let first = (rng as usize % (blocks - per_req + 1)) / per_req * per_req;
+        tag += 1;
+        let cmd = loop {
+            match pool.get(tag, (first * BLOCK) as u64, per_req) {
+                Ok(c) => break c,
+                Err(Error::LimitReached { .. }) => {
+                    totals.pool_waits.fetch_add(1, Ordering::Relaxed);
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("command pool: {e}"),
+            }
+        };
+        let mut buf = ring.alloc().unwrap_or_else(|e| {
+            // MemlockLimit says the limit and how to raise it.
+            eprintln!("io_path: a registered data buffer on node {node}: {e}");
+            std::process::exit(1)
+        });
+        let p = buf.as_mut_ptr();
+        let sqe = match engine {
+            Engine::Fixed => opcode::ReadFixed::new(fd, p, len as u32, buf.index()).offset(cmd.offset).build(),
+            _ => opcode::Read::new(fd, p, len as u32).offset(cmd.offset).build(),
+        };
+        // SAFETY: the buffer outlives the request, reaped below.
+        unsafe { ring.submission().push(&sqe).expect("a free submission entry") };
+        ring.submit_and_wait(1).expect("io_uring_enter");
+        let n = ring.completion().next().expect("a completion").result();
+        assert_eq!(n, len as i32, "tag {:#x}: read of {len} at {} gave {n}", cmd.tag, cmd.offset);
+        for (j, b) in buf.chunks(BLOCK).enumerate() {
+            let want = (first + j) as u64;
+            assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), want, "block {want} read wrong");
+        }
+        totals.requests.fetch_add(1, Ordering::Relaxed);
+        totals.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        totals.segments.fetch_add(1, Ordering::Relaxed);
+        if tag.is_multiple_of(64) {
+            match phys_segments(p.cast_const(), len) {
+                Ok(s) => {
+                    totals.phys_sampled.fetch_add(1, Ordering::Relaxed);
+                    totals.phys_segments.fetch_add(s as u64, Ordering::Relaxed);
+                }
+                Err(_) => totals.phys_unavailable.store(true, Ordering::Relaxed),
+            }
+        }
+    }
+    totals.regions.fetch_add(ring.pool().stats().total().registered_regions as u64, Ordering::Relaxed);
+    totals.pinned.fetch_add(ring.pinned(), Ordering::Relaxed);
 }

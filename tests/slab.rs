@@ -598,6 +598,6 @@ fn a_refused_region_fails_the_allocation_and_is_not_kept() {
     assert!(ledger.covers(b.as_ptr() as usize, 4096));
     drop(b);
     drop(pool);
-    assert_eq!(ledger.registered.load(Ordering::Relaxed), 1);
-    assert_eq!(ledger.unregistered.load(Ordering::Relaxed), 1);
+    assert!(ledger.registered.load(Ordering::Relaxed) >= 1);
+    assert_eq!(ledger.unregistered.load(Ordering::Relaxed), ledger.registered.load(Ordering::Relaxed));
 }

@@ -146,7 +146,11 @@ impl Chunks {
         let page = huge.hugetlb_page().unwrap_or(HUGE_PAGE);
         let unit = if huge == Huge::Off { slot } else { slot.max(page) };
         let most = if huge == Huge::Hugetlb { MAX_HUGETLB_CHUNK } else { MAX_CHUNK };
-        let mut len = self.reserved().max(MIN_SLOTS * slot).next_power_of_two().clamp(unit, most.max(unit));
+        // A registered pool's first chunk is one slot: what it registers is
+        // pinned (within RLIMIT_MEMLOCK, 8 MiB by default), so no more is
+        // pinned up front than the first slab needs; chunks double from there.
+        let first = if self.registrar.is_some() { 1 } else { MIN_SLOTS };
+        let mut len = self.reserved().max(first * slot).next_power_of_two().clamp(unit, most.max(unit));
         if huge.hugetlb_page().is_some() {
             // A pool too short for the chunk may still hold a smaller one.
             let mut l = len.max(unit);
@@ -343,9 +347,12 @@ mod tests {
         let slot = 64 << 10;
         let count = Arc::new(Count::default());
         let mut c = Chunks::new(Some((count.clone(), 0)));
-        let a = c.take(slot, 0, Huge::Off, false).unwrap();
-        let b = c.take(slot, 0, Huge::Off, false).unwrap();
-        assert_eq!((count.registered.load(Relaxed), c.registered()), (1, (1, c.reserved())));
+        // Registered chunks start at one slot and double: 1, 1, 2 slots.
+        let mut got: Vec<NonNull<u8>> = (0..4).map(|_| c.take(slot, 0, Huge::Off, false).unwrap()).collect();
+        assert_eq!((count.registered.load(Relaxed), c.registered()), (3, (3, c.reserved())));
+        assert_eq!(c.reserved(), 4 * slot, "no more pinned than the slabs need");
+        // The last two share a chunk: one given back keeps its pages.
+        let a = got.pop().unwrap();
         // SAFETY: a slot of ours, in use by nobody but this test.
         unsafe { a.as_ptr().write_bytes(0xab, 4096) };
         // SAFETY: taken above, no longer used.
@@ -355,12 +362,12 @@ mod tests {
         // SAFETY: a live slot of ours: its page was not returned (the
         // registered page is still the one behind it).
         assert_eq!(unsafe { *again.as_ptr() }, 0xab, "a registered slot's page was returned");
-        // SAFETY: taken above, no longer used.
-        unsafe {
-            c.give(again, slot, 4096);
-            c.give(b, slot, 4096);
+        got.push(again);
+        for p in got {
+            // SAFETY: taken above, no longer used.
+            unsafe { c.give(p, slot, 4096) };
         }
-        assert_eq!((count.registered.load(Relaxed), count.unregistered.load(Relaxed)), (1, 1));
+        assert_eq!((count.registered.load(Relaxed), count.unregistered.load(Relaxed)), (3, 3));
         assert_eq!(c.count(), 0);
     }
 

@@ -119,7 +119,7 @@ int main(void) {
     CHECK(o != NULL && region_of(&no, o, 256) >= 0);
     numaweave_slab_free(r, o);
     numaweave_slab_destroy(r);
-    CHECK(no.registered == 1 && no.unregistered == 1);
+    CHECK(no.registered >= 1 && no.unregistered == no.registered);
 
 #ifdef HAVE_LIBURING
     struct io_uring ring;
