@@ -196,6 +196,34 @@ fn merge(bufs: &[NonNull<u8>], iov: &mut Vec<libc::iovec>) {
     }
 }
 
+/// The next request: a random aligned run of `per_req` blocks, and its
+/// command from the pool (waiting, counted, while the pool is at its
+/// limit).
+fn next_request(
+    rng: &mut u64,
+    tag: &mut u64,
+    blocks: usize,
+    per_req: usize,
+    pool: &CommandPool,
+    totals: &Totals,
+) -> (usize, SlabBox<Command>) {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    let first = (*rng as usize % (blocks - per_req + 1)) / per_req * per_req;
+    *tag += 1;
+    loop {
+        match pool.get(*tag, (first * BLOCK) as u64, per_req) {
+            Ok(c) => return (first, c),
+            Err(Error::LimitReached { .. }) => {
+                totals.pool_waits.fetch_add(1, Ordering::Relaxed);
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("command pool: {e}"),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Totals {
     requests: AtomicU64,
@@ -296,21 +324,7 @@ fn main() {
             let mut iov = Vec::with_capacity(per_req);
             let mut tag = (t as u64) << 48;
             while !stop.load(Ordering::Relaxed) {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let first = (rng as usize % (blocks - per_req + 1)) / per_req * per_req;
-                tag += 1;
-                let mut cmd = loop {
-                    match pool.get(tag, (first * BLOCK) as u64, per_req) {
-                        Ok(c) => break c,
-                        Err(Error::LimitReached { .. }) => {
-                            totals.pool_waits.fetch_add(1, Ordering::Relaxed);
-                            std::thread::yield_now();
-                        }
-                        Err(e) => panic!("command pool: {e}"),
-                    }
-                };
+                let (first, mut cmd) = next_request(&mut rng, &mut tag, blocks, per_req, &pool, &totals);
                 data.alloc_bulk(&mut bufs).expect("data buffers");
                 let nn: Vec<NonNull<u8>> = bufs.iter().map(|&p| NonNull::new(p).unwrap()).collect();
                 merge(&nn, &mut iov);
@@ -423,21 +437,7 @@ fn uring_worker(
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
     let mut tag = (t as u64) << 48;
     while !stop.load(Ordering::Relaxed) {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let first = (rng as usize % (blocks - per_req + 1)) / per_req * per_req;
-        tag += 1;
-        let cmd = loop {
-            match pool.get(tag, (first * BLOCK) as u64, per_req) {
-                Ok(c) => break c,
-                Err(Error::LimitReached { .. }) => {
-                    totals.pool_waits.fetch_add(1, Ordering::Relaxed);
-                    std::thread::yield_now();
-                }
-                Err(e) => panic!("command pool: {e}"),
-            }
-        };
+        let (first, cmd) = next_request(&mut rng, &mut tag, blocks, per_req, pool, totals);
         let mut buf = ring.alloc().unwrap_or_else(|e| {
             // MemlockLimit says the limit and how to raise it.
             eprintln!("io_path: a registered data buffer on node {node}: {e}");
