@@ -85,6 +85,7 @@ impl Window {
     #[inline(always)]
     pub(crate) fn serve(&self, n: i64, size: usize) {
         if self.count {
+            debug_assert!(n <= self.allocs_left.get() as i64, "a count turn served past its end");
             self.allocs_left.set((self.allocs_left.get() as i64 - n) as u64);
         } else {
             self.bytes_served.set((self.bytes_served.get() as i64 + n * size as i64) as u64);
