@@ -765,10 +765,10 @@ impl Heap {
             (*page).next = ptr::null_mut();
             if self.direct[class] == page {
                 // Its callers unlink a full page or an empty one, which is
-                // never direct: the reference dropped leaves blocks in use.
-                self.direct[class] = empty_page();
+                // never direct: the reference dropped leaves blocks in use
+                // (so `set_direct` gives nothing back from here).
                 debug_assert!((*page).used > 1, "an empty direct page unlinked");
-                (*page).used -= 1;
+                Heap::set_direct(self, class, empty_page());
             }
         }
     }
