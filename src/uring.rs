@@ -214,52 +214,35 @@ pub struct NodeRing {
     _not_sync: PhantomData<Cell<()>>,
 }
 
-/// The ring's submission queue, one at a time ([`NodeRing::submission`]).
-pub struct Submission<'a> {
-    sq: io_uring::SubmissionQueue<'a, Entry>,
+/// One of the ring's queues, held by one user at a time: [`Submission`]
+/// and [`Completion`] ([`NodeRing::submission`], [`NodeRing::completion`]).
+/// Its flag is cleared as it drops (the queue itself then publishes its
+/// head or tail).
+pub struct Queue<'a, Q> {
+    queue: Q,
     busy: &'a Cell<bool>,
 }
 
-impl<'a> Deref for Submission<'a> {
-    type Target = io_uring::SubmissionQueue<'a, Entry>;
-    fn deref(&self) -> &Self::Target {
-        &self.sq
+/// The ring's submission queue, one at a time.
+pub type Submission<'a> = Queue<'a, io_uring::SubmissionQueue<'a, Entry>>;
+
+/// The ring's completion queue, one at a time.
+pub type Completion<'a> = Queue<'a, io_uring::CompletionQueue<'a>>;
+
+impl<Q> Deref for Queue<'_, Q> {
+    type Target = Q;
+    fn deref(&self) -> &Q {
+        &self.queue
     }
 }
 
-impl DerefMut for Submission<'_> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.sq
+impl<Q> DerefMut for Queue<'_, Q> {
+    fn deref_mut(&mut self) -> &mut Q {
+        &mut self.queue
     }
 }
 
-impl Drop for Submission<'_> {
-    fn drop(&mut self) {
-        // (The queue itself publishes its tail as it drops, after this.)
-        self.busy.set(false);
-    }
-}
-
-/// The ring's completion queue, one at a time ([`NodeRing::completion`]).
-pub struct Completion<'a> {
-    cq: io_uring::CompletionQueue<'a>,
-    busy: &'a Cell<bool>,
-}
-
-impl<'a> Deref for Completion<'a> {
-    type Target = io_uring::CompletionQueue<'a>;
-    fn deref(&self) -> &Self::Target {
-        &self.cq
-    }
-}
-
-impl DerefMut for Completion<'_> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.cq
-    }
-}
-
-impl Drop for Completion<'_> {
+impl<Q> Drop for Queue<'_, Q> {
     fn drop(&mut self) {
         self.busy.set(false);
     }
@@ -347,13 +330,13 @@ impl NodeRing {
     /// The submission queue. Panics if one is live already.
     pub fn submission(&self) -> Submission<'_> {
         assert!(!self.sq_busy.replace(true), "a second submission queue of a NodeRing while one is live");
-        Submission {
+        Queue {
             // SAFETY: no other submission queue of the ring exists: this
             // `NodeRing` is used from one thread (not `Sync`), its flag
             // says none of its own is live, and the ring's other holder
             // (the registrar) makes only `io_uring_register` calls, which
             // do not touch the queue.
-            sq: unsafe { self.ring.submission_shared() },
+            queue: unsafe { self.ring.submission_shared() },
             busy: &self.sq_busy,
         }
     }
@@ -361,10 +344,10 @@ impl NodeRing {
     /// The completion queue. Panics if one is live already.
     pub fn completion(&self) -> Completion<'_> {
         assert!(!self.cq_busy.replace(true), "a second completion queue of a NodeRing while one is live");
-        Completion {
+        Queue {
             // SAFETY: as for `submission`: no other completion queue of the
             // ring exists.
-            cq: unsafe { self.ring.completion_shared() },
+            queue: unsafe { self.ring.completion_shared() },
             busy: &self.cq_busy,
         }
     }
