@@ -268,10 +268,15 @@ pub unsafe extern "C" fn numaweave_slab_create(
     align: usize,
     node: c_int,
 ) -> *mut numaweave_slab {
-    if node < 0 {
-        return slab_create(name, size, align, |b| b.local());
-    }
-    slab_create(name, size, align, |b| b.node(node as usize))
+    slab_create(name, size, align, |b| at_node(b, node))
+}
+
+/// Homes a cache on `node`, or with `node = -1` on the allocating thread's.
+fn at_node(
+    b: numaweave::slab::CacheBuilder<numaweave::slab::Raw>,
+    node: c_int,
+) -> numaweave::slab::CacheBuilder<numaweave::slab::Raw> {
+    if node < 0 { b.local() } else { b.node(node as usize) }
 }
 
 /// A cache placed on the node of `device` (a PCI id such as
@@ -399,10 +404,7 @@ pub unsafe extern "C" fn numaweave_slab_create_registered(
         return ptr::null_mut();
     };
     let r: std::sync::Arc<dyn Registrar> = std::sync::Arc::new(CRegistrar(*r));
-    if node < 0 {
-        return slab_create(name, size, align, |b| b.local().registrar(r));
-    }
-    slab_create(name, size, align, |b| b.node(node as usize).registrar(r))
+    slab_create(name, size, align, |b| at_node(b, node).registrar(r))
 }
 
 /// An object of the cache, on its home node (the nearest one with memory
