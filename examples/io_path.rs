@@ -224,6 +224,25 @@ fn next_request(
     }
 }
 
+impl Totals {
+    /// Books a request of `bytes` read through `segments` iovecs; every
+    /// 64th, its physical segments too (`phys`: pagemap, root only).
+    fn done(&self, bytes: usize, segments: usize, tag: u64, phys: impl FnOnce() -> Result<usize, Error>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.segments.fetch_add(segments as u64, Ordering::Relaxed);
+        if tag.is_multiple_of(64) {
+            match phys() {
+                Ok(p) => {
+                    self.phys_sampled.fetch_add(1, Ordering::Relaxed);
+                    self.phys_segments.fetch_add(p as u64, Ordering::Relaxed);
+                }
+                Err(_) => self.phys_unavailable.store(true, Ordering::Relaxed),
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Totals {
     requests: AtomicU64,
@@ -350,21 +369,9 @@ fn main() {
                     let got = unsafe { b.as_ptr().cast::<u64>().read() };
                     assert_eq!(got, want, "block {want} read into the wrong buffer");
                 }
-                totals.requests.fetch_add(1, Ordering::Relaxed);
-                totals.bytes.fetch_add((per_req * BLOCK) as u64, Ordering::Relaxed);
-                totals.segments.fetch_add(iov.len() as u64, Ordering::Relaxed);
-                // Physical segments (pagemap: root only), every 64th request.
-                if tag.is_multiple_of(64) {
-                    let phys: Result<usize, _> =
-                        iov.iter().map(|v| phys_segments(v.iov_base.cast::<u8>().cast_const(), v.iov_len)).sum();
-                    match phys {
-                        Ok(p) => {
-                            totals.phys_sampled.fetch_add(1, Ordering::Relaxed);
-                            totals.phys_segments.fetch_add(p as u64, Ordering::Relaxed);
-                        }
-                        Err(_) => totals.phys_unavailable.store(true, Ordering::Relaxed),
-                    }
-                }
+                totals.done(per_req * BLOCK, iov.len(), tag, || {
+                    iov.iter().map(|v| phys_segments(v.iov_base.cast::<u8>().cast_const(), v.iov_len)).sum()
+                });
                 // Freed last-first: the magazine hands them back in address
                 // order next time, so the next request merges the same way.
                 let rev: Vec<NonNull<u8>> = nn.into_iter().rev().collect();
@@ -457,18 +464,7 @@ fn uring_worker(
             let want = (first + j) as u64;
             assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), want, "block {want} read wrong");
         }
-        totals.requests.fetch_add(1, Ordering::Relaxed);
-        totals.bytes.fetch_add(len as u64, Ordering::Relaxed);
-        totals.segments.fetch_add(1, Ordering::Relaxed);
-        if tag.is_multiple_of(64) {
-            match phys_segments(p.cast_const(), len) {
-                Ok(s) => {
-                    totals.phys_sampled.fetch_add(1, Ordering::Relaxed);
-                    totals.phys_segments.fetch_add(s as u64, Ordering::Relaxed);
-                }
-                Err(_) => totals.phys_unavailable.store(true, Ordering::Relaxed),
-            }
-        }
+        totals.done(len, 1, tag, || phys_segments(p.cast_const(), len));
     }
     totals.regions.fetch_add(ring.pool().stats().total().registered_regions as u64, Ordering::Relaxed);
     totals.pinned.fetch_add(ring.pinned(), Ordering::Relaxed);
