@@ -57,9 +57,6 @@ struct Chunk {
     huge: bool,
     /// The size of the pages behind it (hugetlb's, or the base page size).
     page_size: usize,
-    /// Registered with the pool's registrar (every chunk of a pool that
-    /// has one).
-    registered: bool,
 }
 
 impl Chunk {
@@ -76,7 +73,7 @@ pub(crate) struct Chunks {
     /// Chunks that asked for hugetlb pages and got base pages (cumulative).
     pub(crate) huge_fallbacks: u64,
     /// The pool's registrar, and the node (as the topology names it) that
-    /// it is told the chunks are on.
+    /// it is told the chunks are on: with one, every chunk is registered.
     registrar: Option<(Arc<dyn Registrar>, usize)>,
 }
 
@@ -88,8 +85,7 @@ impl Chunks {
 
     /// Registered chunks, and their bytes.
     pub(crate) fn registered(&self) -> (usize, usize) {
-        let r = self.list.iter().filter(|c| c.registered);
-        (r.clone().count(), r.map(|c| c.len).sum())
+        if self.registrar.is_some() { (self.count(), self.reserved()) } else { (0, 0) }
     }
 
     /// Mappings held.
@@ -200,8 +196,7 @@ impl Chunks {
         }
         let base = p.as_ptr() as usize;
         let at = self.list.partition_point(|c| c.base < base);
-        let registered = self.registrar.is_some();
-        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge, page_size, registered });
+        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge, page_size });
         self.first_room = at;
         Ok(())
     }
@@ -248,6 +243,7 @@ impl Chunks {
     pub(crate) unsafe fn give(&mut self, p: NonNull<u8>, slot: usize, touched: usize) {
         let a = p.as_ptr() as usize;
         let i = self.list.partition_point(|c| c.base <= a) - 1;
+        let registered = self.registrar.is_some();
         let c = &mut self.list[i];
         debug_assert!(a >= c.base && a + slot <= c.base + c.len && c.used > 0);
         c.used -= 1;
@@ -255,9 +251,7 @@ impl Chunks {
             let c = self.list.remove(i);
             // SAFETY: a live mapping is never at address 0.
             let base = unsafe { NonNull::new_unchecked(c.base as *mut u8) };
-            if c.registered
-                && let Some((r, node)) = &self.registrar
-            {
+            if let Some((r, node)) = &self.registrar {
                 r.unregister(&Region { addr: base, len: c.len, node: *node, page_size: c.page_size });
             }
             // SAFETY: per the contract no slot of the chunk is in use; the
@@ -267,7 +261,7 @@ impl Chunks {
             // A registered chunk's pages are pinned where the registrar
             // handed them to the kernel or a device: returned and faulted in
             // again, a page would be a new one, not the one registered.
-            if !c.huge && !c.registered {
+            if !c.huge && !registered {
                 // SAFETY: per the contract the slot's memory is unused; it
                 // is page-aligned (slots are at least a page) and mapped.
                 let _ = unsafe { mem::decommit(p, touched.min(slot)) };
