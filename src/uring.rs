@@ -73,8 +73,6 @@ struct Table {
     /// Per 2 MiB granule, the slots of the regions that touch it (one or
     /// two but where regions are small).
     granules: HashMap<usize, Vec<u16>>,
-    /// Bytes registered now.
-    bytes: u64,
 }
 
 impl Table {
@@ -118,7 +116,8 @@ impl FixedBuffers {
 
     /// Bytes this table has registered (pinned) now.
     pub fn registered(&self) -> u64 {
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.slots.iter().flatten().map(|&(_, len)| len as u64).sum()
     }
 
     /// Bytes every table of the process has pinned now.
@@ -161,18 +160,22 @@ impl Registrar for FixedBuffers {
         for g in Table::granules(start, r.len) {
             t.granules.entry(g).or_default().push(slot);
         }
-        t.bytes += len;
         Ok(())
     }
 
     fn unregister(&self, r: &Region) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let start = r.addr.as_ptr() as usize;
-        let Some(slot) = t.slots.iter().position(|s| *s == Some((start, r.len))) else {
+        // Its slot, through the map: one of the few that touch its first granule.
+        let found = t
+            .granules
+            .get(&(start >> GRANULE_SHIFT))
+            .and_then(|v| v.iter().copied().find(|&s| t.slots[usize::from(s)] == Some((start, r.len))));
+        let Some(slot16) = found else {
             debug_assert!(false, "a region unregistered that this table does not hold");
             return;
         };
-        let slot16 = slot as u16;
+        let slot = usize::from(slot16);
         // The slot empty again before the pool unmaps the region. (It
         // cannot fail for a slot this table filled; if it did, the ring
         // would keep the pages pinned, not point at freed memory.)
@@ -186,7 +189,6 @@ impl Registrar for FixedBuffers {
                 }
             }
         }
-        t.bytes -= r.len as u64;
         PINNED.fetch_sub(r.len as u64, Ordering::Relaxed);
     }
 }
