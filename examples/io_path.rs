@@ -455,10 +455,8 @@ fn uring_worker(
             Engine::Fixed => opcode::ReadFixed::new(fd, p, len as u32, buf.index()).offset(cmd.offset).build(),
             _ => opcode::Read::new(fd, p, len as u32).offset(cmd.offset).build(),
         };
-        // SAFETY: the buffer outlives the request, reaped below.
-        unsafe { ring.submission().push(&sqe).expect("a free submission entry") };
-        ring.submit_and_wait(1).expect("io_uring_enter");
-        let n = ring.completion().next().expect("a completion").result();
+        // SAFETY: the buffer and the file outlive the request.
+        let n = unsafe { ring.run_one(&sqe) }.expect("io_uring");
         assert_eq!(n, len as i32, "tag {:#x}: read of {len} at {} gave {n}", cmd.tag, cmd.offset);
         for (j, b) in buf.chunks(BLOCK).enumerate() {
             let want = (first + j) as u64;

@@ -35,11 +35,9 @@
 //! let read = opcode::ReadFixed::new(types::Fd(file.as_raw_fd()), buf.as_mut_ptr(), 4096, buf.index())
 //!     .build()
 //!     .user_data(1);
-//! // SAFETY: the buffer lives until the completion is reaped below.
-//! unsafe { ring.submission().push(&read).unwrap() };
-//! ring.submit_and_wait(1).unwrap();
-//! let cqe = ring.completion().next().unwrap();
-//! assert!(cqe.result() > 0);
+//! // SAFETY: the buffer and the file outlive the request.
+//! let n = unsafe { ring.run_one(&read) }.unwrap();
+//! assert!(n > 0);
 //! ```
 
 use core::cell::Cell;
@@ -357,5 +355,23 @@ impl NodeRing {
     /// Submits what is queued and waits for `want` completions.
     pub fn submit_and_wait(&self, want: usize) -> Result<usize> {
         self.ring.submit_and_wait(want).map_err(|e| io_error("io_uring_enter", &e))
+    }
+
+    /// Runs one request on a ring with nothing else in flight (one request
+    /// at a time, as a synchronous caller issues them): queues `entry`,
+    /// submits it, waits for its completion and returns its result (bytes,
+    /// or a negated errno). Fails with `EBUSY` when the submission queue is
+    /// full.
+    ///
+    /// # Safety
+    /// What `entry` names (its buffer, its file) stays valid until this
+    /// returns, as the io_uring crate's `push` asks.
+    pub unsafe fn run_one(&self, entry: &Entry) -> Result<i32> {
+        // SAFETY: the caller keeps what `entry` names valid until its
+        // completion, reaped below before returning.
+        unsafe { self.submission().push(entry) }
+            .map_err(|_| Error::Os { call: "io_uring (queue full)", errno: libc::EBUSY })?;
+        self.submit_and_wait(1)?;
+        Ok(self.completion().next().expect("io_uring_enter waited for a completion").result())
     }
 }

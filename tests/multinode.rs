@@ -788,8 +788,8 @@ fn slab_objects_land_on_the_cache_node(t: &Topology, _: Option<&Guest>) -> Outco
     Outcome::Pass
 }
 
-/// A `NodeRing` per memory node, each used from a CPU of the first CPU
-/// node: every buffer on the ring's node (move_pages), written with
+/// A `NodeRing` per memory node, used from the test's thread: every buffer
+/// on the ring's node (move_pages), written with
 /// `WRITE_FIXED` and read back with `READ_FIXED` through its registered slot.
 #[cfg(feature = "io-uring")]
 fn uring_rings_per_node_read_and_write_fixed_on_their_node(t: &Topology, _: Option<&Guest>) -> Outcome {
@@ -800,10 +800,8 @@ fn uring_rings_per_node_read_and_write_fixed_on_their_node(t: &Topology, _: Opti
 
     const SIZE: usize = 4096;
     let run = |ring: &NodeRing, e: io_uring::squeue::Entry| {
-        // SAFETY: the buffer the entry names outlives its completion, reaped here.
-        unsafe { ring.submission().push(&e).unwrap() };
-        ring.submit_and_wait(1).unwrap();
-        ring.completion().next().unwrap().result()
+        // SAFETY: the buffer and file the entry names outlive this call.
+        unsafe { ring.run_one(&e) }.unwrap()
     };
     for node in t.memory_nodes().iter() {
         let ring = match NodeRing::new(node, SIZE, 32) {

@@ -31,11 +31,8 @@ fn ring() -> Option<NodeRing> {
 
 /// Runs one fixed-buffer operation and returns its result.
 fn run(ring: &NodeRing, e: io_uring::squeue::Entry) -> i32 {
-    // SAFETY: the buffers the entry names outlive its completion, which is
-    // reaped here before returning.
-    unsafe { ring.submission().push(&e).expect("queue full") };
-    ring.submit_and_wait(1).unwrap();
-    ring.completion().next().expect("a completion").result()
+    // SAFETY: the buffers the entry names outlive this call.
+    unsafe { ring.run_one(&e) }.unwrap()
 }
 
 #[test]
