@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release --example io_path -- [--device NAME] [--dir DIR]
 //!     [--threads N] [--seconds S] [--file-mib M] [--request-kib K]
-//!     [--uring [--no-fixed]]
+//!     [--uring [--no-fixed | --recv]]
 //! ```
 //!
 //! It writes a scratch file whose every 4 KiB block holds its own block
@@ -27,6 +27,15 @@
 //! request); with `--uring --no-fixed` the same buffers through plain
 //! `READ` (a walk and a pin per request). It then also prints the regions
 //! registered and the bytes pinned.
+//!
+//! With `--uring --recv` it is a network path instead: a thread streams a
+//! known pattern over a loopback TCP connection and the receiver takes it,
+//! for `--seconds` each, first with `recv(2)` into a buffer of a `DmaPool`,
+//! then with io_uring receives into a provided-buffer ring of the same
+//! pool's buffers on one node (`BufRing`: the kernel picks a buffer when
+//! data arrives, the receiver verifies it and gives it back). Prints MiB/s
+//! of both, their ratio, the receives and the buffers the ring went
+//! through.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -88,6 +97,8 @@ struct Args {
     file_mib: usize,
     request_kib: usize,
     engine: Engine,
+    /// The network leg (`--uring --recv`).
+    recv: bool,
 }
 
 /// How requests are read.
@@ -110,6 +121,7 @@ fn parse_args() -> Args {
         file_mib: 64,
         request_kib: 32,
         engine: Engine::Preadv,
+        recv: false,
     };
     let (mut uring, mut no_fixed) = (false, false);
     let mut it = std::env::args().skip(1);
@@ -124,6 +136,7 @@ fn parse_args() -> Args {
             "--request-kib" => a.request_kib = val().parse().unwrap_or_else(|_| usage("--request-kib K")),
             "--uring" => uring = true,
             "--no-fixed" => no_fixed = true,
+            "--recv" => a.recv = true,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
@@ -133,6 +146,9 @@ fn parse_args() -> Args {
     }
     if a.file_mib * 1024 < a.request_kib {
         usage("--file-mib must hold at least one request");
+    }
+    if a.recv && (!uring || no_fixed) {
+        usage("--recv goes with --uring (and not --no-fixed)");
     }
     a.engine = match (uring, no_fixed) {
         (false, false) => Engine::Preadv,
@@ -150,7 +166,7 @@ fn usage(msg: &str) -> ! {
     }
     eprintln!(
         "usage: io_path [--device NAME] [--dir DIR] [--threads N] [--seconds S] [--file-mib M] [--request-kib K] \
-         [--uring [--no-fixed]]"
+         [--uring [--no-fixed | --recv]]"
     );
     std::process::exit(2)
 }
@@ -260,6 +276,10 @@ struct Totals {
 fn main() {
     let args = parse_args();
     let topo = Topology::global();
+    #[cfg(feature = "io-uring")]
+    if args.recv {
+        return net::run(&args);
+    }
     std::fs::create_dir_all(&args.dir).expect("scratch directory");
     let path = args.dir.join(format!("numaweave-io_path-{}.dat", std::process::id()));
     let blocks = args.file_mib * 1024 * 1024 / BLOCK;
@@ -466,4 +486,128 @@ fn uring_worker(
     }
     totals.regions.fetch_add(ring.pool().stats().total().registered_regions as u64, Ordering::Relaxed);
     totals.pinned.fetch_add(ring.pinned(), Ordering::Relaxed);
+}
+
+/// The network leg (`--uring --recv`): loopback TCP received with `recv(2)`
+/// and through a provided-buffer ring, every byte verified.
+#[cfg(feature = "io-uring")]
+mod net {
+    use std::io::{Read as _, Write as _};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::os::fd::AsRawFd as _;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use numaweave::slab::DmaPool;
+    use numaweave::topology::Topology;
+    use numaweave::uring::NodeRing;
+
+    /// The stream's period: a prime, so that no buffer size lines up with it.
+    const PERIOD: usize = 65_521;
+
+    /// What one receiver did.
+    struct Leg {
+        bytes: u64,
+        receives: u64,
+        secs: f64,
+    }
+
+    /// A connected pair and a sender streaming the pattern until `stop`.
+    fn connect(stop: Arc<AtomicBool>, table: Arc<Vec<u8>>) -> (TcpStream, std::thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
+        let addr = listener.local_addr().unwrap();
+        let sender = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).expect("connect over loopback");
+            let mut at = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // 64 KiB a write, continuing the pattern where it stopped.
+                s.write_all(&table[at..at + 65_536]).expect("send");
+                at = (at + 65_536) % PERIOD;
+            }
+            s.shutdown(Shutdown::Write).unwrap();
+        });
+        (listener.accept().expect("accept").0, sender)
+    }
+
+    /// Checks `got` against the pattern from stream offset `at`.
+    fn verify(table: &[u8], at: u64, got: &[u8]) {
+        let i = (at % PERIOD as u64) as usize;
+        assert!(got == &table[i..i + got.len()], "stream bytes at {at} received wrong");
+    }
+
+    /// Receives until `seconds` pass, then until the sender's end; `recv`
+    /// returns the bytes of one receive, verified, 0 at the end.
+    fn leg(seconds: f64, table: &Arc<Vec<u8>>, mut recv: impl FnMut(&TcpStream, u64) -> usize) -> Leg {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (rx, sender) = connect(stop.clone(), table.clone());
+        let (t0, mut bytes, mut receives) = (Instant::now(), 0u64, 0u64);
+        let deadline = t0 + Duration::from_secs_f64(seconds);
+        loop {
+            let n = recv(&rx, bytes);
+            if n == 0 {
+                break;
+            }
+            bytes += n as u64;
+            receives += 1;
+            if receives.is_multiple_of(256) && Instant::now() >= deadline {
+                stop.store(true, Ordering::Relaxed);
+            }
+        }
+        sender.join().unwrap();
+        Leg { bytes, receives, secs: t0.elapsed().as_secs_f64() }
+    }
+
+    pub(super) fn run(args: &super::Args) {
+        let len = args.request_kib * 1024;
+        let node = Topology::global().current_node();
+        // The pattern, long enough that any offset has a whole 64 KiB write
+        // or a whole buffer after it.
+        let table: Arc<Vec<u8>> =
+            Arc::new((0..PERIOD + len.max(65_536)).map(|k| ((k % PERIOD) as u8).wrapping_mul(31) ^ 0x5a).collect());
+        println!("loopback TCP, {} KiB receives, buffers on node {node}, {} s a leg", args.request_kib, args.seconds);
+
+        let pool = DmaPool::builder("net_rx", len).node(node).build().expect("a pool on the node");
+        let mut buf = pool.alloc().expect("a receive buffer");
+        let plain = leg(args.seconds, &table, |rx, at| {
+            let n = (&*rx).read(&mut buf).expect("recv");
+            verify(&table, at, &buf[..n]);
+            n
+        });
+        drop(buf);
+
+        let ring = NodeRing::new(node, len, 64).unwrap_or_else(|e| panic!("io_uring on node {node}: {e}"));
+        let group = ring.buf_ring(0, 16).unwrap_or_else(|e| {
+            eprintln!("io_path: a provided-buffer ring: {e}");
+            std::process::exit(1)
+        });
+        let mut bids = std::collections::HashSet::new();
+        let ringed = leg(args.seconds, &table, |rx, at| {
+            // SAFETY: the socket outlives the request; the ring selects the buffer.
+            let cqe = unsafe { ring.run_one_entry(&group.recv(rx.as_raw_fd())) }.expect("io_uring");
+            let Some(b) = group.take(&cqe).expect("recv with a provided buffer") else { return 0 };
+            verify(&table, at, &b);
+            bids.insert(b.bid());
+            b.len() // `b` goes back into the ring here
+        });
+        assert_eq!(group.available(), usize::from(group.entries()), "every buffer back in the ring");
+
+        let mib = |l: &Leg| l.bytes as f64 / l.secs / (1 << 20) as f64;
+        for (name, l) in [("recv(2) into a pool buffer", &plain), ("io_uring RECV, provided-buffer ring", &ringed)] {
+            println!(
+                "{name:<37} {:>9.0} MiB/s  {:>8} receives  {:>6.1} KiB each  {} MiB verified",
+                mib(l),
+                l.receives,
+                l.bytes as f64 / l.receives.max(1) as f64 / 1024.0,
+                l.bytes >> 20
+            );
+        }
+        println!(
+            "buffer ring: {} buffers of {} KiB on node {node}, {} of them used, every one back; uring / recv(2) = {:.2}",
+            group.entries(),
+            len / 1024,
+            bids.len(),
+            mib(&ringed) / mib(&plain)
+        );
+    }
 }

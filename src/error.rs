@@ -183,6 +183,15 @@ pub enum Error {
         /// Bytes the region would have pinned.
         asked: usize,
     },
+    /// A completion handed to a provided-buffer ring names a buffer the
+    /// ring has not lent to the kernel (a completion taken twice, or one of
+    /// another buffer group): taking it would alias a buffer in use.
+    BufferNotLent {
+        /// The ring's buffer group.
+        group: u16,
+        /// The buffer id the completion named.
+        bid: u16,
+    },
 }
 
 impl Error {
@@ -231,6 +240,9 @@ impl fmt::Display for Error {
                 "pinning {asked} more bytes on node {node} would pass RLIMIT_MEMLOCK ({limit} bytes, {pinned} pinned); \
                  raise it with `ulimit -l` or systemd's LimitMEMLOCK="
             ),
+            Error::BufferNotLent { group, bid } => {
+                write!(f, "buffer {bid} of buffer group {group} is not lent to the kernel (a completion taken twice?)")
+            }
         }
     }
 }
@@ -261,6 +273,7 @@ pub fn errno_name(errno: i32) -> &'static str {
         libc::ENFILE => "ENFILE",
         libc::EMFILE => "EMFILE",
         libc::ENOSPC => "ENOSPC",
+        libc::ENOBUFS => "ENOBUFS",
         libc::ERANGE => "ERANGE",
         libc::ENOSYS => "ENOSYS",
         libc::ENAMETOOLONG => "ENAMETOOLONG",

@@ -12,6 +12,12 @@
 //! `WRITE_FIXED` names it as `buf_index`, and the kernel neither walks the
 //! page tables nor pins pages per request.
 //!
+//! A [`BufRing`] ([`NodeRing::buf_ring`], `IORING_REGISTER_PBUF_RING`)
+//! lends buffers of the same pool to the kernel as a buffer group: a
+//! receive or read that selects from it gets a buffer when data arrives,
+//! [`BufRing::take`] hands it to the application, and it goes back into the
+//! ring when the application drops it.
+//!
 //! Registered buffers are pinned. [`FixedBuffers`] keeps what all rings of
 //! the process have pinned within the soft `RLIMIT_MEMLOCK` (whatever the
 //! process's capabilities, so the limit means the same to root): a region
@@ -43,6 +49,7 @@
 use core::cell::Cell;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
+use core::ptr::NonNull;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -367,11 +374,320 @@ impl NodeRing {
     /// What `entry` names (its buffer, its file) stays valid until this
     /// returns, as the io_uring crate's `push` asks.
     pub unsafe fn run_one(&self, entry: &Entry) -> Result<i32> {
+        // SAFETY: the caller's word, passed on.
+        Ok(unsafe { self.run_one_entry(entry) }?.result())
+    }
+}
+
+/// Bytes of one entry of a provided-buffer ring (`struct io_uring_buf`:
+/// address, length, buffer id; the first entry's last two bytes are the
+/// ring's tail).
+const BUF_ENTRY: usize = 16;
+
+/// Where the tail lives: the `resv` field of entry 0 (`struct
+/// io_uring_buf_ring`'s union).
+const TAIL_OFFSET: usize = 14;
+
+/// A provided-buffer ring (`IORING_REGISTER_PBUF_RING`, Linux 5.19) of a
+/// [`NodeRing`]: `entries` buffers of the ring's pool, on its node, lent to
+/// the kernel as buffer group [`bgid`](Self::bgid). A read or receive that
+/// selects a buffer (`IOSQE_BUFFER_SELECT`, [`recv`](Self::recv),
+/// [`read`](Self::read)) gets one when data arrives, not when it is
+/// submitted, so a server with thousands of idle sockets needs buffers for
+/// the data in flight only. The completion names the buffer;
+/// [`take`](Self::take) turns it into a [`ProvidedBuf`] holding the bytes
+/// received, which goes back into the ring when it drops, ready for the
+/// next request. The ring's entries live on the node too (one page or a
+/// few, pinned by the kernel: counted against `RLIMIT_MEMLOCK` with the
+/// fixed buffers).
+///
+/// One thread uses it (it is neither `Send` nor `Sync`), as it uses the
+/// `NodeRing`: the application is the ring's one producer.
+///
+/// ```no_run
+/// use std::io::Write;
+/// use std::os::fd::AsRawFd;
+/// use numaweave::uring::NodeRing;
+///
+/// let ring = NodeRing::new(0, 4096, 64).unwrap();
+/// let group = ring.buf_ring(7, 16).unwrap();
+/// let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+/// tx.write_all(b"hello").unwrap();
+/// // SAFETY: the socket outlives the request; the buffer is the ring's.
+/// let cqe = unsafe { ring.run_one_entry(&group.recv(rx.as_raw_fd())) }.unwrap();
+/// let buf = group.take(&cqe).unwrap().expect("a buffer was selected");
+/// assert_eq!(&*buf, b"hello");
+/// drop(buf); // back in the ring
+/// ```
+pub struct BufRing<'a> {
+    owner: &'a NodeRing,
+    bgid: u16,
+    /// The ring's entries: one slot of `mem_pool`.
+    mem: NonNull<u8>,
+    mem_pool: DmaPool,
+    /// Buffer by id, from the owner's pool.
+    bufs: Box<[NonNull<u8>]>,
+    /// Whether the kernel holds each buffer (in the ring, not taken).
+    lent: Box<[Cell<bool>]>,
+    /// The next tail to publish; entries below it are the kernel's.
+    tail: Cell<u16>,
+    _not_send_sync: PhantomData<*mut u8>,
+}
+
+/// A buffer the kernel filled, taken from a [`BufRing`] by
+/// [`BufRing::take`]: derefs to the bytes received and goes back into the
+/// ring as it drops.
+pub struct ProvidedBuf<'r> {
+    ring: &'r BufRing<'r>,
+    bid: u16,
+    len: usize,
+}
+
+impl ProvidedBuf<'_> {
+    /// The buffer's id in its group.
+    pub fn bid(&self) -> u16 {
+        self.bid
+    }
+}
+
+impl Deref for ProvidedBuf<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: buffer `bid` is live (the ring holds it until it drops),
+        // `len` is at most its size (checked in `take`), the kernel wrote it
+        // before posting the completion and does not touch it again until
+        // this guard recycles it, and nothing else writes it meanwhile (the
+        // ring lent it to this guard alone).
+        unsafe { core::slice::from_raw_parts(self.ring.bufs[usize::from(self.bid)].as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for ProvidedBuf<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`; `&mut self` makes this the only view.
+        unsafe { core::slice::from_raw_parts_mut(self.ring.bufs[usize::from(self.bid)].as_ptr(), self.len) }
+    }
+}
+
+impl Drop for ProvidedBuf<'_> {
+    fn drop(&mut self) {
+        self.ring.provide(self.bid);
+    }
+}
+
+impl NodeRing {
+    /// A provided-buffer ring of `entries` buffers from this ring's pool
+    /// (a power of two, at most 32,768) as buffer group `bgid`; see
+    /// [`BufRing`]. Fails with the pool's error when it has no buffers,
+    /// with [`Error::MemlockLimit`] when the ring's entries would pass
+    /// `RLIMIT_MEMLOCK`, and with the `io_uring_register` error when the
+    /// kernel refuses (`EINVAL` before Linux 5.19, `EEXIST` for a group
+    /// taken); nothing is kept.
+    pub fn buf_ring(&self, bgid: u16, entries: u16) -> Result<BufRing<'_>> {
+        if !entries.is_power_of_two() || entries > 1 << 15 {
+            return Err(Error::InvalidCache { reason: "a buffer ring's entries are a power of two up to 32768" });
+        }
+        let n = usize::from(entries);
+        // The entries on the node: page-aligned, as the kernel asks of
+        // memory it maps for the ring.
+        let bytes = (n * BUF_ENTRY).max(4096);
+        let mem_pool = DmaPool::builder("uring_buf_ring", bytes).node(self.node).build()?;
+        let mut one = [core::ptr::null_mut(); 1];
+        mem_pool.alloc_bulk(&mut one)?;
+        let mem = NonNull::new(one[0]).expect("alloc_bulk fills its slots");
+        let undo_mem = |pool: &DmaPool| {
+            // SAFETY: `mem` is the pool's, given back once, and the kernel
+            // does not hold it (not registered, or unregistered before).
+            unsafe { pool.free_bulk(&[mem]) }
+        };
+        let mut raw = vec![core::ptr::null_mut(); n];
+        if let Err(e) = self.pool.alloc_bulk(&mut raw) {
+            undo_mem(&mem_pool);
+            return Err(e);
+        }
+        let bufs: Box<[NonNull<u8>]> = raw.into_iter().map(|p| NonNull::new(p).expect("alloc_bulk fills")).collect();
+        let undo_bufs = |bufs: &[NonNull<u8>]| {
+            // SAFETY: buffers of the owner's pool from `alloc_bulk`, each
+            // given back once, not lent to the kernel any more.
+            unsafe { self.pool.free_bulk(bufs) }
+        };
+        let pinned = PINNED.fetch_add(bytes as u64, Ordering::Relaxed);
+        if let Some(limit) = memlock_limit()
+            && pinned + bytes as u64 > limit
+        {
+            PINNED.fetch_sub(bytes as u64, Ordering::Relaxed);
+            undo_bufs(&bufs);
+            undo_mem(&mem_pool);
+            return Err(Error::MemlockLimit { node: self.node, limit, pinned, asked: bytes });
+        }
+        // SAFETY: `mem` is a live slot of `bytes` bytes of `mem_pool`; the
+        // tail must read 0 when the kernel first looks.
+        unsafe { mem.as_ptr().write_bytes(0, bytes) };
+        // SAFETY: `mem` holds `entries` entries, is page-aligned (its pool's
+        // slots are aligned to their power-of-two size, at least 4 KiB) and
+        // stays mapped until `BufRing::drop` unregisters the group first.
+        let reg = unsafe { self.ring.submitter().register_buf_ring_with_flags(mem.as_ptr() as u64, entries, bgid, 0) };
+        if let Err(e) = reg {
+            PINNED.fetch_sub(bytes as u64, Ordering::Relaxed);
+            undo_bufs(&bufs);
+            undo_mem(&mem_pool);
+            return Err(io_error("io_uring_register(IORING_REGISTER_PBUF_RING, Linux 5.19)", &e));
+        }
+        let ring = BufRing {
+            owner: self,
+            bgid,
+            mem,
+            mem_pool,
+            bufs,
+            lent: (0..n).map(|_| Cell::new(false)).collect(),
+            tail: Cell::new(0),
+            _not_send_sync: PhantomData,
+        };
+        for bid in 0..entries {
+            ring.provide(bid);
+        }
+        Ok(ring)
+    }
+
+    /// As [`run_one`](Self::run_one), returning the whole completion (its
+    /// flags name a selected buffer).
+    ///
+    /// # Safety
+    /// As [`run_one`](Self::run_one).
+    pub unsafe fn run_one_entry(&self, entry: &Entry) -> Result<io_uring::cqueue::Entry> {
         // SAFETY: the caller keeps what `entry` names valid until its
         // completion, reaped below before returning.
         unsafe { self.submission().push(entry) }
             .map_err(|_| Error::Os { call: "io_uring (queue full)", errno: libc::EBUSY })?;
         self.submit_and_wait(1)?;
-        Ok(self.completion().next().expect("io_uring_enter waited for a completion").result())
+        Ok(self.completion().next().expect("io_uring_enter waited for a completion"))
+    }
+}
+
+impl<'a> BufRing<'a> {
+    /// The buffer group id requests name (`buf_group`).
+    pub fn bgid(&self) -> u16 {
+        self.bgid
+    }
+
+    /// Buffers in the ring.
+    pub fn entries(&self) -> u16 {
+        self.bufs.len() as u16
+    }
+
+    /// Bytes per buffer (the owner's pool's).
+    pub fn buffer_size(&self) -> usize {
+        self.owner.pool.buffer_size()
+    }
+
+    /// Buffers the kernel holds now, ready for data (the rest are taken).
+    pub fn available(&self) -> usize {
+        self.lent.iter().filter(|l| l.get()).count()
+    }
+
+    /// Bytes the kernel pins for the ring's entries.
+    pub fn pinned(&self) -> u64 {
+        self.mem_pool.buffer_size() as u64
+    }
+
+    /// A receive of up to a buffer's size from socket `fd` into a buffer
+    /// the kernel selects from this group (`IORING_OP_RECV` with
+    /// `IOSQE_BUFFER_SELECT`).
+    pub fn recv(&self, fd: std::os::fd::RawFd) -> Entry {
+        io_uring::opcode::Recv::new(io_uring::types::Fd(fd), core::ptr::null_mut(), self.buffer_size() as u32)
+            .buf_group(self.bgid)
+            .build()
+            .flags(io_uring::squeue::Flags::BUFFER_SELECT)
+    }
+
+    /// A read of up to a buffer's size at `offset` of file `fd` into a
+    /// buffer the kernel selects from this group.
+    pub fn read(&self, fd: std::os::fd::RawFd, offset: u64) -> Entry {
+        io_uring::opcode::Read::new(io_uring::types::Fd(fd), core::ptr::null_mut(), self.buffer_size() as u32)
+            .offset(offset)
+            .buf_group(self.bgid)
+            .build()
+            .flags(io_uring::squeue::Flags::BUFFER_SELECT)
+    }
+
+    /// The buffer a completion of this group's request filled: `Ok(None)`
+    /// when the kernel selected none (a request that ended before data
+    /// came), an [`Error::Os`] with the request's errno when it failed
+    /// (`ENOBUFS`: every buffer was taken), [`Error::BufferNotLent`] when
+    /// the completion names a buffer this ring does not lend (one taken
+    /// already, or another group's).
+    pub fn take(&self, cqe: &io_uring::cqueue::Entry) -> Result<Option<ProvidedBuf<'_>>> {
+        let Some(bid) = io_uring::cqueue::buffer_select(cqe.flags()) else {
+            return if cqe.result() < 0 {
+                Err(Error::Os { call: "io_uring (buffer-select request)", errno: -cqe.result() })
+            } else {
+                Ok(None)
+            };
+        };
+        if !self.lent.get(usize::from(bid)).is_some_and(|l| l.replace(false)) {
+            return Err(Error::BufferNotLent { group: self.bgid, bid });
+        }
+        let len = usize::try_from(cqe.result()).ok().filter(|&l| l <= self.buffer_size());
+        // The guard owns the buffer now: on the error paths it goes back
+        // into the ring as the guard drops.
+        let buf = ProvidedBuf { ring: self, bid, len: len.unwrap_or(0) };
+        match len {
+            Some(_) => Ok(Some(buf)),
+            None if cqe.result() < 0 => {
+                Err(Error::Os { call: "io_uring (buffer-select request)", errno: -cqe.result() })
+            }
+            None => {
+                debug_assert!(
+                    false,
+                    "a completion of {} bytes into a {}-byte buffer",
+                    cqe.result(),
+                    self.buffer_size()
+                );
+                Err(Error::Os { call: "io_uring (buffer-select request)", errno: libc::EOVERFLOW })
+            }
+        }
+    }
+
+    /// Puts buffer `bid` at the ring's tail and publishes it.
+    fn provide(&self, bid: u16) {
+        let i = usize::from(bid);
+        debug_assert!(!self.lent[i].get(), "buffer {bid} provided twice");
+        let tail = self.tail.get();
+        let slot = usize::from(tail & (self.entries() - 1));
+        // SAFETY: `slot` < entries, so the entry lies inside the ring's
+        // memory, live while `self` is. The kernel reads entries below the
+        // published tail only, and this one is at it: no one reads it while
+        // it is written. Each field is written on its own so that entry 0's
+        // last two bytes, the tail, are written only atomically below.
+        unsafe {
+            let e = self.mem.as_ptr().add(slot * BUF_ENTRY);
+            e.cast::<u64>().write(self.bufs[i].as_ptr() as u64);
+            e.add(8).cast::<u32>().write(self.buffer_size() as u32);
+            e.add(12).cast::<u16>().write(bid);
+        }
+        self.lent[i].set(true);
+        let tail = tail.wrapping_add(1);
+        self.tail.set(tail);
+        // SAFETY: the tail is 2-aligned (the ring is page-aligned), live
+        // while `self` is, and only ever accessed atomically: by this store
+        // and by the kernel's acquire load, which then sees the entry
+        // written above.
+        unsafe { core::sync::atomic::AtomicU16::from_ptr(self.mem.as_ptr().add(TAIL_OFFSET).cast()) }
+            .store(tail, Ordering::Release);
+    }
+}
+
+impl Drop for BufRing<'_> {
+    fn drop(&mut self) {
+        // The kernel lets go of the ring and its buffers first: it selects
+        // a buffer only while a request runs, and holds none across waits.
+        let _ = self.owner.ring.submitter().unregister_buf_ring(self.bgid);
+        PINNED.fetch_sub(self.pinned(), Ordering::Relaxed);
+        // SAFETY: every buffer is back (a `ProvidedBuf` borrows the ring, so
+        // none outlives it), the kernel holds none after unregistering, and
+        // each is a buffer of the owner's pool given back once here.
+        unsafe { self.owner.pool.free_bulk(&self.bufs) };
+        // SAFETY: the ring's memory, from `mem_pool`, unregistered above.
+        unsafe { self.mem_pool.free_bulk(&[self.mem]) };
     }
 }

@@ -123,6 +123,92 @@ fn a_region_past_the_memlock_limit_is_refused_and_the_ring_goes_on() {
     drop(more);
 }
 
+/// The byte at offset `k` of the streams the buffer-ring tests send.
+fn pattern(k: usize) -> u8 {
+    (k as u8).wrapping_mul(7) ^ (k >> 12) as u8
+}
+
+#[test]
+fn a_buffer_ring_receives_a_tcp_stream_recycling_its_buffers() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ring) = ring() else { return };
+    let group = ring.buf_ring(3, 16).unwrap();
+    assert_eq!((group.entries(), group.available(), group.buffer_size()), (16, 16, SIZE));
+    assert!(group.pinned() >= 16 * 16);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // 4 MiB: sixty-four times what the ring holds, so every buffer comes
+    // back and is filled again many times.
+    const TOTAL: usize = 4 << 20;
+    let sender = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let data: Vec<u8> = (0..TOTAL).map(pattern).collect();
+        for piece in data.chunks(10_000) {
+            s.write_all(piece).unwrap();
+        }
+    });
+    let (rx, _) = listener.accept().unwrap();
+    let (mut got, mut recvs) = (0usize, 0usize);
+    let mut bids = std::collections::HashSet::new();
+    loop {
+        // SAFETY: the socket outlives the request; the buffer is the ring's.
+        let cqe = unsafe { ring.run_one_entry(&group.recv(rx.as_raw_fd())) }.unwrap();
+        let Some(buf) = group.take(&cqe).unwrap() else { break };
+        if buf.is_empty() {
+            break; // end of stream
+        }
+        assert_eq!(group.available(), 15, "the buffer taken is out of the ring");
+        for (i, &b) in buf.iter().enumerate() {
+            assert_eq!(b, pattern(got + i), "byte {} of the stream", got + i);
+        }
+        bids.insert(buf.bid());
+        got += buf.len();
+        recvs += 1;
+    }
+    sender.join().unwrap();
+    assert_eq!(got, TOTAL, "the whole stream, in {recvs} receives");
+    assert!(recvs >= TOTAL / SIZE, "{recvs} receives of at most a buffer each");
+    assert!(bids.len() <= 16 && !bids.is_empty());
+    assert_eq!(group.available(), 16, "every buffer back in the ring");
+}
+
+#[test]
+fn an_empty_buffer_ring_refuses_with_enobufs_until_a_buffer_comes_back() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ring) = ring() else { return };
+    assert!(matches!(ring.buf_ring(1, 3), Err(Error::InvalidCache { .. })), "3 entries is no power of two");
+    let group = ring.buf_ring(1, 2).unwrap();
+    assert_eq!(ring.buf_ring(1, 2).err().and_then(|e| e.errno()), Some(libc::EEXIST), "a group taken");
+    let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+    tx.write_all(&[0x11; 3 * SIZE]).unwrap();
+    // SAFETY: the socket outlives the request.
+    let recv = || unsafe { ring.run_one_entry(&group.recv(rx.as_raw_fd())) }.unwrap();
+    let first_cqe = recv();
+    let a = group.take(&first_cqe).unwrap().unwrap();
+    let b = group.take(&recv()).unwrap().unwrap();
+    assert_ne!(a.bid(), b.bid());
+    assert_eq!(group.available(), 0);
+    // The same completion again would alias buffer `a`: refused.
+    assert_eq!(group.take(&first_cqe).err(), Some(Error::BufferNotLent { group: 1, bid: a.bid() }));
+    let e = group.take(&recv()).err().expect("no buffer left");
+    assert_eq!(e.errno(), Some(libc::ENOBUFS), "{e}");
+    drop(a);
+    assert_eq!(group.available(), 1);
+    let c = group.take(&recv()).unwrap().unwrap();
+    assert_eq!(c.len(), SIZE);
+    assert!(c.iter().all(|&x| x == 0x11));
+    drop((b, c));
+    drop(group);
+    // Unregistered as it dropped: the group id is free again, and a read
+    // of a file selects from it too.
+    let group = ring.buf_ring(1, 4).unwrap();
+    let mut file = tempfile();
+    file.write_all(&[0x5e; 100]).unwrap();
+    // SAFETY: the file outlives the request.
+    let cqe = unsafe { ring.run_one_entry(&group.read(file.as_raw_fd(), 0)) }.unwrap();
+    assert_eq!(&*group.take(&cqe).unwrap().unwrap(), &[0x5e; 100][..]);
+}
+
 fn tempfile() -> std::fs::File {
     let dir = std::env::temp_dir();
     let path = dir.join(format!("numaweave-uring-{}-{:?}", std::process::id(), std::thread::current().id()));
