@@ -94,6 +94,9 @@ impl Table {
 pub struct FixedBuffers {
     ring: Arc<IoUring>,
     table: Mutex<Table>,
+    /// Bumped as a region leaves its slot: a slot found before and the
+    /// same generation now is still that region's.
+    generation: AtomicU64,
 }
 
 impl FixedBuffers {
@@ -104,19 +107,26 @@ impl FixedBuffers {
             .register_buffers_sparse(u32::from(slots))
             .map_err(|e| io_error("io_uring_register(IORING_REGISTER_BUFFERS2)", &e))?;
         let table = Table { slots: vec![None; usize::from(slots)], ..Table::default() };
-        Ok(Arc::new(Self { ring, table: Mutex::new(table) }))
+        Ok(Arc::new(Self { ring, table: Mutex::new(table), generation: AtomicU64::new(0) }))
     }
 
     /// The slot of the registered region that holds `len` bytes at `p`, if
     /// one does: a hash lookup and a scan of one or two entries.
     pub fn index_of(&self, p: *const u8, len: usize) -> Option<u16> {
-        let a = p as usize;
+        self.find(p as usize, len).map(|hit| hit.slot)
+    }
+
+    /// The region holding `len` bytes at `a`, its slot, and the generation
+    /// the answer holds for.
+    fn find(&self, a: usize, len: usize) -> Option<Hit> {
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        // Read under the lock, which unregistering holds as it bumps it.
+        let generation = self.generation.load(Ordering::Relaxed);
         let slots = t.granules.get(&(a >> GRANULE_SHIFT))?;
-        slots
-            .iter()
-            .copied()
-            .find(|&s| t.slots[usize::from(s)].is_some_and(|(start, l)| a >= start && a + len <= start + l))
+        slots.iter().copied().find_map(|s| {
+            let (start, l) = t.slots[usize::from(s)]?;
+            (a >= start && a + len <= start + l).then_some(Hit { start, len: l, slot: s, generation })
+        })
     }
 
     /// Bytes this table has registered (pinned) now.
@@ -186,6 +196,7 @@ impl Registrar for FixedBuffers {
         // would keep the pages pinned, not point at freed memory.)
         let _ = self.update(slot16, libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 });
         t.slots[slot] = None;
+        self.generation.fetch_add(1, Ordering::Release);
         for g in Table::granules(start, r.len) {
             if let Some(v) = t.granules.get_mut(&g) {
                 v.retain(|&s| s != slot16);
@@ -196,6 +207,15 @@ impl Registrar for FixedBuffers {
         }
         PINNED.fetch_sub(r.len as u64, Ordering::Relaxed);
     }
+}
+
+/// A region found in a [`FixedBuffers`] table, and when.
+#[derive(Clone, Copy)]
+struct Hit {
+    start: usize,
+    len: usize,
+    slot: u16,
+    generation: u64,
 }
 
 fn io_error(call: &'static str, e: &io::Error) -> Error {
@@ -214,6 +234,9 @@ pub struct NodeRing {
     fixed: Arc<FixedBuffers>,
     ring: Arc<IoUring>,
     node: usize,
+    /// The region of the last buffer handed out: the next buffer usually
+    /// lies in it, and then needs no lookup (no lock) for its slot.
+    last: Cell<Option<Hit>>,
     /// A [`Submission`] is live; a [`Completion`] is live. (Flags, not
     /// `&mut self`: buffers borrow the ring while requests are queued.)
     sq_busy: Cell<bool>,
@@ -300,6 +323,7 @@ impl NodeRing {
             fixed,
             ring,
             node,
+            last: Cell::new(None),
             sq_busy: Cell::new(false),
             cq_busy: Cell::new(false),
             _not_sync: PhantomData,
@@ -312,10 +336,27 @@ impl NodeRing {
     /// `RLIMIT_MEMLOCK`.
     pub fn alloc(&self) -> Result<FixedBuf<'_>> {
         let buf = self.pool.alloc()?;
-        let index = self
-            .fixed
-            .index_of(buf.as_ptr(), self.pool.buffer_size())
-            .expect("a buffer of a registered pool lies in a registered region");
+        let (a, len) = (buf.as_ptr() as usize, self.pool.buffer_size());
+        // The last region still holds its slot if no region has left the
+        // table since (slots are emptied only by unregistering, which bumps
+        // the generation); the buffer, live, is in a registered region, and
+        // registered regions do not overlap, so if it lies in the last one
+        // that is its region. Acquire pairs with the bump's release.
+        let index = match self.last.get() {
+            Some(h)
+                if a >= h.start
+                    && a + len <= h.start + h.len
+                    && self.fixed.generation.load(Ordering::Acquire) == h.generation =>
+            {
+                h.slot
+            }
+            _ => {
+                let h = self.fixed.find(a, len).expect("a buffer of a registered pool lies in a registered region");
+                self.last.set(Some(h));
+                h.slot
+            }
+        };
+        debug_assert_eq!(self.fixed.index_of(buf.as_ptr(), len), Some(index));
         Ok(FixedBuf { buf, index })
     }
 
