@@ -64,6 +64,17 @@ fn discovery_and_queries_never_allocate() {
     });
     assert_eq!(n, 0, "global topology and queries allocated {n} times");
 
+    // Memory performance (HMAT or sysfs access figures, tiers, kernel
+    // weights): read on first use, from the allocator's slow paths too.
+    let (w, n) = allocations_during(|| {
+        let g = numaweave::Topology::global();
+        let here = g.current_node();
+        let _ = (g.perf_source(), g.bandwidth(here, here), g.latency(here, here), g.lower_tier_nodes());
+        (g.interleave_weights(here, g.memory_nodes()), g.nearest_lower_tier(here))
+    });
+    assert_eq!(n, 0, "memory performance queries allocated {n} times");
+    assert!(w.0.weights[numaweave::Topology::global().current_node()] >= 1);
+
     let (_, n) = allocations_during(|| {
         let r = numaweave::os::mem::Mapping::map(1 << 16).unwrap();
         r.bind(numaweave::os::mem::MemPolicy::Local).unwrap();

@@ -24,7 +24,6 @@ impl PathBuf {
     }
 
     /// The path as text.
-    #[cfg(test)]
     pub fn as_str(&self) -> &str {
         // Only ever filled from `&str` pieces.
         core::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
@@ -128,6 +127,26 @@ pub fn read(path: &CStr, buf: &mut [u8]) -> Result<usize> {
             // SAFETY: the destination is the unfilled tail of `buf`, of the
             // length given.
             let r = retry("read", || unsafe { libc::read(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n) })?;
+            if r == 0 {
+                break;
+            }
+            n += r;
+        }
+        Ok(n)
+    })
+}
+
+/// Reads at most `buf.len()` bytes at `offset` of the file at `path`
+/// (`pread`), returns how many: a binary table read piece by piece into a
+/// stack buffer (the ACPI HMAT), without allocating.
+pub fn read_at(path: &CStr, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    with_fd(path, 0, |fd| {
+        let mut n = 0;
+        while n < buf.len() {
+            let at = (offset + n as u64) as libc::off_t;
+            // SAFETY: the destination is the unfilled tail of `buf`, of the
+            // length given.
+            let r = retry("pread", || unsafe { libc::pread(fd, buf[n..].as_mut_ptr().cast(), buf.len() - n, at) })?;
             if r == 0 {
                 break;
             }

@@ -96,6 +96,7 @@ impl fmt::Display for Topology {
         if self.allowed != self.with_memory {
             writeln!(f, "(! = this process may not allocate there: Mems_allowed)")?;
         }
+        self.write_perf(f)?;
         // Huge pages are the real nodes' (a synthetic topology's nodes share
         // theirs): one line per real node that has pools.
         let mut shown = crate::sets::NodeSet::new();

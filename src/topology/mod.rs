@@ -28,10 +28,12 @@ mod device;
 pub(crate) mod display;
 #[cfg(feature = "hwloc")]
 pub mod hwloc;
+mod perf;
 mod synthetic;
 mod sysfs;
 
 pub use crate::sets::{CpuSet, IdSet, Iter, MAX_CPUS, MAX_NODES, NodeSet};
+pub use perf::{AutoWeights, PerfSource, WeightSource, reduce_weights};
 pub use synthetic::{MEMORY_ONLY_DISTANCE, SyntheticBuilder};
 pub use sysfs::node_of_frame;
 
@@ -97,6 +99,9 @@ pub struct Topology {
     cpu_node: [u8; MAX_CPUS],
     ignored_nodes: u16,
     ignored_cpus: u16,
+    /// A synthetic topology's memory performance; `None`: the machine's,
+    /// read on first use (or none, for a synthetic one given none).
+    perf: Option<std::sync::Arc<perf::MemoryPerformance>>,
 }
 
 impl Topology {
@@ -113,6 +118,7 @@ impl Topology {
             cpu_node: [NO_NODE; MAX_CPUS],
             ignored_nodes: 0,
             ignored_cpus: 0,
+            perf: None,
         }
     }
 

@@ -7,6 +7,7 @@
 //! "node 3" allocation on a one-node host is an allocation on node 0 that the
 //! rest of the crate books as node 3.
 
+use super::perf::{MemoryPerformance, PerfSource};
 use super::{LOCAL_DISTANCE, MAX_CPUS, MAX_NODES, NodeSet, REMOTE_DISTANCE, Source, Topology};
 use crate::error::{Error, Result};
 
@@ -44,6 +45,7 @@ pub struct SyntheticBuilder {
     distance: [[u8; MAX_NODES]; MAX_NODES],
     allowed: Option<NodeSet>,
     ids: Option<NodeSet>,
+    perf: Option<Box<MemoryPerformance>>,
 }
 
 impl SyntheticBuilder {
@@ -57,7 +59,52 @@ impl SyntheticBuilder {
             distance: [[0; MAX_NODES]; MAX_NODES],
             allowed: None,
             ids: None,
+            perf: None,
         }
+    }
+
+    fn perf_mut(&mut self) -> &mut MemoryPerformance {
+        self.perf.get_or_insert_with(|| {
+            let mut p = Box::new(MemoryPerformance::unknown());
+            p.source = PerfSource::Synthetic;
+            p
+        })
+    }
+
+    /// The bandwidth, in MB/s, a thread on node `initiator` sees to memory
+    /// on node `target` (as an HMAT gives it); by node id. Pairs not given
+    /// are unknown ([`Topology::bandwidth`] is `None`).
+    pub fn bandwidth(mut self, initiator: usize, target: usize, mb_per_s: u32) -> Self {
+        if initiator < MAX_NODES && target < MAX_NODES {
+            self.perf_mut().bandwidth[initiator][target] = mb_per_s;
+        }
+        self
+    }
+
+    /// The latency, in ns, a thread on `initiator` sees to memory on `target`.
+    pub fn latency(mut self, initiator: usize, target: usize, ns: u16) -> Self {
+        if initiator < MAX_NODES && target < MAX_NODES {
+            self.perf_mut().latency[initiator][target] = ns;
+        }
+        self
+    }
+
+    /// The kernel's memory tier of `node`, 1 the top (as
+    /// `/sys/devices/virtual/memory_tiering` ranks them).
+    pub fn memory_tier(mut self, node: usize, tier: u8) -> Self {
+        if node < MAX_NODES {
+            self.perf_mut().tier[node] = tier;
+        }
+        self
+    }
+
+    /// The kernel's weighted-interleave weight of `node`
+    /// (`/sys/kernel/mm/mempolicy/weighted_interleave/nodeN`).
+    pub fn kernel_weight(mut self, node: usize, weight: u8) -> Self {
+        if node < MAX_NODES {
+            self.perf_mut().kernel_weight[node] = weight;
+        }
+        self
     }
 
     /// The node ids, ascending: the first `nodes` have CPUs, the rest are
@@ -187,6 +234,7 @@ impl SyntheticBuilder {
                 return Err(Error::InvalidTopology { reason: "no allowed node left" });
             }
         }
+        t.perf = self.perf.map(std::sync::Arc::from);
         Ok(t)
     }
 
