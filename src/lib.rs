@@ -19,7 +19,7 @@
 //! - [`policy`]: memory policies: `Local`, `Bind`, `Preferred`, and
 //!   `Interleave` with a granularity (`Count(n)` allocations or `Bytes(b)` per
 //!   turn, weighted), as the process default, per thread ([`with_policy`]) or
-//!   per call (allocator handles [`NodeHandle`], [`InterleaveHandle`]).
+//!   per call (allocator handles [`NodeHandle`], [`InterleaveHandle`], [`ColdHandle`]).
 //! - [`slab`]: node slabs, `kmem_cache`-like typed caches of fixed-size
 //!   objects (I/O commands, sense and DMA buffers) with per-thread magazines,
 //!   placed on a device's node.
@@ -77,7 +77,7 @@ pub mod units;
 pub mod uring;
 
 #[cfg(not(loom))]
-pub use alloc::{Config, InterleaveHandle, Mode, NodeHandle, NumaAlloc, PolicyGuard, with_policy};
+pub use alloc::{ColdHandle, Config, InterleaveHandle, Mode, NodeHandle, NumaAlloc, PolicyGuard, with_policy};
 pub use error::{Error, Result};
 pub use os::mem::Huge;
 pub use topology::Topology;

@@ -24,7 +24,7 @@ use allocator_api2::alloc::Allocator as _;
 use numaweave::os::{self, mem::BindFlags, mem::Mapping, mem::MemPolicy};
 use numaweave::policy::{Cursor, Granularity, Interleave, Policy};
 use numaweave::slab::{DmaPool, RawCache, SlabBox, SlabCache};
-use numaweave::topology::{self, CpuSet, NodeSet, Topology};
+use numaweave::topology::{self, CpuSet, NodeSet, PerfSource, Topology};
 use numaweave::{Error, Mode, NumaAlloc};
 
 const PAGES: usize = 32;
@@ -94,6 +94,10 @@ fn main() {
         cpuset_child(&args[i + 1], &args[i + 2]);
         return;
     }
+    if args.iter().any(|a| a == "--perf-unprivileged-child") {
+        perf_unprivileged_child();
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--cpuset-live-child") {
         cpuset_live_child(&args[i + 1], &args[i + 2]);
         return;
@@ -137,6 +141,15 @@ fn main() {
         ("slab_chunks_scale_and_stay_on_their_node", slab_chunks_scale_and_stay_on_their_node),
         ("slab_hugetlb_pages_are_on_the_node_and_contiguous", slab_hugetlb_pages_are_on_the_node_and_contiguous),
         ("slab_gigantic_pages_make_one_physical_run", slab_gigantic_pages_make_one_physical_run),
+        ("hmat_matrix_and_auto_weights_of_each_socket", hmat_matrix_and_auto_weights_of_each_socket),
+        (
+            "hmat_weights_auto_placement_follows_the_sockets_weights",
+            hmat_weights_auto_placement_follows_the_sockets_weights,
+        ),
+        (
+            "hmat_tier_lower_lands_on_the_sockets_memory_only_node",
+            hmat_tier_lower_lands_on_the_sockets_memory_only_node,
+        ),
         #[cfg(feature = "io-uring")]
         (
             "uring_rings_per_node_read_and_write_fixed_on_their_node",
@@ -1252,4 +1265,208 @@ fn policy_preferred_falls_back_by_distance_from_its_node(t: &Topology, layout: O
     assert!(placed[t.physical_node(pref)] > 0, "nothing on the preferred node");
     assert_spilled_to_nearest(t, pref, &placed);
     Outcome::Pass
+}
+
+/// numa-vm's `--hmat` defaults (its README): local DRAM 100 GB/s and 80 ns,
+/// the other socket's 50 and 140; memory-only node k behind CPU node
+/// k % sockets, 30 GB/s and 250 ns from there, 15 and 350 from elsewhere.
+/// In the table's unit, MB/s: QEMU reads `100G` as 100 x 2^30 bytes/s and
+/// writes 102,400 of 2^20.
+fn hmat_default(sockets: usize, i: usize, t: usize) -> (u32, u32) {
+    let (gb, ns) = match (t < sockets, i == t % sockets) {
+        (true, true) => (100, 80),
+        (true, false) => (50, 140),
+        (false, true) => (30, 250),
+        (false, false) => (15, 350),
+    };
+    (gb * 1024, ns)
+}
+
+/// The guest with `--hmat`: the HMAT is read (as root) and gives the whole
+/// initiator x target matrix the harness put in it, and each socket's
+/// `weights=auto` are its own row reduced as the kernel reduces.
+fn hmat_matrix_and_auto_weights_of_each_socket(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    let Some(l) = layout else { return Outcome::Skip("needs NUMAWEAVE_VM_LAYOUT (numa-vm guest)") };
+    if t.perf_source() != PerfSource::Hmat {
+        return Outcome::Skip("no ACPI HMAT (numa-vm --hmat)");
+    }
+    for i in t.cpu_nodes().iter() {
+        for tgt in t.memory_nodes().iter() {
+            let (bw, ns) = hmat_default(l.cpu_nodes, i, tgt);
+            assert_eq!(t.bandwidth(i, tgt), Some(bw), "bandwidth {i} -> {tgt}");
+            assert_eq!(t.latency(i, tgt), Some(ns), "latency {i} -> {tgt}");
+        }
+    }
+    let all = t.memory_nodes();
+    for i in t.cpu_nodes().iter() {
+        let row: Vec<u32> = all.iter().map(|tgt| hmat_default(l.cpu_nodes, i, tgt).0).collect();
+        let want = topology::reduce_weights(&row);
+        let got = t.interleave_weights(i, all);
+        assert_eq!(got.of(all), want[..all.len()].to_vec(), "weights of socket {i}");
+        println!("\n  socket {i}: bandwidth {row:?} MB/s -> weights {:?} ({})", got.of(all), got.source);
+    }
+    // Without root the HMAT is unreadable: sysfs's access1 figures (each
+    // target's best initiator) and the distances, and the source says so.
+    run_child(&["--perf-unprivileged-child"]);
+    if l.cpu_nodes == 2 && l.memory_only == 2 {
+        // The figures: each socket favours its own DRAM, then the
+        // other's, then its own CXL node, then the other's.
+        assert_eq!(t.interleave_weights(0, all).of(all), [8, 4, 2, 1]);
+        assert_eq!(t.interleave_weights(1, all).of(all), [4, 8, 1, 2]);
+    }
+    print!("{t}");
+    Outcome::Pass
+}
+
+/// Bytes placed per node under `interleave:ALL:bytes=1M:weights=auto` by a
+/// thread on each socket (64 KiB I/O buffers, two whole rounds: every turn
+/// complete), measured with `move_pages`: each node holds exactly its
+/// weight's share of turns. Then the thread moves to the other socket
+/// under the same guard: what it places from there follows that socket's
+/// weights.
+fn hmat_weights_auto_placement_follows_the_sockets_weights(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    if layout.is_none() || t.perf_source() != PerfSource::Hmat || t.cpu_nodes().len() < 2 {
+        return Outcome::Skip("needs the numa-vm guest with --hmat and two sockets");
+    }
+    const TURN: usize = 1 << 20;
+    const BUF: usize = 64 << 10;
+    let all = t.memory_nodes().intersection(&t.allowed_nodes());
+    let policy: Policy = format!("interleave:{all}:bytes=1M:weights=auto").parse().unwrap();
+    let sockets: Vec<usize> = t.cpu_nodes().iter().collect();
+    let topo = t.clone();
+    std::thread::spawn(move || {
+        // Places `rounds` whole rounds of `from`'s weights; bytes per node.
+        let place = |from: usize, rounds: usize, held: &mut Vec<(*mut u8, Layout)>| -> Vec<usize> {
+            let w = topo.interleave_weights(from, all);
+            let turns: usize = w.of(all).iter().map(|&x| usize::from(x)).sum();
+            let count = rounds * turns * TURN / BUF;
+            let l = Layout::from_size_align(BUF, 4096).unwrap();
+            let first = held.len();
+            for _ in 0..count {
+                // SAFETY: a valid layout; freed by the caller.
+                held.push((unsafe { A.alloc(l) }, l));
+            }
+            let mut per = vec![0usize; topology::MAX_NODES];
+            for &(p, _) in &held[first..] {
+                let on = touch_and_locate(p, BUF);
+                let n = on[0].expect("page not present");
+                assert!(on.iter().all(|&g| g == Some(n)), "a 64 KiB buffer split over nodes: {on:?}");
+                per[n] += BUF;
+            }
+            for n in all.iter() {
+                let want = rounds * usize::from(w.weights[n]) * TURN;
+                assert_eq!(
+                    per[n],
+                    want,
+                    "from socket {from}: node {n} holds {} KiB, its weight's share is {} KiB (weights {:?})",
+                    per[n] >> 10,
+                    want >> 10,
+                    w.of(all)
+                );
+            }
+            println!(
+                "\n  from socket {from}: weights {:?}, {rounds} rounds, MiB per node {:?}",
+                w.of(all),
+                all.iter().map(|n| per[n] >> 20).collect::<Vec<_>>()
+            );
+            per
+        };
+        for (k, &s) in sockets.iter().enumerate() {
+            let other = sockets[(k + 1) % sockets.len()];
+            os::cpu::pin_current_thread(first_cpu(&topo, s)).unwrap();
+            let mut held = Vec::with_capacity(4096);
+            {
+                let _g = numaweave::with_policy(policy).unwrap();
+                place(s, 2, &mut held);
+                // Moved to the other socket: its weights from the next pick.
+                os::cpu::pin_current_thread(first_cpu(&topo, other)).unwrap();
+                place(other, 2, &mut held);
+            }
+            for (p, l) in held {
+                // SAFETY: allocated above with `l`.
+                unsafe { A.dealloc(p, l) };
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    Outcome::Pass
+}
+
+/// `tier:lower`, `A.cold()` and `alloc_cold` from each socket land on the
+/// memory-only node behind it (the lower tier nearest by bandwidth).
+fn hmat_tier_lower_lands_on_the_sockets_memory_only_node(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    let Some(l) = layout else { return Outcome::Skip("needs NUMAWEAVE_VM_LAYOUT (numa-vm guest)") };
+    if t.perf_source() != PerfSource::Hmat || l.memory_only < l.cpu_nodes {
+        return Outcome::Skip("needs --hmat and a memory-only node behind every socket");
+    }
+    let topo = t.clone();
+    let sockets = l.cpu_nodes;
+    std::thread::spawn(move || {
+        for s in topo.cpu_nodes().iter() {
+            // The memory-only node k hangs off socket k % sockets; the
+            // first such is behind `s`.
+            let want = (sockets..sockets + topo.memory_only_nodes().len()).find(|k| k % sockets == s).unwrap();
+            assert_eq!(topo.nearest_lower_tier(s), Some(want));
+            os::cpu::pin_current_thread(first_cpu(&topo, s)).unwrap();
+            let cold = A.cold();
+            assert_eq!(cold.node(), want);
+            let mut v: allocator_api2::vec::Vec<u8, _> =
+                allocator_api2::vec::Vec::with_capacity_in(1 << 20, cold.clone());
+            v.resize(1 << 20, 1);
+            let on = touch_and_locate(v.as_mut_ptr(), 1 << 20);
+            assert!(on.iter().all(|&g| g == Some(want)), "cold data of socket {s}: {on:?}, want {want}");
+            let lay = Layout::from_size_align(256 << 10, 4096).unwrap();
+            let p = A.alloc_cold(lay).unwrap();
+            let on = touch_and_locate(p.as_ptr(), 256 << 10);
+            assert!(on.iter().all(|&g| g == Some(want)), "alloc_cold of socket {s}: {on:?}");
+            // SAFETY: allocated above with `lay`.
+            unsafe { A.dealloc(p.as_ptr(), lay) };
+            let mut raw = Vec::with_capacity(64);
+            {
+                let _g = numaweave::with_policy(Policy::LowerTier).unwrap();
+                let sl = Layout::from_size_align(2000, 8).unwrap();
+                for _ in 0..64 {
+                    // SAFETY: a valid layout; freed below.
+                    raw.push(unsafe { A.alloc(sl) });
+                }
+            }
+            for &p in &raw {
+                let on = touch_and_locate(p, 2000);
+                assert!(on.iter().all(|&g| g == Some(want)), "tier:lower block of socket {s}: {on:?}");
+                // SAFETY: allocated above, 2000 bytes.
+                unsafe { A.dealloc(p, Layout::from_size_align(2000, 8).unwrap()) };
+            }
+            println!("\n  socket {s}: cold data, alloc_cold and tier:lower all on node {want}");
+        }
+    })
+    .join()
+    .unwrap();
+    Outcome::Pass
+}
+
+/// The child of `hmat_matrix_and_auto_weights_of_each_socket`: as user
+/// nobody, the HMAT (mode 0400) cannot be read; the figures come from
+/// sysfs, exact for each target's best initiator.
+fn perf_unprivileged_child() {
+    // SAFETY: plain calls dropping privileges (group first).
+    unsafe {
+        assert_eq!(libc::setgid(65534), 0, "setgid");
+        assert_eq!(libc::setuid(65534), 0, "setuid");
+    }
+    assert!(std::fs::read("/sys/firmware/acpi/tables/HMAT").is_err(), "the HMAT is readable without root");
+    let t = Topology::detect().unwrap();
+    assert_eq!(t.perf_source(), PerfSource::SysfsAccess);
+    let sockets = t.cpu_nodes().len();
+    for tgt in t.memory_nodes().iter() {
+        let best = tgt % sockets;
+        assert_eq!(t.bandwidth(best, tgt), Some(hmat_default(sockets, best, tgt).0), "best initiator of {tgt}");
+        assert_eq!(t.latency(best, tgt), Some(hmat_default(sockets, best, tgt).1));
+    }
+    let all = t.memory_nodes();
+    println!(
+        "perf child (user nobody): {}; socket 0 weights {:?}",
+        t.perf_source(),
+        t.interleave_weights(0, all).of(all)
+    );
 }

@@ -334,12 +334,51 @@ fn handles_work_with_collections_and_the_global_allocator() {
 }
 
 #[test]
+fn cold_data_without_a_lower_tier_stays_on_the_threads_node_counted() {
+    if !in_child() {
+        assert!(
+            child("cold_data_without_a_lower_tier_stays_on_the_threads_node_counted", None).contains("cold checked")
+        );
+        return;
+    }
+    on_node0();
+    let before = A.stats().per_node[0].fallbacks;
+    let cold = A.cold();
+    assert_eq!(cold.node(), 0);
+    let mut values: allocator_api2::vec::Vec<u64, _> = allocator_api2::vec::Vec::new_in(cold.clone());
+    values.extend(0..100_000u64);
+    assert_eq!(node_of(values.as_ptr()), 0);
+    let small: Vec<allocator_api2::boxed::Box<[u8; 100], _>> =
+        (0..1000).map(|_| allocator_api2::boxed::Box::new_in([9u8; 100], cold.clone())).collect();
+    assert!(small.iter().all(|b| node_of(b.as_ptr()) == 0));
+    let l = Layout::from_size_align(1 << 20, 4096).unwrap();
+    let p = A.alloc_cold(l).unwrap();
+    assert_eq!(node_of(p.as_ptr()), 0);
+    // SAFETY: allocated above with `l`.
+    unsafe { A.dealloc(p.as_ptr(), l) };
+    {
+        let _g = with_policy(Policy::LowerTier).unwrap();
+        let v = vec![7u8; 300_000];
+        assert_eq!(node_of(v.as_ptr()), 0);
+    }
+    assert!(A.stats().per_node[0].fallbacks > before, "the fallbacks to the top tier are counted");
+    println!("cold checked");
+}
+
+#[test]
 fn process_default_from_the_environment() {
     if !in_child() {
         let out = child("process_default_from_the_environment", Some("bind:1"));
         assert!(out.contains("default bind:1 checked"));
         let out = child("process_default_from_the_environment", Some("interleave:0-1:count=3"));
         assert!(out.contains("default interleave:0-1:count=3 checked"));
+        // `weights=auto` on a topology with no bandwidth figures (fake:2):
+        // equal weights, and the statistics say where they came from.
+        let out = child("process_default_from_the_environment", Some("interleave:0-1:count=3:weights=auto"));
+        assert!(out.contains("default interleave:0-1:count=3:weights=auto checked"), "{out}");
+        assert!(out.contains("default interleave weights=auto (equal"), "{out}");
+        let out = child("process_default_from_the_environment", Some("tier:lower"));
+        assert!(out.contains("default tier:lower checked"), "{out}");
         let out = child("process_default_from_the_environment", Some("bogus:1"));
         assert!(out.contains("ignoring NUMAWEAVE_POLICY=\"bogus:1\""), "a bad policy is reported");
         return;
@@ -354,6 +393,16 @@ fn process_default_from_the_environment() {
     let nodes: Vec<usize> = ps.iter().map(|&p| node_of(p)).collect();
     match spec.as_str() {
         "bind:1" => assert!(nodes.iter().all(|&n| n == 1), "{nodes:?}"),
+        "interleave:0-1:count=3:weights=auto" => {
+            assert_runs_of(3, &nodes);
+            print!("{}", A.stats());
+        }
+        "tier:lower" => {
+            // No lower tier on fake:2: the thread's own node, each fresh
+            // page counted as a fallback.
+            assert!(nodes.iter().all(|&n| n == 0), "{nodes:?}");
+            assert!(A.stats().per_node[0].fallbacks > 0, "tier:lower fallbacks counted");
+        }
         "interleave:0-1:count=3" => {
             // Each thread has its own cursor (as Linux keeps interleave
             // state per task); this thread's earlier allocations moved it, so

@@ -168,6 +168,30 @@ pub extern "C" fn numaweave_alloc_on_node(size: usize, align: usize, node: c_int
     }
 }
 
+/// `size` bytes aligned to `align` (as for `numaweave_alloc_on_node`) for
+/// cold data: on the lower memory tier nearest the calling thread (the CXL
+/// memory behind its socket), or on the thread's own node, counted as a
+/// fallback, where the machine has no lower tier or that node is full.
+/// Freed with `free`. Null on failure (`errno` `ENOMEM` or `EINVAL`).
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_alloc_cold(size: usize, align: usize) -> *mut c_void {
+    let align = if align == 0 { 16 } else { align };
+    let Ok(layout) = Layout::from_size_align(size, align) else {
+        fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("alignment {align} is not a power of two"));
+        crate::set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let layout = layout.align_to(malloc_align(size)).unwrap_or(layout);
+    match A.alloc_cold(layout) {
+        Ok(p) => p.as_ptr().cast(),
+        Err(e) => {
+            crate::set_errno(libc::ENOMEM);
+            fail_with(e);
+            ptr::null_mut()
+        }
+    }
+}
+
 /// The node whose memory holds the block at `p` (as numaweave placed it),
 /// or -1 if numaweave did not allocate it.
 ///

@@ -17,7 +17,9 @@
  * asks the kernel (move_pages) where every page landed; then one thread
  * sets numaweave_set_thread_policy("interleave:ALL:bytes=256K") and checks
  * that 64 KiB I/O buffers (posix_memalign'ed) rotate over the nodes four to
- * a turn. Exits non-zero if a page is off its node. */
+ * a turn. Each thread also asks numaweave_alloc_cold for 1 MiB of cold data:
+ * on a memory-only (CXL-like) node where the machine has one, else its own.
+ * Exits non-zero if a page is off its node. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -54,6 +56,8 @@ static int cpu_of_node(int node) {
 
 struct job {
     int node, cpu, bad, pages;
+    uint64_t memory_only; /* mask of memory-only nodes */
+    int cold_node, cold_bad;
 };
 
 static void *on_node(void *arg) {
@@ -74,21 +78,43 @@ static void *on_node(void *arg) {
             free(p);
         }
     }
+    /* Cold data: every page on one memory-only node, or on this node
+     * where there is none. */
+    char *c = numaweave_alloc_cold(1 << 20, 4096);
+    if (!c) {
+        j->cold_bad = 1;
+        return NULL;
+    }
+    memset(c, 3, 1 << 20);
+    j->cold_node = page_node(c);
+    for (size_t off = 0; off < 1 << 20; off += 4096) {
+        int n = page_node(c + off);
+        int want_mem_only = j->memory_only != 0;
+        if (n != j->cold_node || n < 0 || (want_mem_only ? !((j->memory_only >> n) & 1) : n != j->node)) j->cold_bad++;
+    }
+    free(c);
     return NULL;
 }
 
 int main(void) {
     int nodes = numaweave_node_count(), bad = 0, cpu_nodes = 0;
     printf("%d node(s)\n", nodes);
+    uint64_t memory_only = 0;
+    for (int n = 0; n < nodes && n < 64; n++) {
+        void *probe = cpu_of_node(n) < 0 ? numaweave_alloc_on_node(4096, 4096, n) : NULL;
+        if (probe) memory_only |= 1ull << n;
+        free(probe);
+    }
     for (int n = 0; n < nodes; n++) {
-        struct job j = {.node = n, .cpu = cpu_of_node(n)};
+        struct job j = {.node = n, .cpu = cpu_of_node(n), .memory_only = memory_only};
         if (j.cpu < 0) continue; /* memory-only node */
         cpu_nodes++;
         pthread_t t;
         pthread_create(&t, NULL, on_node, &j);
         pthread_join(t, NULL);
-        printf("  thread on node %d (cpu %d): malloc'd %d pages, %d off node %d\n", n, j.cpu, j.pages, j.bad, n);
-        bad += j.bad;
+        printf("  thread on node %d (cpu %d): malloc'd %d pages, %d off node %d; 1 MiB of cold data on node %d, %d pages off\n",
+               n, j.cpu, j.pages, j.bad, n, j.cold_node, j.cold_bad);
+        bad += j.bad + j.cold_bad;
     }
     /* Interleave over every node with memory, 256 KiB turns: 64 KiB I/O
      * buffers go four to a node, in node order. */

@@ -27,6 +27,8 @@ use crate::policy::{Interleave, Policy};
 enum Place {
     Node(usize),
     Interleave(Box<SharedInterleaver>),
+    /// The lower tier nearest the allocating thread, looked up per block.
+    Cold,
 }
 
 struct Placer {
@@ -57,6 +59,13 @@ impl Placer {
                 let c = class.filter(|&c| c < PAGE_CLASS)?;
                 Some(placement::alloc_on_node(state, c, node))
             }),
+            Place::Cold => {
+                let n = placement::cold_node(state, state.topology.current_node());
+                match class {
+                    Some(c) => placement::alloc_on_node(state, c, n),
+                    None => huge::alloc_on(state, n, want, align, false),
+                }
+            }
         };
         // SAFETY: a block just handed out for `size` bytes.
         unsafe { super::handed_out_for(p, size) };
@@ -128,11 +137,47 @@ impl InterleaveHandle {
         match &self.placer.place {
             Place::Interleave(il) => il.cursor.current(),
             Place::Node(n) => *n,
+            Place::Cold => placement::cold_target(self.placer.state, self.placer.state.topology.current_node()).0,
         }
     }
 }
 
+/// An allocator handle for cold data: every block on the lower memory tier
+/// nearest the allocating thread (the CXL memory behind its socket), or on
+/// the thread's own node, counted as a fallback, where the machine has no
+/// lower tier or that node is out of memory ([`Policy::LowerTier`] for one
+/// collection). A cache or a storage engine keeps its hot index in the
+/// global allocator's local memory and its cold values here.
+///
+/// ```
+/// use allocator_api2::vec::Vec;
+/// use numaweave::NumaAlloc;
+/// static A: NumaAlloc = NumaAlloc::new();
+///
+/// let cold = A.cold();
+/// let mut values: Vec<u8, _> = Vec::with_capacity_in(1 << 20, cold.clone());
+/// values.extend(std::iter::repeat_n(7u8, 1 << 20));
+/// // On a machine without a lower tier, the thread's own node.
+/// println!("cold values on node {}", cold.node());
+/// ```
+#[derive(Clone)]
+pub struct ColdHandle {
+    placer: Arc<Placer>,
+}
+
+impl ColdHandle {
+    /// The node a block allocated now, from this thread, would go to.
+    pub fn node(&self) -> usize {
+        placement::cold_target(self.placer.state, self.placer.state.topology.current_node()).0
+    }
+}
+
 impl NumaAlloc {
+    /// A handle for cold data: see [`ColdHandle`].
+    pub fn cold(&self) -> ColdHandle {
+        ColdHandle { placer: Arc::new(Placer { state: self.state(), place: Place::Cold }) }
+    }
+
     /// A handle placing every block on `node` (checked against the topology:
     /// online, with memory, allowed to this process).
     pub fn on_node(&self, node: usize) -> Result<NodeHandle> {
@@ -163,6 +208,24 @@ unsafe impl Allocator for NodeHandle {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: forwarded contract.
         unsafe { dealloc(ptr, layout) }
+    }
+}
+
+// SAFETY: as for `NodeHandle`.
+unsafe impl Allocator for ColdHandle {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        self.placer.alloc(layout)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { dealloc(ptr, layout) }
+    }
+}
+
+impl core::fmt::Debug for ColdHandle {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ColdHandle").field("node", &self.node()).finish()
     }
 }
 

@@ -71,7 +71,7 @@ use core::ptr::{self, NonNull};
 use checked::handed_out;
 #[cfg(feature = "hardened")]
 pub use checked::report_misuse;
-pub use handle::{InterleaveHandle, NodeHandle};
+pub use handle::{ColdHandle, InterleaveHandle, NodeHandle};
 pub use huge::MAX_ALIGN;
 pub use placement::{PolicyGuard, with_policy};
 pub use size_class::SMALL_MAX;
@@ -154,6 +154,16 @@ impl NumaAlloc {
         // SAFETY: a block just handed out for `size` bytes.
         unsafe { handed_out_for(p, size) };
         NonNull::new(p).ok_or(Error::NodeOutOfMemory { node })
+    }
+
+    /// A block of `layout` for cold data, on the lower memory tier nearest
+    /// the calling thread (see [`ColdHandle`]); on the
+    /// thread's own node, counted as a fallback, where there is none or it
+    /// is out of memory. Freed like any block of this allocator.
+    pub fn alloc_cold(&self, layout: Layout) -> Result<NonNull<u8>> {
+        let state = self.state();
+        let node = placement::cold_node(state, state.topology.current_node());
+        self.alloc_on(layout, node)
     }
 
     /// The usable size of the block at `p`: at least what was asked for, and

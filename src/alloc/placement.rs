@@ -39,7 +39,7 @@ use crate::os::file;
 use crate::os::thread::{self, ExitKey, ForkRank};
 use crate::policy::{Interleave, Policy};
 use crate::sync::{InitCell, SpinLock};
-use crate::topology::NodeSet;
+use crate::topology::{MAX_NODES, NodeSet};
 
 /// A policy as the allocator applies it. `Copy`: the interleaver lives as
 /// long as whatever installed it (a guard, or the thread for the process
@@ -50,6 +50,7 @@ pub(crate) enum Active {
     Bind(NodeSet),
     Preferred(usize),
     Interleave(*const ThreadInterleaver),
+    LowerTier,
 }
 
 /// A thread's policy state; plain cells, read on slow paths only.
@@ -98,6 +99,7 @@ fn to_active(p: &Policy, il: Option<*const ThreadInterleaver>) -> Active {
         Policy::Local => Active::Local,
         Policy::Bind(s) => Active::Bind(s),
         Policy::Preferred(n) => Active::Preferred(n),
+        Policy::LowerTier => Active::LowerTier,
         Policy::Interleave(_) => match il {
             Some(il) => Active::Interleave(il),
             None => Active::Local,
@@ -492,6 +494,13 @@ impl Active {
             Active::Bind(s) => s.contains(node),
             // The preferred node, or any while it is out of memory.
             Active::Preferred(n) => node == n || state.arena(n).is_none_or(|a| a.is_exhausted()),
+            // The tier's node, or (no lower tier, or it is out of memory)
+            // the thread's own.
+            Active::LowerTier => match lower_tier_map(state)[here % MAX_NODES] {
+                u8::MAX => node == here,
+                // (The arena lock only for pages of the thread's node.)
+                m => node == usize::from(m) || (node == here && cold_target(state, here).1),
+            },
         }
     }
 
@@ -503,6 +512,7 @@ impl Active {
         match *self {
             Active::Local | Active::Interleave(_) => here,
             Active::Preferred(n) => n,
+            Active::LowerTier => cold_node(state, here),
             Active::Bind(s) => state.topology.nodes_by_distance(here).find(|&n| s.contains(n)).unwrap_or(here),
         }
     }
@@ -514,6 +524,51 @@ impl Active {
             _ => None,
         }
     }
+}
+
+/// The lower-tier node nearest each node (by logical id; `u8::MAX`: none
+/// with an arena), worked out once from the allocator's topology.
+fn lower_tier_map(state: &State) -> &'static [u8; MAX_NODES] {
+    static MAP: InitCell<[u8; MAX_NODES]> = InitCell::new();
+    MAP.get_or_init(|| {
+        let t = &state.topology;
+        let lower = t.lower_tier_nodes();
+        let mut map = [u8::MAX; MAX_NODES];
+        for n in t.nodes().iter() {
+            // Nearest by the bandwidth this node sees, among the lower-tier
+            // nodes the allocator places on.
+            let best = lower.iter().filter(|&m| state.arena(m).is_some()).max_by_key(|&m| {
+                (t.bandwidth(n, m).unwrap_or(0), core::cmp::Reverse(t.distance(n, m)), core::cmp::Reverse(m))
+            });
+            if let Some(m) = best {
+                map[n] = m as u8;
+            }
+        }
+        map
+    })
+}
+
+/// Where cold data of a thread on `here` goes (`tier:lower`, `A.cold()`):
+/// the nearest lower-tier node, unless there is none or it is out of
+/// memory; then `here`, the top tier (`true`: a fallback).
+pub(crate) fn cold_target(state: &State, here: usize) -> (usize, bool) {
+    match lower_tier_map(state)[here % MAX_NODES] {
+        u8::MAX => (here, true),
+        m => {
+            let m = usize::from(m);
+            if state.arena(m).is_some_and(|a| !a.is_exhausted()) { (m, false) } else { (here, true) }
+        }
+    }
+}
+
+/// [`cold_target`] for a fresh page or block: a fallback to the top tier
+/// is counted on `here`'s arena.
+pub(crate) fn cold_node(state: &State, here: usize) -> usize {
+    let (node, fell_back) = cold_target(state, here);
+    if fell_back {
+        state.node_arena(here).counters.fallbacks.fetch_add(1, crate::sync::Ordering::Relaxed);
+    }
+    node
 }
 
 /// Makes `active` the thread's policy in force: recorded, and the heap's

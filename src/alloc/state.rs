@@ -431,6 +431,11 @@ impl State {
             if self.policies { "" } else { " (policies off)" },
             self.topology
         ));
+        if let crate::policy::Policy::Interleave(i) = &self.default_policy
+            && let Some(w) = i.auto_weights_by_node(&self.topology)
+        {
+            file::write_stderr(format_args!("numaweave: {w}\n"));
+        }
     }
 
     /// The arena for logical node `node` (`None` if it has no memory here).

@@ -87,6 +87,9 @@ pub struct Stats {
     /// `/proc/self/smaps`, what the requests actually got. 0 (not looked up)
     /// before.
     pub thp_bytes: u64,
+    /// The process default interleave's `weights=auto`, as each CPU node's
+    /// threads apply it, and their source; `None` for any other policy.
+    pub auto_weights: Option<crate::policy::WeightsByNode>,
 }
 
 impl Stats {
@@ -139,6 +142,10 @@ impl Stats {
             orphan_heaps,
             synthetic: state.topology.is_synthetic(),
             thp_bytes,
+            auto_weights: match &state.default_policy {
+                crate::policy::Policy::Interleave(i) => i.auto_weights_by_node(&state.topology),
+                _ => None,
+            },
         }
     }
 
@@ -229,6 +236,9 @@ impl fmt::Display for Stats {
         }
         if self.nodes.len() > 1 {
             row(f, "total", &self.total())?;
+        }
+        if let Some(w) = &self.auto_weights {
+            writeln!(f, "default interleave {w}")?;
         }
         if self.thp_bytes > 0 {
             writeln!(f, "transparent huge pages backing it: {}", h(self.thp_bytes))?;

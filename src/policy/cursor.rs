@@ -85,11 +85,21 @@ pub struct Cursor {
     ex_pos: AtomicU64,
     ex_in_turn: AtomicU64,
     ex_turn: AtomicU64,
+    /// Added to every turn number: a cursor that replaces another (a thread
+    /// interleaver's, when its weights change) numbers its turns after the
+    /// old one's, so no turn number is seen twice.
+    turn_base: u64,
 }
 
 impl Cursor {
     /// A cursor at the start of the first node's first turn.
     pub fn new(policy: &Interleave) -> Self {
+        Self::new_after(policy, 0)
+    }
+
+    /// [`new`](Self::new), its turns numbered from `turn_base` on (see
+    /// [`next_turn_base_exclusive`](Self::next_turn_base_exclusive)).
+    pub(crate) fn new_after(policy: &Interleave, turn_base: u64) -> Self {
         let mut round = [0u8; MAX_ROUND];
         let mut before = [0u16; MAX_ROUND];
         let mut turns = [0u16; MAX_NODES];
@@ -114,7 +124,22 @@ impl Cursor {
             ex_pos: AtomicU64::new(0),
             ex_in_turn: AtomicU64::new(0),
             ex_turn: AtomicU64::new(0),
+            turn_base,
         }
+    }
+
+    /// Exclusive picks: a turn number above every one this cursor gave, for
+    /// the cursor that replaces it.
+    ///
+    /// # Safety
+    /// As [`pick_exclusive`](Self::pick_exclusive).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) unsafe fn next_turn_base_exclusive(&self) -> u64 {
+        let last = match self.granularity {
+            Granularity::Count(_) => self.ex_turn.load(Ordering::Relaxed),
+            Granularity::Bytes(_) => self.state.load(Ordering::Relaxed),
+        };
+        self.turn_base + last + 1
     }
 
     /// The node for the next allocation of `size` bytes, advancing the cursor.
@@ -133,7 +158,7 @@ impl Cursor {
                 // other memory.
                 let k = self.state.fetch_add(1, Ordering::Relaxed);
                 let turn = k / u64::from(n);
-                Pick { node: usize::from(self.round[(turn % self.len) as usize]), turn }
+                Pick { node: usize::from(self.round[(turn % self.len) as usize]), turn: self.turn_base + turn }
             }
             Granularity::Bytes(b) => self.pick_bytes(size as u64, b),
         }
@@ -165,7 +190,7 @@ impl Cursor {
                 } else {
                     self.ex_in_turn.store(c, Ordering::Relaxed);
                 }
-                Pick { node, turn }
+                Pick { node, turn: self.turn_base + turn }
             }
             Granularity::Bytes(b) => {
                 let s = self.state.load(Ordering::Relaxed);
@@ -175,7 +200,7 @@ impl Cursor {
                 if placed >= target {
                     self.state.store(self.next_turn(s), Ordering::Relaxed);
                 }
-                Pick { node, turn: s }
+                Pick { node, turn: self.turn_base + s }
             }
         }
     }
@@ -224,7 +249,7 @@ impl Cursor {
             Granularity::Count(n) => {
                 let node = usize::from(self.round[self.ex_pos.load(Ordering::Relaxed) as usize]);
                 let left = u64::from(n) - self.ex_in_turn.load(Ordering::Relaxed);
-                (Pick { node, turn: self.ex_turn.load(Ordering::Relaxed) }, left)
+                (Pick { node, turn: self.turn_base + self.ex_turn.load(Ordering::Relaxed) }, left)
             }
             Granularity::Bytes(b) => {
                 let s = self.state.load(Ordering::Relaxed);
@@ -232,7 +257,7 @@ impl Cursor {
                 // A turn ends at the allocation reaching its target, so the
                 // turn in progress is below it.
                 let left = target.saturating_sub(self.placed[node].load(Ordering::Relaxed)).max(1);
-                (Pick { node, turn: s }, left)
+                (Pick { node, turn: self.turn_base + s }, left)
             }
         }
     }
@@ -287,7 +312,7 @@ impl Cursor {
                     // cross `target`; a helper may have advanced it already.
                     self.advance(s);
                 }
-                return Pick { node, turn: s };
+                return Pick { node, turn: self.turn_base + s };
             }
             // The turn ended under us: give the bytes back, make sure the
             // word moves on, and try the next turn.

@@ -35,15 +35,18 @@
 //!
 //! ```text
 //! local
+//! tier:lower                   the lower memory tier nearest the thread (CXL)
 //! bind:<nodes>                 e.g. bind:1, bind:0-1
 //! preferred:<node>             e.g. preferred:0
-//! interleave:<nodes>[:count=<n>|:bytes=<size>][:weights=<w>,<w>,…]
+//! interleave:<nodes>[:count=<n>|:bytes=<size>][:weights=<w>,<w>,…|:weights=auto]
 //!                              e.g. interleave:0-3:bytes=2M
 //!                                   interleave:0,1:count=8:weights=3,1
 //! ```
 //!
 //! `<nodes>` is the kernel's list format; `<size>` takes `K`, `M`, `G`
-//! suffixes; weights are given in node order, one per node of the set. The
+//! suffixes; weights are given in node order, one per node of the set, or
+//! `auto` (from each thread's bandwidth to each node, see
+//! [`Interleave::with_auto_weights`]). The
 //! default granularity is `count=1` (page-by-page interleave's analogue).
 //!
 //! ```
@@ -64,7 +67,7 @@ pub use cursor::{Cursor, MAX_ROUND, Pick};
 
 use crate::error::{Error, Result};
 use crate::os::mem::Huge;
-use crate::topology::{MAX_NODES, NodeSet, Topology};
+use crate::topology::{MAX_NODES, NodeSet, Topology, WeightSource};
 
 /// How long an interleave stays on one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +86,9 @@ pub struct Interleave {
     granularity: Granularity,
     weights: [u8; MAX_NODES],
     huge: Option<Huge>,
+    /// `weights=auto`: each thread's weights from the bandwidth its node
+    /// sees ([`Interleave::with_auto_weights`]).
+    auto: bool,
 }
 
 impl Interleave {
@@ -92,7 +98,7 @@ impl Interleave {
         for n in nodes.iter() {
             weights[n] = 1;
         }
-        let i = Self { nodes, granularity, weights, huge: None };
+        let i = Self { nodes, granularity, weights, huge: None, auto: false };
         i.check()?;
         Ok(i)
     }
@@ -114,8 +120,93 @@ impl Interleave {
         for (n, &w) in self.nodes.iter().zip(weights) {
             self.weights[n] = w;
         }
+        self.auto = false;
         self.check()?;
         Ok(self)
+    }
+
+    /// `weights=auto`: each thread weights the nodes by the bandwidth *its
+    /// own node* sees to each ([`Topology::interleave_weights`]: the ACPI
+    /// HMAT, else sysfs), reduced to small integers as the kernel reduces
+    /// them; so a thread on socket 1 weights the CXL memory behind socket 0
+    /// lower than a thread on socket 0 does. Where a bandwidth is unknown,
+    /// the kernel's weighted-interleave weights; where those are missing
+    /// too, equal weights. A thread that moves to another node takes that
+    /// node's weights at its next pick (the turn in progress ends there).
+    /// An interleave handle takes the weights of the thread that makes it.
+    ///
+    /// ```
+    /// use numaweave::policy::Policy;
+    /// use numaweave::topology::Topology;
+    /// let mut b = Topology::synthetic(2).memory_only_nodes(1);
+    /// // GB/s: each socket 64 to its own DRAM, 32 to the other's and to the CXL node.
+    /// for (i, t, gbps) in [(0, 0, 64), (0, 1, 32), (0, 2, 32), (1, 0, 32), (1, 1, 64), (1, 2, 32)] {
+    ///     b = b.bandwidth(i, t, gbps * 1000);
+    /// }
+    /// let t = b.build().unwrap();
+    /// let p: Policy = "interleave:0-2:bytes=2M:weights=auto".parse().unwrap();
+    /// let Policy::Interleave(i) = p else { unreachable!() };
+    /// let (on0, _) = i.weights_for(&t, 0);
+    /// let (on1, _) = i.weights_for(&t, 1);
+    /// assert_eq!([on0.weight(0), on0.weight(1), on0.weight(2)], [2, 1, 1]);
+    /// assert_eq!([on1.weight(0), on1.weight(1), on1.weight(2)], [1, 2, 1]);
+    /// ```
+    pub fn with_auto_weights(mut self) -> Self {
+        for n in self.nodes.iter() {
+            self.weights[n] = 1;
+        }
+        self.auto = true;
+        self
+    }
+
+    /// Whether the weights are `auto` (derived per thread).
+    pub fn has_auto_weights(&self) -> bool {
+        self.auto
+    }
+
+    /// With `auto` weights, the weights the threads of each CPU node of
+    /// `topo` apply (the verbose line, the statistics); `None` otherwise.
+    pub fn auto_weights_by_node(&self, topo: &Topology) -> Option<WeightsByNode> {
+        if !self.auto {
+            return None;
+        }
+        let mut t = WeightsByNode {
+            nodes: self.nodes,
+            initiators: topo.cpu_nodes(),
+            weights: [[0; MAX_NODES]; MAX_NODES],
+            source: WeightSource::Equal,
+        };
+        for (k, i) in t.initiators.iter().enumerate() {
+            let (w, src) = self.weights_for(topo, i);
+            for n in self.nodes.iter() {
+                t.weights[i][n] = w.weight(n);
+            }
+            if k == 0 {
+                t.source = src.unwrap_or(WeightSource::Equal);
+            }
+        }
+        Some(t)
+    }
+
+    /// The interleave as a thread on `initiator` applies it: with `auto`
+    /// weights, the weights derived for that node (and where they came
+    /// from); otherwise itself (`None`).
+    pub fn weights_for(&self, topo: &Topology, initiator: usize) -> (Interleave, Option<WeightSource>) {
+        if !self.auto {
+            return (*self, None);
+        }
+        let w = topo.interleave_weights(initiator, self.nodes);
+        let mut out = *self;
+        out.auto = false;
+        out.weights = w.weights;
+        // More turns than a round holds (many nodes of unlike bandwidth):
+        // halved, none below 1, until they fit.
+        while out.nodes.iter().map(|n| usize::from(out.weights[n])).sum::<usize>() > MAX_ROUND {
+            for n in out.nodes.iter() {
+                out.weights[n] = (out.weights[n] / 2).max(1);
+            }
+        }
+        (out, Some(w.source))
     }
 
     /// Weights as the kernel's weighted interleave has them
@@ -201,6 +292,34 @@ impl Interleave {
     }
 }
 
+/// `weights=auto` as the threads of each CPU node apply it
+/// ([`Interleave::auto_weights_by_node`]); displays as
+/// `weights=auto (bandwidth from the ACPI HMAT): from node 0: 8,4,2,1; from node 1: 4,8,1,2`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightsByNode {
+    /// The interleaved nodes.
+    pub nodes: NodeSet,
+    /// The CPU nodes (initiators).
+    pub initiators: NodeSet,
+    /// By initiator, then interleaved node.
+    pub weights: [[u8; MAX_NODES]; MAX_NODES],
+    /// Where the first initiator's weights came from.
+    pub source: WeightSource,
+}
+
+impl fmt::Display for WeightsByNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "weights=auto ({}):", self.source)?;
+        for (k, i) in self.initiators.iter().enumerate() {
+            write!(f, "{} from node {i}: ", if k > 0 { ";" } else { "" })?;
+            for (j, n) in self.nodes.iter().enumerate() {
+                write!(f, "{}{}", if j > 0 { "," } else { "" }, self.weights[i][n])?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A memory policy; see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -212,6 +331,12 @@ pub enum Policy {
     Preferred(usize),
     /// Spread over nodes with a granularity.
     Interleave(Interleave),
+    /// The lower memory tier nearest the calling thread (CXL memory behind
+    /// its socket: [`Topology::nearest_lower_tier`]); the thread's own node
+    /// (the top tier) where the machine has no lower tier or that node is
+    /// out of memory, counted as a fallback. For cold data: a cache's
+    /// values, a storage engine's cold pages.
+    LowerTier,
 }
 
 impl Policy {
@@ -229,7 +354,7 @@ impl Policy {
             Ok(())
         };
         match self {
-            Policy::Local => Ok(()),
+            Policy::Local | Policy::LowerTier => Ok(()),
             Policy::Preferred(n) => check(*n),
             Policy::Bind(s) => {
                 if s.is_empty() {
@@ -266,6 +391,10 @@ impl core::str::FromStr for Policy {
         };
         let p = match kind {
             "local" => Policy::Local,
+            "tier" => match parts.next().map(str::trim) {
+                Some("lower") => Policy::LowerTier,
+                _ => return Err(bad("tier needs lower (tier:lower)")),
+            },
             "bind" => Policy::Bind(nodes(parts.next())?),
             "preferred" => {
                 let n: usize =
@@ -281,6 +410,7 @@ impl core::str::FromStr for Policy {
                 // Fixed storage: the allocator parses `NUMAWEAVE_POLICY` during
                 // its own start-up, where nothing may allocate.
                 let mut weights: Option<([u8; MAX_NODES], usize)> = None;
+                let mut auto = false;
                 let mut huge = None;
                 for opt in parts.by_ref() {
                     if opt.trim() == "huge" {
@@ -298,6 +428,7 @@ impl core::str::FromStr for Policy {
                             let b = crate::units::parse_bytes(v).ok_or(bad("bytes=SIZE needs e.g. 2M"))?;
                             granularity = Granularity::Bytes(b as u64);
                         }
+                        "weights" if v.trim() == "auto" => auto = true,
                         "weights" => {
                             let mut w = ([0u8; MAX_NODES], 0);
                             for x in v.split(',') {
@@ -314,14 +445,20 @@ impl core::str::FromStr for Policy {
                 }
                 let mut i = Interleave::new(set, granularity)?;
                 if let Some((w, n)) = weights {
+                    if auto {
+                        return Err(bad("weights are given or auto, not both"));
+                    }
                     i = i.with_weights(&w[..n])?;
+                }
+                if auto {
+                    i = i.with_auto_weights();
                 }
                 if let Some(h) = huge {
                     i = i.with_huge_pages(h);
                 }
                 Policy::Interleave(i)
             }
-            _ => return Err(bad("unknown policy (local, bind, preferred, interleave)")),
+            _ => return Err(bad("unknown policy (local, bind, preferred, interleave, tier)")),
         };
         if parts.next().is_some() {
             return Err(bad("trailing text after the policy"));
@@ -334,6 +471,7 @@ impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Policy::Local => f.write_str("local"),
+            Policy::LowerTier => f.write_str("tier:lower"),
             Policy::Bind(s) => write!(f, "bind:{s}"),
             Policy::Preferred(n) => write!(f, "preferred:{n}"),
             Policy::Interleave(i) => {
@@ -343,7 +481,9 @@ impl fmt::Display for Policy {
                     Granularity::Bytes(b) => write!(f, ":bytes={b}")?,
                 }
                 // No allocation: the allocator prints policies at start-up.
-                if i.nodes.iter().any(|n| i.weights[n] != 1) {
+                if i.auto {
+                    f.write_str(":weights=auto")?;
+                } else if i.nodes.iter().any(|n| i.weights[n] != 1) {
                     f.write_str(":weights=")?;
                     for (k, n) in i.nodes.iter().enumerate() {
                         write!(f, "{}{}", if k > 0 { "," } else { "" }, i.weights[n])?;
@@ -379,6 +519,8 @@ mod tests {
             "interleave:0-3:count=2:huge=hugetlb",
             "interleave:0-3:count=2:huge=off",
             "interleave:0-3:count=2:huge=hugetlb-1g",
+            "interleave:0-3:bytes=2097152:weights=auto",
+            "tier:lower",
         ] {
             assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
         }
@@ -409,7 +551,12 @@ mod tests {
             "interleave:0-1:weights=1,2,3",
             "interleave:0-1:speed=3",
             "interleave:0-1:count",
+            "interleave:0-1:weights=auto:weights=1,2",
+            "interleave:0-1:weights=autox",
             "local:extra",
+            "tier",
+            "tier:upper",
+            "tier:lower:x",
         ] {
             let e = s.parse::<Policy>().unwrap_err();
             assert!(matches!(e, Error::InvalidPolicy { .. }), "{s:?}: {e:?}");

@@ -211,6 +211,13 @@ static void test_api(void) {
     CHECK(strstr(numaweave_last_error(), "node") != NULL);
     errno = 0;
     CHECK(numaweave_alloc_on_node(100, 3, here) == NULL && errno == EINVAL);
+    /* Cold data: a lower tier where there is one, else this node. */
+    p = numaweave_alloc_cold(100000, 4096);
+    CHECK(p && aligned(p, 4096) && numaweave_node_of(p) >= 0);
+    memset(p, 5, 100000);
+    free(p);
+    errno = 0;
+    CHECK(numaweave_alloc_cold(100, 3) == NULL && errno == EINVAL);
 
     CHECK(numaweave_set_thread_policy("bogus:1") == NUMAWEAVE_INVALID_POLICY);
     CHECK(strlen(numaweave_last_error()) > 0);

@@ -21,6 +21,7 @@ mod pool;
 mod space;
 mod window;
 
+use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
 use super::heap::Heap;
@@ -30,6 +31,7 @@ use super::size_class::{PAGE_CLASS, class_size};
 use super::state::State;
 use crate::os::mem::Huge;
 use crate::policy::{Cursor, Granularity, Interleave, Pick};
+use crate::topology::Topology;
 use space::ThreadSpace;
 pub(crate) use space::{SharedSpace, lock_spaces_for_fork, unlock_spaces_after_fork};
 
@@ -58,14 +60,38 @@ fn regions_huge(i: &Interleave, state: &State) -> Huge {
 
 /// A thread's interleave; see the module docs.
 pub(crate) struct ThreadInterleaver {
-    cursor: Cursor,
+    /// In a cell: replaced when `auto` weights change (see `follow`).
+    cursor: UnsafeCell<Cursor>,
     /// The rotation of fresh heap pages for blocks under a page: the same
     /// nodes and weights, a turn of a page (`Count`) or of the policy's
     /// bytes, at least a page (`Bytes`).
-    pages: Cursor,
+    pages: UnsafeCell<Cursor>,
     space: ThreadSpace,
     window: window::Window,
     pool: pool::Pool,
+    /// `weights=auto`: the policy, and the node each cursor's weights were
+    /// derived for.
+    auto: Option<AutoWeights>,
+}
+
+/// A thread interleaver's `weights=auto` state.
+struct AutoWeights {
+    policy: Interleave,
+    topology: &'static Topology,
+    cursor_from: Cell<usize>,
+    pages_from: Cell<usize>,
+}
+
+/// The interleave a thread's cursor places by (its weights resolved for
+/// `node` where they are `auto`), and the one its page rotation does.
+fn cursors_for(i: &Interleave, topology: &Topology, node: usize) -> (Interleave, Interleave) {
+    let (i, _) = i.weights_for(topology, node);
+    let per_page = match i.granularity() {
+        Granularity::Count(_) => Granularity::Bytes(1),
+        Granularity::Bytes(b) => Granularity::Bytes(b),
+    };
+    let pages = i.with_granularity(per_page).unwrap_or(i);
+    (i, pages)
 }
 
 impl ThreadInterleaver {
@@ -75,24 +101,82 @@ impl ThreadInterleaver {
     /// # Safety
     /// `at` is valid for writes of a `ThreadInterleaver`, suitably aligned,
     /// and holds nothing that needs dropping.
-    pub(crate) unsafe fn write(at: *mut ThreadInterleaver, i: &Interleave, state: &State) {
+    pub(crate) unsafe fn write(at: *mut ThreadInterleaver, i: &Interleave, state: &'static State) {
         let huge = regions_huge(i, state);
-        let per_page = match i.granularity() {
-            Granularity::Count(_) => Granularity::Bytes(1),
-            Granularity::Bytes(b) => Granularity::Bytes(b),
-        };
-        let pages = i.with_granularity(per_page);
+        let topology = &state.topology;
+        let node = if i.has_auto_weights() { topology.current_node() } else { 0 };
+        let (placed, pages) = cursors_for(i, topology, node);
+        let auto = i.has_auto_weights().then(|| AutoWeights {
+            policy: *i,
+            topology,
+            cursor_from: Cell::new(node),
+            pages_from: Cell::new(node),
+        });
         // SAFETY: `at` is valid for writes of a `ThreadInterleaver`, aligned,
         // and holds nothing that needs dropping (the caller's word).
         unsafe {
             at.write(Self {
-                cursor: Cursor::new(i),
-                pages: Cursor::new(pages.as_ref().unwrap_or(i)),
+                cursor: UnsafeCell::new(Cursor::new(&placed)),
+                pages: UnsafeCell::new(Cursor::new(&pages)),
                 space: ThreadSpace::new(turn_align(i, huge), huge),
                 window: window::Window::new(matches!(i.granularity(), Granularity::Count(_))),
                 pool: pool::Pool::new(),
+                auto,
             });
             (*at).space.set_owner(at as usize);
+        }
+    }
+
+    /// The placing cursor.
+    #[inline(always)]
+    fn cursor(&self) -> &Cursor {
+        // SAFETY: the cursor is replaced only by `follow`, on the
+        // interleaver's own thread, when no reference to it is live (every
+        // use below is a call that returns before `follow` can run).
+        unsafe { &*self.cursor.get() }
+    }
+
+    /// The page rotation's cursor.
+    #[inline(always)]
+    fn pages(&self) -> &Cursor {
+        // SAFETY: as for `cursor`.
+        unsafe { &*self.pages.get() }
+    }
+
+    /// `weights=auto`: where the thread now runs on another node than the
+    /// one a cursor's weights were derived for, that cursor is replaced by
+    /// one with the new node's weights, numbering its turns after the old
+    /// one's (the turn in progress ends here). `placing`: the placing
+    /// cursor too, not only the page rotation.
+    ///
+    /// # Safety
+    /// Exclusive, as [`window_alloc`](Self::window_alloc); with `placing`,
+    /// the window closed and booked and no pool open.
+    #[inline(always)]
+    unsafe fn follow(&self, placing: bool) {
+        let Some(a) = &self.auto else { return };
+        let node = a.topology.current_node();
+        if a.pages_from.get() == node && (!placing || a.cursor_from.get() == node) {
+            return;
+        }
+        let (i, pages) = cursors_for(&a.policy, a.topology, node);
+        if a.pages_from.get() != node {
+            a.pages_from.set(node);
+            // SAFETY: exclusive (the caller's word): no reference to the
+            // page cursor is live; the next base is read before it goes.
+            unsafe {
+                let base = self.pages().next_turn_base_exclusive();
+                *self.pages.get() = Cursor::new_after(&pages, base);
+            }
+        }
+        if placing && a.cursor_from.get() != node {
+            a.cursor_from.set(node);
+            // SAFETY: as above; the window is booked and closed and no pool
+            // is open (the caller's word), so nothing holds part of a turn.
+            unsafe {
+                let base = self.cursor().next_turn_base_exclusive();
+                *self.cursor.get() = Cursor::new_after(&i, base);
+            }
         }
     }
 
@@ -100,7 +184,10 @@ impl ThreadInterleaver {
     /// a page.
     pub(crate) fn page_node(&self, bytes: usize) -> usize {
         // SAFETY: a thread interleaver is used by its thread only.
-        unsafe { self.pages.pick_exclusive(bytes).node }
+        unsafe {
+            self.follow(false);
+            self.pages().pick_exclusive(bytes).node
+        }
     }
 
     /// The node of a block this interleaver does not carve (larger than a
@@ -111,7 +198,8 @@ impl ThreadInterleaver {
         unsafe {
             self.reclaim(super::heap::current());
             self.close_window();
-            self.cursor.pick_exclusive(size).node
+            self.follow(true);
+            self.cursor().pick_exclusive(size).node
         }
     }
 
@@ -234,7 +322,8 @@ impl ThreadInterleaver {
         // pool open), as `close_window` and `pick_exclusive` ask.
         let (pick, left) = unsafe {
             self.close_window();
-            self.cursor.turn_exclusive()
+            self.follow(true);
+            self.cursor().turn_exclusive()
         };
         let r = self.space.region(pick.node);
         if r.is_null() {
@@ -257,7 +346,7 @@ impl ThreadInterleaver {
         if let Some((served, bytes)) = self.window.close() {
             // SAFETY: exclusive use of the interleaver (the caller's word), so
             // of its cursor.
-            unsafe { self.cursor.settle_exclusive(served, bytes) };
+            unsafe { self.cursor().settle_exclusive(served, bytes) };
         }
     }
 
@@ -272,11 +361,12 @@ impl ThreadInterleaver {
         // caller's word), as `close_window` and `pick_exclusive` ask.
         let pick = unsafe {
             self.close_window();
-            self.cursor.pick_exclusive(size)
+            self.follow(true);
+            self.cursor().pick_exclusive(size)
         };
         let p = self.space.alloc(pick.node, size, align, pick.turn);
         // SAFETY: as above.
-        let left = unsafe { self.cursor.turn_left_exclusive(pick) };
+        let left = unsafe { self.cursor().turn_left_exclusive(pick) };
         let r = self.space.region(pick.node);
         if !p.is_null() && left > 0 && !r.is_null() {
             // The space carved the turn's first block.
@@ -425,7 +515,9 @@ impl SharedInterleaver {
     /// handlers at the address it keeps).
     pub(crate) fn boxed(i: &Interleave, state: &State) -> Box<Self> {
         let huge = regions_huge(i, state);
-        let il = Box::new(Self { cursor: Cursor::new(i), space: SharedSpace::new(turn_align(i, huge), huge) });
+        // `weights=auto`: the weights of the node of the thread making it.
+        let (placed, _) = i.weights_for(&state.topology, state.topology.current_node());
+        let il = Box::new(Self { cursor: Cursor::new(&placed), space: SharedSpace::new(turn_align(i, huge), huge) });
         il.space.register();
         il
     }
