@@ -31,13 +31,15 @@ use rng::Rng;
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
-const POLICIES: [&str; 6] = [
+const POLICIES: [&str; 7] = [
     "local",
     "interleave:0-1:count=1",
     "interleave:0-1:count=8",
     "interleave:0-1:bytes=64K",
     "interleave:0-1:bytes=2M",
     "interleave:0-1:bytes=256K:weights=3,1",
+    // Rules by size: small blocks local, 64 KiB and up interleaved.
+    "<64K:local;>=64K:interleave:0-1:bytes=2M",
 ];
 
 fn thread_cpu_ns() -> u64 {

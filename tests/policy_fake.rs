@@ -377,6 +377,9 @@ fn process_default_from_the_environment() {
         let out = child("process_default_from_the_environment", Some("interleave:0-1:count=3:weights=auto"));
         assert!(out.contains("default interleave:0-1:count=3:weights=auto checked"), "{out}");
         assert!(out.contains("default interleave weights=auto (equal"), "{out}");
+        let rules = "<64K:local;>=64K:interleave:0-1:bytes=256K";
+        let out = child("process_default_from_the_environment", Some(rules));
+        assert!(out.contains(&format!("default {rules} checked")), "{out}");
         let out = child("process_default_from_the_environment", Some("tier:lower"));
         assert!(out.contains("default tier:lower checked"), "{out}");
         let out = child("process_default_from_the_environment", Some("bogus:1"));
@@ -396,6 +399,41 @@ fn process_default_from_the_environment() {
         "interleave:0-1:count=3:weights=auto" => {
             assert_runs_of(3, &nodes);
             print!("{}", A.stats());
+        }
+        "<64K:local;>=64K:interleave:0-1:bytes=256K" => {
+            // 4 KiB buffers are under the bound: local, page-aligned or not.
+            assert!(nodes.iter().all(|&n| n == 0), "{nodes:?}");
+            // Small blocks stay on the thread's node (a whole-program
+            // interleave would rotate their pages). (7,000 of them: their
+            // vector stays under 64 KiB, so the interleave's cursor is
+            // untouched until the model below starts.)
+            let small: Vec<Box<[u8; 256]>> = (0..7_000).map(|_| Box::new([1; 256])).collect();
+            assert!(small.iter().all(|b| node_of(&**b) == 0), "256-byte blocks off node 0");
+            // 64 KiB blocks and up, aligned or not (a 65,000-byte request is
+            // a 64 KiB block), follow the cursor block by block, exactly
+            // (mixed sizes in one 256 KiB turn: not a page rotation per
+            // size class); 1 MiB blocks a turn each.
+            let i = Interleave::new("0-1".parse().unwrap(), Granularity::Bytes(256 << 10)).unwrap();
+            let model = numaweave::policy::Cursor::new(&i);
+            for align in [8, 4096] {
+                let mut bs = Vec::with_capacity(48);
+                for k in 0..48 {
+                    let l = Layout::from_size_align([65_000, 100_000, 70_000][k % 3], align).unwrap();
+                    // SAFETY: a valid layout; freed below.
+                    let p = unsafe { A.alloc(l) };
+                    // SAFETY: a live block of `A`.
+                    let want = model.next(unsafe { A.usable_size(p) });
+                    assert_eq!(node_of(p), want, "block {k} ({} B, align {align})", l.size());
+                    bs.push((p, l));
+                }
+                for (p, l) in bs {
+                    // SAFETY: allocated above with `l`.
+                    unsafe { A.dealloc(p, l) };
+                }
+            }
+            let big: Vec<Vec<u8>> = (0..6).map(|_| vec![3u8; 1 << 20]).collect();
+            let on: Vec<usize> = big.iter().map(|v| node_of(v.as_ptr())).collect();
+            assert!(on.windows(2).all(|w| w[0] != w[1]), "1 MiB blocks alternate: {on:?}");
         }
         "tier:lower" => {
             // No lower tier on fake:2: the thread's own node, each fresh

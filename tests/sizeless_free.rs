@@ -3,8 +3,9 @@
 //! checked before it is freed, realloc, blocks handed to other threads) frees
 //! each block with the size it asked for, with its usable size, or with a
 //! size in between, as C's `free(p)` (which knows no size) has to. Run under
-//! `local` and five interleaves on `fake:2` in per-node mode, each in a child
-//! process (the allocator reads `NUMAWEAVE_POLICY` once).
+//! `local`, five interleaves and three lists of rules by size on `fake:2` in
+//! per-node mode, each in a child process (the allocator reads
+//! `NUMAWEAVE_POLICY` once).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::mpsc;
@@ -14,13 +15,18 @@ use numaweave::NumaAlloc;
 #[global_allocator]
 static A: NumaAlloc = NumaAlloc::new();
 
-const POLICIES: [&str; 6] = [
+const POLICIES: [&str; 9] = [
     "local",
     "interleave:0-1:count=1",
     "interleave:0-1:count=8",
     "interleave:0-1:bytes=64K",
     "interleave:0-1:bytes=2M",
     "interleave:0-1:bytes=256K:weights=3,1",
+    // Rules by size: small local, big interleaved (by class, above and
+    // below a page), and a three-tier list with tier:lower.
+    "<64K:local;>=64K:interleave:0-1:bytes=256K",
+    "<1K:bind:1;>=1K:interleave:0-1:count=4:weights=auto",
+    "<4K:local;<512K:tier:lower;>=512K:interleave:0-1:bytes=1M",
 ];
 
 mod support;

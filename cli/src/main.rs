@@ -23,7 +23,7 @@ use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use numaweave::Topology;
-use numaweave::policy::Policy;
+use numaweave::policy::{Policy, SizeRules};
 
 fn cli() -> Command {
     Command::new("numaweave")
@@ -34,7 +34,9 @@ fn cli() -> Command {
             Command::new("run")
                 .about("Runs PROGRAM with libnumaweave preloaded (LD_PRELOAD) and the given configuration")
                 .arg(Arg::new("policy").long("policy").value_name("POLICY").help(
-                    "Memory policy: local, bind:NODES, preferred:NODE, interleave:NODES[:count=N|:bytes=SIZE][:weights=W,...], none",
+                    "Memory policy: local, bind:NODES, preferred:NODE, tier:lower, \
+                     interleave:NODES[:count=N|:bytes=SIZE][:weights=W,...|:weights=auto], none; \
+                     or rules by size: <64K:local;>=64K:interleave:0-3:bytes=2M",
                 ))
                 .arg(
                     Arg::new("mode")
@@ -145,12 +147,14 @@ fn run(m: &ArgMatches) -> ExitCode {
     if let Some(p) = m.get_one::<String>("policy") {
         let p = p.trim();
         if p != "none" {
-            let policy = match p.parse::<Policy>() {
-                Ok(policy) => policy,
-                Err(e) => return fail(format_args!("--policy {p}: {e}")),
+            // One policy, or rules by size (as NUMAWEAVE_POLICY tells them).
+            let checked = if p.contains(';') || p.starts_with(['<', '>']) {
+                p.parse::<SizeRules>().and_then(|r| r.validate(Topology::global()))
+            } else {
+                // The topology the program will see (NUMAWEAVE_TOPOLOGY passes on).
+                p.parse::<Policy>().and_then(|policy| policy.validate(Topology::global()))
             };
-            // The topology the program will see (NUMAWEAVE_TOPOLOGY passes on).
-            if let Err(e) = policy.validate(Topology::global()) {
+            if let Err(e) = checked {
                 return fail(format_args!("--policy {p}: {e}"));
             }
         }

@@ -381,7 +381,7 @@ impl NumaAlloc {
         // page and more, and blocks beyond the size classes) come from its
         // regions turn by turn: through the pool it lends the heap when a
         // page alignment is enough, else directly. See `placement.rs`.
-        let p = match (class, placement::interleaver(state)) {
+        let p = match (class, placement::interleaver(state, class.map_or(size, class_size))) {
             (Some(c), Some(il)) if align >= region::UNIT => {
                 let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
                 if align > region::UNIT {

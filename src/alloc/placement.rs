@@ -51,6 +51,9 @@ pub(crate) enum Active {
     Preferred(usize),
     Interleave(*const ThreadInterleaver),
     LowerTier,
+    /// The process default by size (`State::rules`), with the thread's
+    /// interleaver for its interleave rule (null if it has none).
+    Rules(*const ThreadInterleaver),
 }
 
 /// A thread's policy state; plain cells, read on slow paths only.
@@ -62,6 +65,8 @@ pub(crate) struct ThreadPolicy {
     /// The interleaver in force (null: not an interleave): the refill's
     /// first check, so that an interleaved allocation skips the lookup.
     il: Cell<*const ThreadInterleaver>,
+    /// Whether rules by size are in force: the refill's first check.
+    rules: Cell<bool>,
     /// Whether `Local` is in force: the refill's second check, so that
     /// `Local` costs no policy lookup while the heap is not mixed.
     local: Cell<bool>,
@@ -86,6 +91,7 @@ thread_local! {
             scoped: Cell::new(None),
             resolved: Cell::new(false),
             il: Cell::new(ptr::null()),
+            rules: Cell::new(false),
             local: Cell::new(false),
             last_node: Cell::new(0),
             mixed: Cell::new(false),
@@ -115,6 +121,10 @@ impl ThreadPolicy {
         if let Some(a) = self.scoped.get() {
             return a;
         }
+        if let Some(r) = &state.rules {
+            let il = r.interleave().and_then(|i| self.default_interleaver(state, i)).unwrap_or(ptr::null());
+            return Active::Rules(il);
+        }
         match &state.default_policy {
             Policy::Interleave(i) => to_active(&state.default_policy, self.default_interleaver(state, i)),
             p => to_active(p, None),
@@ -124,9 +134,10 @@ impl ThreadPolicy {
     /// Caches what the refill checks first about `active`.
     fn set_active(&self, active: Active) {
         self.il.set(match active {
-            Active::Interleave(il) => il,
+            Active::Interleave(il) | Active::Rules(il) => il,
             _ => ptr::null(),
         });
+        self.rules.set(matches!(active, Active::Rules(_)));
         self.local.set(matches!(active, Active::Local));
         self.resolved.set(true);
     }
@@ -268,9 +279,11 @@ pub(crate) fn thread_interleaver() -> *const ThreadInterleaver {
     THREAD.with(|t| t.il.get())
 }
 
-/// The calling thread's interleaver in force (the policy looked up if need
-/// be), for an allocation that does not go through a heap refill.
-pub(crate) fn interleaver(state: &'static State) -> Option<&'static ThreadInterleaver> {
+/// The calling thread's interleaver in force for a block of `size` bytes
+/// (its size class's, for blocks the classes serve): the policy looked up
+/// if need be; under rules by size, only where the size's rule is the
+/// interleave. For an allocation that does not go through a heap refill.
+pub(crate) fn interleaver(state: &'static State, size: usize) -> Option<&'static ThreadInterleaver> {
     if !state.policies {
         return None;
     }
@@ -278,10 +291,23 @@ pub(crate) fn interleaver(state: &'static State) -> Option<&'static ThreadInterl
         if !t.resolved.get() {
             t.set_active(t.active(state));
         }
+        if t.rules.get() && !state.rules.is_some_and(|r| matches!(r.policy_for(size), Policy::Interleave(_))) {
+            return None;
+        }
         // SAFETY: the interleaver outlives the policy that installed it, and
         // this thread's use of it.
         unsafe { t.il.get().as_ref() }
     })
+}
+
+/// The policy in force under rules by size for a block of `size` bytes:
+/// its rule's (the interleave rule with the thread's interleaver `il`).
+fn rule_active(state: &State, size: usize, il: *const ThreadInterleaver) -> Active {
+    match state.rules.map(|r| r.policy_for(size)) {
+        Some(p @ Policy::Interleave(_)) => to_active(&p, (!il.is_null()).then_some(il)),
+        Some(p) => to_active(&p, None),
+        None => Active::Local,
+    }
 }
 
 /// The node a block that no heap page serves (a huge mapping) goes to.
@@ -289,7 +315,11 @@ pub(crate) fn large_node(state: &'static State, size: usize) -> usize {
     if !state.policies {
         return state.current_arena().node;
     }
-    match THREAD.with(|t| t.active(state)) {
+    let active = match THREAD.with(|t| t.active(state)) {
+        Active::Rules(il) => rule_active(state, size, il),
+        a => a,
+    };
+    match active {
         // SAFETY: the interleaver outlives the policy that installed it.
         Active::Interleave(il) => unsafe { (*il).pick_node(size) },
         a => a.node(state),
@@ -368,6 +398,10 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     if !t.resolved.get() {
         t.set_active(t.active(state));
     }
+    if t.rules.get() {
+        // SAFETY: the caller's heap.
+        return unsafe { refill_by_size(heap, class, state, t) };
+    }
     let il = t.il.get();
     // SAFETY: the caller's heap; the interleaver outlives the policy
     // that installed it.
@@ -387,6 +421,30 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
             return Heap::refill(heap, class, state, &mut AnyPage { t: None, state });
         }
         Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
+    }
+}
+
+/// [`refill`] under rules by size: the rule of the class's block size
+/// decides. Under the interleave rule, classes of a page and more follow
+/// the cursor block by block (the interleaver lends the heap the rest of
+/// the turn), smaller ones page by page.
+///
+/// # Safety
+/// `heap` is the calling thread's heap, `t` its policy state.
+#[cold]
+#[inline(never)]
+unsafe fn refill_by_size(heap: *mut Heap, class: usize, state: &'static State, t: &ThreadPolicy) -> *mut u8 {
+    // SAFETY: the caller's heap; the interleaver outlives the policy that
+    // installed it.
+    unsafe {
+        match rule_active(state, super::size_class::class_size(class), t.il.get()) {
+            Active::Interleave(il) if class >= super::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
+            Active::Interleave(il) => Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class }),
+            Active::Local if state.mode != Mode::PerNode => {
+                Heap::refill(heap, class, state, &mut AnyPage { t: None, state })
+            }
+            active => Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None }),
+        }
     }
 }
 
@@ -484,7 +542,9 @@ impl Active {
     #[inline]
     fn accepts(&self, state: &State, node: usize, here: usize) -> bool {
         match *self {
-            Active::Interleave(_) => true,
+            // (Rules are resolved to their size's policy before a page is
+            // chosen: `refill_by_size`.)
+            Active::Interleave(_) | Active::Rules(_) => true,
             // Pages of another node wait in the heap's lists for a thread that
             // migrates back (or a policy that wants them), unless this node
             // is out of memory: then its fallback pages serve.
@@ -510,7 +570,7 @@ impl Active {
     fn node(&self, state: &State) -> usize {
         let here = state.topology.current_node();
         match *self {
-            Active::Local | Active::Interleave(_) => here,
+            Active::Local | Active::Interleave(_) | Active::Rules(_) => here,
             Active::Preferred(n) => n,
             Active::LowerTier => cold_node(state, here),
             Active::Bind(s) => state.topology.nodes_by_distance(here).find(|&n| s.contains(n)).unwrap_or(here),

@@ -11,7 +11,7 @@ use super::arena::Arena;
 use super::heap::Heap;
 use crate::os::mem::Huge;
 use crate::os::{file, mem, thread};
-use crate::policy::Policy;
+use crate::policy::{Policy, SizeRules};
 use crate::sync::{AtomicBool, InitCell, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
@@ -55,6 +55,8 @@ pub struct Config {
     pub(crate) purge_threshold: usize,
     pub(crate) purge_delay_ms: u64,
     pub(crate) policy: Policy,
+    /// Rules by size (none: `policy` for every size).
+    pub(crate) rules: SizeRules,
     pub(crate) policies: bool,
     pub(crate) verbose: bool,
     pub(crate) show_stats: bool,
@@ -70,6 +72,7 @@ impl Config {
             purge_threshold: 8 << 20,
             purge_delay_ms: 100,
             policy: Policy::Local,
+            rules: SizeRules::new(),
             policies: true,
             verbose: false,
             show_stats: false,
@@ -99,6 +102,15 @@ impl Config {
     /// ([`NumaAlloc::interleave`](crate::NumaAlloc::interleave)).
     pub const fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self.rules = SizeRules::new();
+        self
+    }
+
+    /// A process default by size ([`SizeRules`]: small blocks local, big
+    /// ones interleaved, say), instead of one policy for every size.
+    /// Checked at start-up like [`policy`](Self::policy).
+    pub const fn policy_rules(mut self, rules: SizeRules) -> Self {
+        self.rules = rules;
         self
     }
 
@@ -202,11 +214,17 @@ impl Config {
             }
         }
         if let Some(v) = file::env(c"NUMAWEAVE_POLICY") {
-            match v.trim().parse::<Policy>() {
+            let by_size = v.contains(';') || v.trim_start().starts_with(['<', '>']);
+            let parsed = match by_size {
+                true => v.trim().parse::<SizeRules>().map(|r| (Policy::Local, r)),
+                false => v.trim().parse::<Policy>().map(|p| (p, SizeRules::new())),
+            };
+            match parsed {
                 _ if v.trim() == "none" => self.policies = false,
-                Ok(p) => self.policy = p,
+                Ok((p, r)) => (self.policy, self.rules) = (p, r),
                 Err(e) => file::report(format_args!(
-                    "numaweave: ignoring NUMAWEAVE_POLICY={v:?}: {e} (want e.g. local, bind:1, preferred:0, interleave:0-3:bytes=2M)"
+                    "numaweave: ignoring NUMAWEAVE_POLICY={v:?}: {e} (want e.g. local, bind:1, preferred:0, \
+                     interleave:0-3:bytes=2M, <64K:local;>=64K:interleave:0-3:bytes=2M)"
                 )),
             }
         }
@@ -260,6 +278,9 @@ pub(crate) struct State {
     /// The process default policy (validated). An interleave gives each
     /// thread its own cursor and regions (see `policy::thread_interleaver`).
     pub(crate) default_policy: Policy,
+    /// The process default by size, when given (validated): then
+    /// `default_policy` is unused.
+    pub(crate) rules: Option<SizeRules>,
     /// `false`: policies switched off, the slow path never looks them up.
     pub(crate) policies: bool,
     /// Whether the first thread's start-up work (`settle`) was done.
@@ -358,6 +379,7 @@ impl State {
             Policy::Local => Policy::Local,
             p => checked_default_policy(p, topology),
         };
+        let rules = checked_rules(&config.rules, topology);
         // Without it exited threads' heaps wait for adoption only when a
         // thread of the same node exits cleanly; nothing breaks.
         let exit_key = match thread::ExitKey::new(super::heap::thread_exit) {
@@ -380,6 +402,7 @@ impl State {
             (&raw mut (*s).meta).write(SpinLock::new(MetaChunk { next: ptr::null_mut(), end: ptr::null_mut() }));
             (&raw mut (*s).exit_key).write(ExitHook(exit_key));
             (&raw mut (*s).default_policy).write(default_policy);
+            (&raw mut (*s).rules).write(rules);
             (&raw mut (*s).policies).write(config.policies);
             (&raw mut (*s).settled).write(AtomicBool::new(false));
         }
@@ -397,6 +420,7 @@ impl State {
                 meta: _,
                 exit_key: _,
                 default_policy: _,
+                rules: _,
                 policies: _,
                 settled: _,
             } = s;
@@ -410,6 +434,16 @@ impl State {
     pub(crate) fn settle(&'static self) {
         if self.config.verbose && !self.settled.swap(true, Ordering::Relaxed) {
             self.settle_slow();
+        }
+    }
+
+    /// The process default's interleave: the default policy's, or the
+    /// interleave rule's.
+    pub(crate) fn default_interleave(&self) -> Option<&crate::policy::Interleave> {
+        match (&self.rules, &self.default_policy) {
+            (Some(r), _) => r.interleave(),
+            (None, Policy::Interleave(i)) => Some(i),
+            _ => None,
         }
     }
 
@@ -427,11 +461,11 @@ impl State {
             c.purge_threshold,
             c.purge_delay_ms,
             c.huge,
-            self.default_policy,
+            DefaultShown(self),
             if self.policies { "" } else { " (policies off)" },
             self.topology
         ));
-        if let crate::policy::Policy::Interleave(i) = &self.default_policy
+        if let Some(i) = self.default_interleave()
             && let Some(w) = i.auto_weights_by_node(&self.topology)
         {
             file::write_stderr(format_args!("numaweave: {w}\n"));
@@ -542,6 +576,21 @@ fn fork_release() {
     }
 }
 
+/// The rules if there are any and `topology` can serve them; none
+/// (reported) otherwise.
+#[cold]
+#[inline(never)]
+fn checked_rules(rules: &SizeRules, topology: &Topology) -> Option<SizeRules> {
+    rules.iter().next()?;
+    match rules.validate(topology) {
+        Ok(()) => Some(*rules),
+        Err(e) => {
+            file::report(format_args!("numaweave: default policy {rules}: {e}; using local"));
+            None
+        }
+    }
+}
+
 /// `policy` if `topology` can serve it, else local (reported). Out of line
 /// and not in the hot text: only a configured policy comes here.
 #[cold]
@@ -572,4 +621,16 @@ fn allocator_topology() -> Topology {
 fn sysfs_topology() -> Topology {
     file::report(format_args!("numaweave: the allocator reads the topology from sysfs (hwloc allocates)"));
     Topology::detect().unwrap_or_else(|_| Topology::single_node())
+}
+
+/// The process default as the verbose line shows it: the rules, or the policy.
+struct DefaultShown<'a>(&'a State);
+
+impl core::fmt::Display for DefaultShown<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match &self.0.rules {
+            Some(r) => write!(f, "{r}"),
+            None => write!(f, "{}", self.0.default_policy),
+        }
+    }
 }

@@ -142,10 +142,7 @@ impl Stats {
             orphan_heaps,
             synthetic: state.topology.is_synthetic(),
             thp_bytes,
-            auto_weights: match &state.default_policy {
-                crate::policy::Policy::Interleave(i) => i.auto_weights_by_node(&state.topology),
-                _ => None,
-            },
+            auto_weights: state.default_interleave().and_then(|i| i.auto_weights_by_node(&state.topology)),
         }
     }
 

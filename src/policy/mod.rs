@@ -59,11 +59,13 @@
 //! ```
 
 mod cursor;
+mod rules;
 
 use core::fmt;
 use core::fmt::Write as _;
 
 pub use cursor::{Cursor, MAX_ROUND, Pick};
+pub use rules::{MAX_RULES, SizeRules};
 
 use crate::error::{Error, Result};
 use crate::os::mem::Huge;
