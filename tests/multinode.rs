@@ -94,6 +94,10 @@ fn main() {
         cpuset_child(&args[i + 1], &args[i + 2]);
         return;
     }
+    if args.iter().any(|a| a == "--size-rules-child") {
+        size_rules_child();
+        return;
+    }
     if args.iter().any(|a| a == "--perf-unprivileged-child") {
         perf_unprivileged_child();
         return;
@@ -149,6 +153,10 @@ fn main() {
         (
             "hmat_tier_lower_lands_on_the_sockets_memory_only_node",
             hmat_tier_lower_lands_on_the_sockets_memory_only_node,
+        ),
+        (
+            "hmat_size_rules_keep_small_blocks_local_and_weight_big_ones",
+            hmat_size_rules_keep_small_blocks_local_and_weight_big_ones,
         ),
         #[cfg(feature = "io-uring")]
         (
@@ -1468,5 +1476,69 @@ fn perf_unprivileged_child() {
         "perf child (user nobody): {}; socket 0 weights {:?}",
         t.perf_source(),
         t.interleave_weights(0, all).of(all)
+    );
+}
+
+/// The rules of `hmat_size_rules_keep_small_blocks_local_and_weight_big_ones`.
+const SIZE_RULES: &str = "<64K:local;>=64K:interleave:0-3:bytes=1M:weights=auto";
+
+/// A whole program under rules by size (`NUMAWEAVE_POLICY`, read when the
+/// allocator starts: in a child): small blocks on the thread's node, blocks
+/// of 64 KiB and more over every node by the socket's weights.
+fn hmat_size_rules_keep_small_blocks_local_and_weight_big_ones(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    let Some(l) = layout else { return Outcome::Skip("needs NUMAWEAVE_VM_LAYOUT (numa-vm guest)") };
+    if t.perf_source() != PerfSource::Hmat || l.cpu_nodes != 2 || l.memory_only != 2 {
+        return Outcome::Skip("needs --hmat, 2 sockets and 2 memory-only nodes");
+    }
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let out = Command::new(exe).arg("--size-rules-child").env("NUMAWEAVE_POLICY", SIZE_RULES).output().unwrap();
+    print!("\n{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "size-rules child failed: {}", out.status);
+    Outcome::Pass
+}
+
+/// The child: `A` starts here, under `SIZE_RULES`.
+fn size_rules_child() {
+    let t = Topology::detect().unwrap();
+    os::cpu::pin_current_thread(first_cpu(&t, 0)).unwrap();
+    // Small blocks, aligned or not: node 0 only.
+    let mut small = Vec::with_capacity(512);
+    for k in 0..512usize {
+        let l = Layout::from_size_align(16 + (k * 97) % 60_000, if k % 2 == 0 { 8 } else { 4096 }).unwrap();
+        // SAFETY: a valid layout; freed below.
+        small.push((unsafe { A.alloc(l) }, l));
+    }
+    for &(p, l) in &small {
+        let on = touch_and_locate(p, l.size());
+        assert!(on.iter().all(|&g| g == Some(0)), "a {}-byte block on {on:?} under {SIZE_RULES}", l.size());
+    }
+    // 64 KiB blocks (65,000-byte requests): two rounds of socket 0's
+    // weights (8,4,2,1 turns of 1 MiB), bytes per node exact.
+    let turns = 15;
+    let l = Layout::from_size_align(65_000, 8).unwrap();
+    let mut per = [0usize; 4];
+    let mut big = Vec::with_capacity(2 * turns * 16);
+    for _ in 0..2 * turns * 16 {
+        // SAFETY: a valid layout; freed below.
+        let p = unsafe { A.alloc(l) };
+        let on = touch_and_locate(p, 65_536);
+        let n = on[0].unwrap();
+        assert!(on.iter().all(|&g| g == Some(n)), "a 64 KiB block split: {on:?}");
+        per[n] += 65_536;
+        big.push(p);
+    }
+    assert_eq!(per, [16 << 20, 8 << 20, 4 << 20, 2 << 20], "64 KiB blocks per node under {SIZE_RULES}");
+    for p in big {
+        // SAFETY: allocated above with `l`.
+        unsafe { A.dealloc(p, l) };
+    }
+    for (p, l) in small {
+        // SAFETY: allocated above with `l`.
+        unsafe { A.dealloc(p, l) };
+    }
+    println!(
+        "  size-rules child: {SIZE_RULES}: 512 small blocks on node 0; 64 KiB blocks MiB per node {:?}",
+        per.map(|b| b >> 20)
     );
 }
