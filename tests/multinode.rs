@@ -94,6 +94,12 @@ fn main() {
         cpuset_child(&args[i + 1], &args[i + 2]);
         return;
     }
+    if args.iter().any(|a| a == "--kernel-weights-child") {
+        let t = Topology::detect().unwrap();
+        let w: Vec<Option<u8>> = t.memory_nodes().iter().map(|n| t.kernel_interleave_weight(n)).collect();
+        println!("kernel weights read: {w:?}");
+        return;
+    }
     if args.iter().any(|a| a == "--size-rules-child") {
         size_rules_child();
         return;
@@ -158,6 +164,7 @@ fn main() {
             "hmat_size_rules_keep_small_blocks_local_and_weight_big_ones",
             hmat_size_rules_keep_small_blocks_local_and_weight_big_ones,
         ),
+        ("hmat_kernel_weighted_interleave_places_as_ours", hmat_kernel_weighted_interleave_places_as_ours),
         #[cfg(feature = "io-uring")]
         (
             "uring_rings_per_node_read_and_write_fixed_on_their_node",
@@ -1541,4 +1548,86 @@ fn size_rules_child() {
         "  size-rules child: {SIZE_RULES}: 512 small blocks on node 0; 64 KiB blocks MiB per node {:?}",
         per.map(|b| b >> 20)
     );
+}
+
+/// `MPOL_WEIGHTED_INTERLEAVE` (Linux 6.9).
+const MPOL_WEIGHTED_INTERLEAVE: i32 = 6;
+
+/// Against the kernel's own weighted interleave (a 6.9+ guest kernel, with
+/// `--hmat`): its memory tiers as read; socket 0's derived weights written
+/// into `weighted_interleave/nodeN` are what the topology reads back; and
+/// 120 pages under `MPOL_WEIGHTED_INTERLEAVE` land on each node in the
+/// same share as 120 page buffers under our `weights=auto` from socket 0.
+fn hmat_kernel_weighted_interleave_places_as_ours(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    let Some(l) = layout else { return Outcome::Skip("needs NUMAWEAVE_VM_LAYOUT (numa-vm guest)") };
+    const SYSFS: &str = "/sys/kernel/mm/mempolicy/weighted_interleave";
+    if t.perf_source() != PerfSource::Hmat || l.cpu_nodes != 2 || l.memory_only != 2 {
+        return Outcome::Skip("needs --hmat, 2 sockets and 2 memory-only nodes");
+    }
+    if !std::path::Path::new(SYSFS).exists() {
+        return Outcome::Skip("no weighted interleave in this kernel (6.9+; NUMA_VM_KERNEL)");
+    }
+    // The kernel's tiers (6.12 puts the HMAT's slower nodes in a tier of
+    // their own): the lower tier is the memory-only nodes.
+    assert_eq!(t.memory_tier(0), Some(1));
+    assert!(t.memory_tier(2).unwrap() > 1, "node 2 in tier {:?}", t.memory_tier(2));
+    assert_eq!(t.lower_tier_nodes(), t.memory_only_nodes());
+    let all = t.memory_nodes();
+    let ours = t.interleave_weights(0, all);
+    assert_eq!(ours.of(all), [8, 4, 2, 1]);
+    let write_weights = |w: &[u8]| {
+        for (n, x) in all.iter().zip(w) {
+            write_file(&format!("{SYSFS}/node{n}"), &x.to_string());
+        }
+    };
+    write_weights(&ours.of(all));
+    // A new process reads the kernel's weights as written.
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let out = Command::new(&exe).arg("--kernel-weights-child").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kernel weights read: [Some(8), Some(4), Some(2), Some(1)]"), "{text}");
+    // The kernel's placement: 120 pages (eight rounds of 15).
+    let pages = 120;
+    let r = Mapping::map(pages * os::page_size()).unwrap();
+    r.set_hugepages(false).unwrap();
+    let mask: u64 = all.iter().map(|n| 1u64 << t.physical_node(n)).sum();
+    // SAFETY: mbind on our own mapping with a one-word node mask.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_mbind, r.as_ptr(), r.len(), MPOL_WEIGHTED_INTERLEAVE, &mask as *const u64, 65, 0)
+    };
+    assert_eq!(rc, 0, "mbind(MPOL_WEIGHTED_INTERLEAVE): {}", std::io::Error::last_os_error());
+    touch(&r);
+    let mut kernel = [0usize; 4];
+    for n in nodes_of(&r) {
+        kernel[n.expect("page not present")] += 1;
+    }
+    // Ours: 120 page buffers from socket 0 under weights=auto, a page a turn.
+    let policy: Policy = format!("interleave:{all}:count=1:weights=auto").parse().unwrap();
+    let topo = t.clone();
+    let numaweave = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(first_cpu(&topo, 0)).unwrap();
+        let l = Layout::from_size_align(4096, 4096).unwrap();
+        let mut held = Vec::with_capacity(pages);
+        {
+            let _g = numaweave::with_policy(policy).unwrap();
+            for _ in 0..pages {
+                // SAFETY: a valid layout; freed below.
+                held.push(unsafe { A.alloc(l) });
+            }
+        }
+        let mut per = [0usize; 4];
+        for &p in &held {
+            per[touch_and_locate(p, 4096)[0].expect("page not present")] += 1;
+            // SAFETY: allocated above with `l`.
+            unsafe { A.dealloc(p, l) };
+        }
+        per
+    })
+    .join()
+    .unwrap();
+    write_weights(&[1, 1, 1, 1]);
+    println!("\n  weights 8,4,2,1: pages per node, the kernel's {kernel:?}, numaweave's {numaweave:?}");
+    assert_eq!(kernel, [64, 32, 16, 8]);
+    assert_eq!(numaweave, kernel);
+    Outcome::Pass
 }
