@@ -111,3 +111,59 @@ fn planted_relaxed_publication_is_caught() {
         writer.join().unwrap();
     });
 }
+
+/// `fork()`'s hold: at the moment a child would be made (between
+/// `hold_for_fork` and `release_after_fork`) no initialiser is running,
+/// whatever the interleaving; the cell is then either empty and held or
+/// filled; after the release the racing initialiser runs once.
+#[test]
+fn a_fork_hold_never_sees_an_initialisation_in_progress() {
+    use loom::sync::atomic::AtomicBool;
+    loom::model(|| {
+        let cell = Arc::new(InitCell::<usize>::new());
+        let in_init = Arc::new(AtomicBool::new(false));
+        let init = {
+            let (cell, in_init) = (cell.clone(), in_init.clone());
+            thread::spawn(move || {
+                *cell.get_or_init(|| {
+                    in_init.store(true, Ordering::SeqCst);
+                    in_init.store(false, Ordering::SeqCst);
+                    9
+                })
+            })
+        };
+        let took = cell.hold_for_fork();
+        // The fork would be here.
+        assert!(!in_init.load(Ordering::SeqCst), "a child would inherit an initialisation in progress");
+        assert_eq!(took, cell.get().is_none());
+        cell.release_after_fork();
+        assert_eq!(init.join().unwrap(), 9);
+        assert_eq!(cell.get(), Some(&9));
+    });
+}
+
+/// Negative control: a hold that only looks whether the value is there
+/// (planted bug: no claim of the cell, no wait) lets the fork happen in the
+/// middle of an initialisation; loom must find that interleaving.
+#[test]
+#[should_panic(expected = "initialisation in progress")]
+fn planted_peeking_fork_hold_is_caught() {
+    use loom::sync::atomic::AtomicBool;
+    loom::model(|| {
+        let cell = Arc::new(InitCell::<usize>::new());
+        let in_init = Arc::new(AtomicBool::new(false));
+        let init = {
+            let (cell, in_init) = (cell.clone(), in_init.clone());
+            thread::spawn(move || {
+                *cell.get_or_init(|| {
+                    in_init.store(true, Ordering::SeqCst);
+                    in_init.store(false, Ordering::SeqCst);
+                    9
+                })
+            })
+        };
+        let _peek = cell.get().is_some(); // planted bug: should be hold_for_fork()
+        assert!(!in_init.load(Ordering::SeqCst), "a child would inherit an initialisation in progress");
+        init.join().unwrap();
+    });
+}

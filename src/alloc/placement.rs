@@ -201,9 +201,11 @@ pub(crate) fn register_fork_handlers() {
 fn fork_prepare() {
     interleave::lock_spaces_for_fork();
     SPARE.lock_raw();
+    LOWER_TIER.hold_for_fork();
 }
 
 fn fork_release() {
+    LOWER_TIER.release_after_fork();
     // SAFETY: both taken by `fork_prepare` on this thread (or, in the
     // child, the thread it was copied from).
     unsafe {
@@ -586,11 +588,18 @@ impl Active {
     }
 }
 
+/// [`lower_tier_map`]'s table.
+static LOWER_TIER: InitCell<[u8; MAX_NODES]> = InitCell::new();
+
 /// The lower-tier node nearest each node (by logical id; `u8::MAX`: none
 /// with an arena), worked out once from the allocator's topology.
 fn lower_tier_map(state: &State) -> &'static [u8; MAX_NODES] {
-    static MAP: InitCell<[u8; MAX_NODES]> = InitCell::new();
-    MAP.get_or_init(|| {
+    if let Some(m) = LOWER_TIER.get() {
+        return m;
+    }
+    // Held across fork() from now on, so that no child inherits it half made.
+    register_fork_handlers();
+    LOWER_TIER.get_or_init(|| {
         let t = &state.topology;
         let lower = t.lower_tier_nodes();
         let mut map = [u8::MAX; MAX_NODES];

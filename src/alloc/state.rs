@@ -563,12 +563,16 @@ fn fork_prepare() {
     if let Some(s) = State::try_get() {
         fork_locks(s).for_each(|l| l.take());
     }
+    // Last: the memory-performance tables, read lazily by policies (no
+    // lock is taken while they are read).
+    crate::topology::perf_hold_for_fork();
 }
 
 /// After fork, in the parent and in the child: release what `fork_prepare`
 /// took (in the child the memory is a copy, the locks held by the copy of the
 /// forking thread).
 fn fork_release() {
+    crate::topology::perf_release_after_fork();
     if let Some(s) = State::try_get() {
         // SAFETY: `fork_prepare` took every one of them on this (or, in the
         // child, the copied) thread.

@@ -167,6 +167,50 @@ impl<T> InitCell<T> {
         }
     }
 
+    /// Before `fork()`: holds the cell across it, so that no child inherits
+    /// an initialisation in progress (its thread would not exist there and
+    /// the child's first caller would wait forever). Waits for one in
+    /// progress to finish; takes an empty cell as an initialiser would, so
+    /// none starts until [`release_after_fork`](Self::release_after_fork).
+    /// True if it took the cell; false if the value is there.
+    ///
+    /// ```
+    /// use numaweave::sync::InitCell;
+    /// static CELL: InitCell<u32> = InitCell::new();
+    /// assert!(CELL.hold_for_fork());
+    /// assert_eq!(CELL.get(), None);
+    /// CELL.release_after_fork();
+    /// assert_eq!(*CELL.get_or_init(|| 7), 7);
+    /// assert!(!CELL.hold_for_fork()); // initialised: nothing to hold
+    /// CELL.release_after_fork();
+    /// assert_eq!(CELL.get(), Some(&7));
+    /// ```
+    pub fn hold_for_fork(&self) -> bool {
+        let mut spins = 0u32;
+        loop {
+            match self.state.compare_exchange(UNINIT, RUNNING, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(READY) => return false,
+                Err(_) => {
+                    #[allow(clippy::absurd_extreme_comparisons)] // SPINS is 0 under loom
+                    if spins < SPINS {
+                        spins += 1;
+                        spin_loop();
+                    } else {
+                        yield_now();
+                    }
+                }
+            }
+        }
+    }
+
+    /// After `fork()`, in the parent and in the child: gives back a cell
+    /// [`hold_for_fork`](Self::hold_for_fork) took (while it is held no one
+    /// else can have moved it from `RUNNING`); a ready cell stays ready.
+    pub fn release_after_fork(&self) {
+        let _ = self.state.compare_exchange(RUNNING, UNINIT, Ordering::Release, Ordering::Relaxed);
+    }
+
     /// # Safety
     /// The state must have been observed as READY with Acquire ordering (or
     /// the caller wrote the value itself).

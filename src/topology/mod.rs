@@ -34,6 +34,8 @@ mod sysfs;
 
 pub use crate::sets::{CpuSet, IdSet, Iter, MAX_CPUS, MAX_NODES, NodeSet};
 pub use perf::{AutoWeights, PerfSource, WeightSource, reduce_weights};
+#[cfg(not(loom))]
+pub(crate) use perf::{hold_for_fork as perf_hold_for_fork, release_after_fork as perf_release_after_fork};
 pub use synthetic::{MEMORY_ONLY_DISTANCE, SyntheticBuilder};
 pub use sysfs::node_of_frame;
 

@@ -699,24 +699,25 @@ impl Topology {
     }
 }
 
+/// The machine's tables (see [`machine_perf`]).
+#[cfg(not(loom))]
+static MACHINE: crate::sync::InitCell<MemoryPerformance> = crate::sync::InitCell::new();
+
 /// The machine's tables, read once, in place (24 KiB: not built on the
 /// stack of whichever thread asks first).
 fn machine_perf(t: &Topology) -> &'static MemoryPerformance {
     #[cfg(not(loom))]
-    {
-        static MACHINE: crate::sync::InitCell<MemoryPerformance> = crate::sync::InitCell::new();
-        // SAFETY: the closure leaves the slot initialised: zeroed (every
-        // table entry "not known"), its two enum fields written before any
-        // reference to the value is made, then filled.
-        unsafe {
-            MACHINE.get_or_init_in_place(|slot| {
-                let p = slot.as_mut_ptr();
-                p.write_bytes(0, 1);
-                core::ptr::addr_of_mut!((*p).source).write(PerfSource::Unknown);
-                core::ptr::addr_of_mut!((*p).kernel_auto).write(None);
-                (*p).fill_machine(t);
-            })
-        }
+    // SAFETY: the closure leaves the slot initialised: zeroed (every
+    // table entry "not known"), its two enum fields written before any
+    // reference to the value is made, then filled.
+    unsafe {
+        MACHINE.get_or_init_in_place(|slot| {
+            let p = slot.as_mut_ptr();
+            p.write_bytes(0, 1);
+            core::ptr::addr_of_mut!((*p).source).write(PerfSource::Unknown);
+            core::ptr::addr_of_mut!((*p).kernel_auto).write(None);
+            (*p).fill_machine(t);
+        })
     }
     #[cfg(loom)]
     {
@@ -727,6 +728,19 @@ fn machine_perf(t: &Topology) -> &'static MemoryPerformance {
             p
         })
     }
+}
+
+/// `fork()` handlers' part (the allocator core's, `ForkRank::Core`): the
+/// machine's tables are not being read while a child is made.
+#[cfg(not(loom))]
+pub(crate) fn hold_for_fork() {
+    MACHINE.hold_for_fork();
+}
+
+/// After `fork()`: see [`hold_for_fork`].
+#[cfg(not(loom))]
+pub(crate) fn release_after_fork() {
+    MACHINE.release_after_fork();
 }
 
 /// Builds an HMAT as firmware lays it out: an access-latency and an
