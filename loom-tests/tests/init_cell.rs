@@ -112,26 +112,32 @@ fn planted_relaxed_publication_is_caught() {
     });
 }
 
+/// A thread that fills `cell` with 9, raising `in_init` while its
+/// initialiser runs (what a fork must never see).
+fn spawn_initialiser(
+    cell: &Arc<InitCell<usize>>,
+    in_init: &Arc<loom::sync::atomic::AtomicBool>,
+) -> thread::JoinHandle<usize> {
+    let (cell, in_init) = (cell.clone(), in_init.clone());
+    thread::spawn(move || {
+        *cell.get_or_init(|| {
+            in_init.store(true, Ordering::SeqCst);
+            in_init.store(false, Ordering::SeqCst);
+            9
+        })
+    })
+}
+
 /// `fork()`'s hold: at the moment a child would be made (between
 /// `hold_for_fork` and `release_after_fork`) no initialiser is running,
 /// whatever the interleaving; the cell is then either empty and held or
 /// filled; after the release the racing initialiser runs once.
 #[test]
 fn a_fork_hold_never_sees_an_initialisation_in_progress() {
-    use loom::sync::atomic::AtomicBool;
     loom::model(|| {
         let cell = Arc::new(InitCell::<usize>::new());
-        let in_init = Arc::new(AtomicBool::new(false));
-        let init = {
-            let (cell, in_init) = (cell.clone(), in_init.clone());
-            thread::spawn(move || {
-                *cell.get_or_init(|| {
-                    in_init.store(true, Ordering::SeqCst);
-                    in_init.store(false, Ordering::SeqCst);
-                    9
-                })
-            })
-        };
+        let in_init = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let init = spawn_initialiser(&cell, &in_init);
         let took = cell.hold_for_fork();
         // The fork would be here.
         assert!(!in_init.load(Ordering::SeqCst), "a child would inherit an initialisation in progress");
@@ -148,20 +154,10 @@ fn a_fork_hold_never_sees_an_initialisation_in_progress() {
 #[test]
 #[should_panic(expected = "initialisation in progress")]
 fn planted_peeking_fork_hold_is_caught() {
-    use loom::sync::atomic::AtomicBool;
     loom::model(|| {
         let cell = Arc::new(InitCell::<usize>::new());
-        let in_init = Arc::new(AtomicBool::new(false));
-        let init = {
-            let (cell, in_init) = (cell.clone(), in_init.clone());
-            thread::spawn(move || {
-                *cell.get_or_init(|| {
-                    in_init.store(true, Ordering::SeqCst);
-                    in_init.store(false, Ordering::SeqCst);
-                    9
-                })
-            })
-        };
+        let in_init = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let init = spawn_initialiser(&cell, &in_init);
         let _peek = cell.get().is_some(); // planted bug: should be hold_for_fork()
         assert!(!in_init.load(Ordering::SeqCst), "a child would inherit an initialisation in progress");
         init.join().unwrap();

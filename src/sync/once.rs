@@ -124,37 +124,40 @@ impl<T> InitCell<T> {
     #[unsafe(link_section = ".text.hot.numaweave")]
     #[cold]
     fn init_slow(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> &T {
-        let mut init = Some(init);
+        if self.claim() {
+            // Reset to UNINIT if `init` unwinds, so waiters retry.
+            struct Reset<'a>(&'a AtomicU8);
+            impl Drop for Reset<'_> {
+                fn drop(&mut self) {
+                    self.0.store(UNINIT, Ordering::Release);
+                }
+            }
+            let reset = Reset(&self.state);
+            self.value.with_mut(|p| {
+                // SAFETY: the RUNNING state gives this thread exclusive
+                // access: nobody reads before READY, nobody else writes.
+                init(unsafe { &mut *p });
+            });
+            core::mem::forget(reset);
+            self.state.store(READY, Ordering::Release);
+        }
+        // SAFETY: READY observed with Acquire by `claim`, or this thread
+        // wrote the value just above.
+        unsafe { self.read() }
+    }
+
+    /// Moves the cell from empty to RUNNING, for the caller to fill or hold
+    /// (true), or waits until it is READY (false; observed with Acquire).
+    /// Another thread's RUNNING is waited out: the work is short (a few
+    /// sysfs reads), so it spins briefly, then gives up the CPU; a
+    /// panicking initialiser's reset to empty lets this caller claim it.
+    fn claim(&self) -> bool {
         let mut spins = 0u32;
         loop {
             match self.state.compare_exchange(UNINIT, RUNNING, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => {
-                    // Reset to UNINIT if `init` unwinds, so waiters retry.
-                    struct Reset<'a>(&'a AtomicU8);
-                    impl Drop for Reset<'_> {
-                        fn drop(&mut self) {
-                            self.0.store(UNINIT, Ordering::Release);
-                        }
-                    }
-                    let reset = Reset(&self.state);
-                    let f = init.take().expect("InitCell: initialiser consumed twice");
-                    self.value.with_mut(|p| {
-                        // SAFETY: the RUNNING state gives this thread exclusive
-                        // access: nobody reads before READY, nobody else writes.
-                        f(unsafe { &mut *p });
-                    });
-                    core::mem::forget(reset);
-                    self.state.store(READY, Ordering::Release);
-                    // SAFETY: this thread wrote the value just above.
-                    return unsafe { self.read() };
-                }
-                Err(READY) => {
-                    // SAFETY: READY observed with Acquire (failure ordering).
-                    return unsafe { self.read() };
-                }
+                Ok(_) => return true,
+                Err(READY) => return false,
                 Err(_) => {
-                    // Another thread is initialising: the work is short (a few
-                    // sysfs reads), so spin briefly, then give up the CPU.
                     #[allow(clippy::absurd_extreme_comparisons)] // SPINS is 0 under loom
                     if spins < SPINS {
                         spins += 1;
@@ -186,22 +189,7 @@ impl<T> InitCell<T> {
     /// assert_eq!(CELL.get(), Some(&7));
     /// ```
     pub fn hold_for_fork(&self) -> bool {
-        let mut spins = 0u32;
-        loop {
-            match self.state.compare_exchange(UNINIT, RUNNING, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(READY) => return false,
-                Err(_) => {
-                    #[allow(clippy::absurd_extreme_comparisons)] // SPINS is 0 under loom
-                    if spins < SPINS {
-                        spins += 1;
-                        spin_loop();
-                    } else {
-                        yield_now();
-                    }
-                }
-            }
-        }
+        self.claim()
     }
 
     /// After `fork()`, in the parent and in the child: gives back a cell
