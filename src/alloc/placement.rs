@@ -601,15 +601,10 @@ fn lower_tier_map(state: &State) -> &'static [u8; MAX_NODES] {
     register_fork_handlers();
     LOWER_TIER.get_or_init(|| {
         let t = &state.topology;
-        let lower = t.lower_tier_nodes();
         let mut map = [u8::MAX; MAX_NODES];
         for n in t.nodes().iter() {
-            // Nearest by the bandwidth this node sees, among the lower-tier
-            // nodes the allocator places on.
-            let best = lower.iter().filter(|&m| state.arena(m).is_some()).max_by_key(|&m| {
-                (t.bandwidth(n, m).unwrap_or(0), core::cmp::Reverse(t.distance(n, m)), core::cmp::Reverse(m))
-            });
-            if let Some(m) = best {
+            // Among the lower-tier nodes the allocator places on.
+            if let Some(m) = t.nearest_lower_tier_among(n, |m| state.arena(m).is_some()) {
                 map[n] = m as u8;
             }
         }

@@ -586,8 +586,14 @@ impl Topology {
     /// then shortest distance, then lowest id); `None` where the machine
     /// has no lower tier.
     pub fn nearest_lower_tier(&self, from: usize) -> Option<usize> {
-        let lower = self.lower_tier_nodes();
-        lower.iter().max_by_key(|&n| {
+        self.nearest_lower_tier_among(from, |_| true)
+    }
+
+    /// [`nearest_lower_tier`](Self::nearest_lower_tier) among the
+    /// lower-tier nodes `keep` accepts (the allocator: those it has an
+    /// arena for).
+    pub(crate) fn nearest_lower_tier_among(&self, from: usize, keep: impl Fn(usize) -> bool) -> Option<usize> {
+        self.lower_tier_nodes().iter().filter(|&n| keep(n)).max_by_key(|&n| {
             (self.bandwidth(from, n).unwrap_or(0), core::cmp::Reverse(self.distance(from, n)), core::cmp::Reverse(n))
         })
     }
