@@ -65,6 +65,26 @@ use crate::slab::{DmaBuf, DmaPool, Refusal, Region, Registrar};
 /// Bytes pinned by every [`FixedBuffers`] of the process.
 static PINNED: AtomicU64 = AtomicU64::new(0);
 
+/// Books `len` more pinned bytes within the soft `RLIMIT_MEMLOCK`, or
+/// books nothing and returns the limit and what was pinned before. Booked
+/// before the kernel is asked, so that two rings racing for the last of
+/// the limit cannot both pass.
+fn pin(len: u64) -> core::result::Result<(), (u64, u64)> {
+    let pinned = PINNED.fetch_add(len, Ordering::Relaxed);
+    match memlock_limit() {
+        Some(limit) if pinned + len > limit => {
+            PINNED.fetch_sub(len, Ordering::Relaxed);
+            Err((limit, pinned))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Gives back what [`pin`] booked.
+fn unpin(len: u64) {
+    PINNED.fetch_sub(len, Ordering::Relaxed);
+}
+
 /// Granule of the address-to-slot map: a region covers whole granules but
 /// at its ends, where another region may start.
 const GRANULE_SHIFT: u32 = 21;
@@ -155,19 +175,11 @@ impl Registrar for FixedBuffers {
             return Err(Refusal::Errno(libc::ENOSPC));
         };
         let len = r.len as u64;
-        // Account first, so that two tables racing for the last of the
-        // limit cannot both pass.
-        let pinned = PINNED.fetch_add(len, Ordering::Relaxed);
-        if let Some(limit) = memlock_limit()
-            && pinned + len > limit
-        {
-            PINNED.fetch_sub(len, Ordering::Relaxed);
-            return Err(Refusal::Memlock { limit, pinned });
-        }
+        pin(len).map_err(|(limit, pinned)| Refusal::Memlock { limit, pinned })?;
         let slot = slot as u16;
         let iov = libc::iovec { iov_base: r.addr.as_ptr().cast(), iov_len: r.len };
         if let Err(e) = self.update(slot, iov) {
-            PINNED.fetch_sub(len, Ordering::Relaxed);
+            unpin(len);
             return Err(Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)));
         }
         let start = r.addr.as_ptr() as usize;
@@ -205,7 +217,7 @@ impl Registrar for FixedBuffers {
                 }
             }
         }
-        PINNED.fetch_sub(r.len as u64, Ordering::Relaxed);
+        unpin(r.len as u64);
     }
 }
 
@@ -552,11 +564,7 @@ impl NodeRing {
             // given back once, not lent to the kernel any more.
             unsafe { self.pool.free_bulk(bufs) }
         };
-        let pinned = PINNED.fetch_add(bytes as u64, Ordering::Relaxed);
-        if let Some(limit) = memlock_limit()
-            && pinned + bytes as u64 > limit
-        {
-            PINNED.fetch_sub(bytes as u64, Ordering::Relaxed);
+        if let Err((limit, pinned)) = pin(bytes as u64) {
             undo_bufs(&bufs);
             undo_mem(&mem_pool);
             return Err(Error::MemlockLimit { node: self.node, limit, pinned, asked: bytes });
@@ -569,7 +577,7 @@ impl NodeRing {
         // stays mapped until `BufRing::drop` unregisters the group first.
         let reg = unsafe { self.ring.submitter().register_buf_ring_with_flags(mem.as_ptr() as u64, entries, bgid, 0) };
         if let Err(e) = reg {
-            PINNED.fetch_sub(bytes as u64, Ordering::Relaxed);
+            unpin(bytes as u64);
             undo_bufs(&bufs);
             undo_mem(&mem_pool);
             return Err(io_error("io_uring_register(IORING_REGISTER_PBUF_RING, Linux 5.19)", &e));
@@ -723,7 +731,7 @@ impl Drop for BufRing<'_> {
         // The kernel lets go of the ring and its buffers first: it selects
         // a buffer only while a request runs, and holds none across waits.
         let _ = self.owner.ring.submitter().unregister_buf_ring(self.bgid);
-        PINNED.fetch_sub(self.pinned(), Ordering::Relaxed);
+        unpin(self.pinned());
         // SAFETY: every buffer is back (a `ProvidedBuf` borrows the ring, so
         // none outlives it), the kernel holds none after unregistering, and
         // each is a buffer of the owner's pool given back once here.
