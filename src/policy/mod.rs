@@ -62,7 +62,6 @@ mod cursor;
 mod rules;
 
 use core::fmt;
-use core::fmt::Write as _;
 
 pub use cursor::{Cursor, MAX_ROUND, Pick};
 pub use rules::{MAX_RULES, SizeRules};
@@ -217,12 +216,10 @@ impl Interleave {
     pub fn with_system_weights(self) -> Result<Option<Self>> {
         let mut w = [0u8; MAX_NODES];
         for n in self.nodes.iter() {
-            let mut p = crate::os::file::PathBuf::new();
-            let _ = write!(p, "/sys/kernel/mm/mempolicy/weighted_interleave/node{n}");
-            let mut buf = [0u8; 16];
-            match crate::os::file::read_str(p.as_cstr(), &mut buf) {
-                Ok(s) => w[n] = s.parse().map_err(|_| Error::InvalidPolicy { reason: "malformed sysfs weight" })?,
-                Err(_) => return Ok(None),
+            match crate::topology::read_kernel_weight(n) {
+                Ok(Some(x)) => w[n] = x,
+                Ok(None) => return Ok(None),
+                Err(reason) => return Err(Error::InvalidPolicy { reason }),
             }
         }
         let ws: Vec<u8> = self.nodes.iter().map(|n| w[n]).collect();
@@ -565,6 +562,15 @@ mod tests {
         }
         assert!(matches!("bind:70".parse::<Policy>(), Err(Error::InvalidNode { .. })));
         assert!(matches!("preferred:64".parse::<Policy>(), Err(Error::InvalidNode { .. })));
+    }
+
+    #[test]
+    fn system_weights_are_the_kernels_or_none() {
+        let i = Interleave::new(NodeSet::single(0), Granularity::Count(1)).unwrap();
+        match std::fs::read_to_string("/sys/kernel/mm/mempolicy/weighted_interleave/node0") {
+            Ok(s) => assert_eq!(i.with_system_weights().unwrap().unwrap().weight(0), s.trim().parse::<u8>().unwrap()),
+            Err(_) => assert_eq!(i.with_system_weights().unwrap(), None),
+        }
     }
 
     #[test]

@@ -246,15 +246,10 @@ impl MemoryPerformance {
     /// `/sys/kernel/mm/mempolicy/weighted_interleave/nodeN` (Linux 6.9+)
     /// and its `auto` (6.16+).
     fn read_kernel_weights(&mut self, online: NodeSet) {
-        let mut buf = [0u8; 16];
         for n in online.iter() {
-            let mut p = PathBuf::new();
-            p.push("/sys/kernel/mm/mempolicy/weighted_interleave/node").push_num(n);
-            if let Ok(s) = file::read_str(p.as_cstr(), &mut buf) {
-                self.kernel_weight[n] =
-                    crate::sets::parse_id(s.as_bytes()).and_then(|w| u8::try_from(w).ok()).unwrap_or(0);
-            }
+            self.kernel_weight[n] = read_kernel_weight(n).ok().flatten().unwrap_or(0);
         }
+        let mut buf = [0u8; 16];
         if let Ok(s) = file::read_str(c"/sys/kernel/mm/mempolicy/weighted_interleave/auto", &mut buf) {
             self.kernel_auto = match s {
                 "true" | "Y" | "1" => Some(true),
@@ -262,6 +257,22 @@ impl MemoryPerformance {
                 _ => None,
             };
         }
+    }
+}
+
+/// The kernel's weighted-interleave weight of node `n`, read now
+/// (`/sys/kernel/mm/mempolicy/weighted_interleave/nodeN`, Linux 6.9+):
+/// `None` where it cannot be read (no such file: an older kernel).
+pub(crate) fn read_kernel_weight(n: usize) -> core::result::Result<Option<u8>, &'static str> {
+    let mut p = PathBuf::new();
+    p.push("/sys/kernel/mm/mempolicy/weighted_interleave/node").push_num(n);
+    let mut buf = [0u8; 16];
+    match file::read_str(p.as_cstr(), &mut buf) {
+        Ok(s) => crate::sets::parse_id(s.as_bytes())
+            .and_then(|w| u8::try_from(w).ok())
+            .map(Some)
+            .ok_or("malformed sysfs weight"),
+        Err(_) => Ok(None),
     }
 }
 
