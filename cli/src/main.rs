@@ -148,7 +148,7 @@ fn run(m: &ArgMatches) -> ExitCode {
         let p = p.trim();
         if p != "none" {
             // One policy, or rules by size (as NUMAWEAVE_POLICY tells them).
-            let checked = if p.contains(';') || p.starts_with(['<', '>']) {
+            let checked = if SizeRules::is_rules_text(p) {
                 p.parse::<SizeRules>().and_then(|r| r.validate(Topology::global()))
             } else {
                 // The topology the program will see (NUMAWEAVE_TOPOLOGY passes on).

@@ -214,8 +214,7 @@ impl Config {
             }
         }
         if let Some(v) = file::env(c"NUMAWEAVE_POLICY") {
-            let by_size = v.contains(';') || v.trim_start().starts_with(['<', '>']);
-            let parsed = match by_size {
+            let parsed = match SizeRules::is_rules_text(v) {
                 true => v.trim().parse::<SizeRules>().map(|r| (Policy::Local, r)),
                 false => v.trim().parse::<Policy>().map(|p| (p, SizeRules::new())),
             };

@@ -58,6 +58,19 @@ impl SizeRules {
         Self { len: 0, from: [0; MAX_RULES], policy: [Policy::Local; MAX_RULES] }
     }
 
+    /// Whether `text` is in the rules' text form (a `;` or a leading `<` or
+    /// `>`) rather than one policy's: how `NUMAWEAVE_POLICY` and
+    /// `numaweave run --policy` tell the two apart.
+    ///
+    /// ```
+    /// use numaweave::policy::SizeRules;
+    /// assert!(SizeRules::is_rules_text(" <64K:local;>=64K:bind:0"));
+    /// assert!(!SizeRules::is_rules_text("interleave:0-1:bytes=2M"));
+    /// ```
+    pub fn is_rules_text(text: &str) -> bool {
+        text.contains(';') || text.trim_start().starts_with(['<', '>'])
+    }
+
     /// Adds a rule for sizes from `from` on (up to the next rule's bound):
     /// the first rule's `from` is 0, each next one's above the one before.
     pub fn push(mut self, from: usize, policy: Policy) -> Result<Self> {
