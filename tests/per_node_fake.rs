@@ -96,3 +96,57 @@ fn per_node_arenas_and_remote_frees_on_a_fake_topology() {
     assert!(remote >= 2000, "node {n1} collected {remote} remote frees");
     assert_eq!(after.per_node[n0].remote_frees, before.per_node[n0].remote_frees);
 }
+
+#[test]
+fn blocks_of_another_node_freed_here_never_serve_local_allocations() {
+    if !support::in_child() {
+        support::rerun(
+            "blocks_of_another_node_freed_here_never_serve_local_allocations",
+            &[("NUMAWEAVE_TOPOLOGY", Some("fake:2")), ("NUMAWEAVE_MODE", Some("per-node"))],
+            "SYNTHETIC",
+        );
+        return;
+    }
+    let topo = Topology::global();
+    let cpus: Vec<usize> = topo.cpus().iter().collect();
+    if cpus.len() < 2 {
+        println!("SYNTHETIC topology, but only one CPU: nothing to place");
+        return;
+    }
+    let c0 = cpus[0];
+    let n0 = topo.node_of_cpu(c0).unwrap();
+    let other = topo.nodes().iter().find(|&n| n != n0).unwrap();
+    use allocator_api2::alloc::Allocator;
+    let layout = Layout::from_size_align(200, 8).unwrap();
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(c0).unwrap();
+        let there = A.on_node(other).unwrap();
+        for round in 0..4 {
+            // SAFETY: valid layouts; every block freed once, by this thread.
+            unsafe {
+                // Local blocks and the other node's, freed in one stream
+                // (the local ones through the heap's free cache, the other
+                // node's to their pages)...
+                let local: Vec<*mut u8> = (0..300).map(|_| A.alloc(layout)).collect();
+                let remote: Vec<*mut u8> =
+                    (0..300).map(|_| there.allocate(layout).unwrap().as_ptr().cast::<u8>()).collect();
+                for (&l, &r) in local.iter().zip(&remote) {
+                    assert_eq!(A.node_of(r), other);
+                    A.dealloc(r, layout);
+                    A.dealloc(l, layout);
+                }
+                // ...and every local allocation after them is local.
+                let again: Vec<*mut u8> = (0..600).map(|_| A.alloc(layout)).collect();
+                for &p in &again {
+                    assert_eq!(A.node_of(p), n0, "round {round}: a local block on node {}", A.node_of(p));
+                }
+                for p in again {
+                    A.dealloc(p, layout);
+                }
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    println!("SYNTHETIC topology: 2,400 local blocks on node {n0} after 1,200 frees of node {other}'s");
+}

@@ -13,7 +13,7 @@
 #[cfg(feature = "hardened")]
 use super::checked;
 #[cfg(not(feature = "hardened"))]
-use super::segment::page_of;
+use super::segment::sink_of;
 use super::segment::{SegmentKind, SmallSegment, segment_of};
 use super::{heap, segmap};
 #[cfg(not(feature = "hardened"))]
@@ -183,7 +183,8 @@ unsafe fn free_as(p: *mut u8, kind: u8) {
                     return;
                 }
                 #[cfg(not(feature = "hardened"))]
-                let page = page_of(seg.cast::<SmallSegment>(), p);
+                return heap::free_to_sink(seg.cast::<SmallSegment>(), sink_of(seg.cast::<SmallSegment>(), p), p);
+                #[cfg(feature = "hardened")]
                 heap::free_block(page, p)
             }
             #[cfg(feature = "hardened")]

@@ -484,6 +484,9 @@ impl Placement for AnyPage<'_> {
             t.note_page(node);
         }
     }
+    fn cache_serves(&mut self, _: usize) -> bool {
+        true
+    }
 }
 
 /// Blocks under a page under an interleave: any page serves, fresh pages
@@ -535,6 +538,9 @@ impl Placement for ByPolicy<'_> {
     }
     fn took(&mut self, node: usize) {
         self.t.note_page(node);
+    }
+    fn cache_serves(&mut self, node: usize) -> bool {
+        self.accepts(node)
     }
 }
 

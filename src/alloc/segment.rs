@@ -16,7 +16,7 @@
 use core::ptr;
 
 use super::heap::Heap;
-use crate::sync::{AtomicPtr, CountedStack, Linked};
+use crate::sync::{AtomicPtr, CountedStack, Linked, Ordering};
 
 pub(crate) const SEGMENT_SHIFT: usize = 22;
 /// Size and alignment of a small segment (4 MiB).
@@ -106,8 +106,10 @@ pub(crate) struct Page {
     /// Local free list (owner only).
     pub(crate) free: *mut Block,
     /// Blocks handed out and not yet returned to `free` (owner only; remote
-    /// frees still on `thread_free` count as used), plus one while the page
-    /// is its heap's direct page for its class (see `Heap::set_direct`).
+    /// frees still on `thread_free` and blocks in the heap's free cache
+    /// count as used), plus one while the page is its heap's direct page
+    /// for its class (see `Heap::set_direct`). For a heap's free cache: the
+    /// room left (see `Heap::cache`).
     pub(crate) used: u32,
     /// Blocks carved from the page so far.
     pub(crate) carved: u32,
@@ -239,6 +241,11 @@ pub(crate) struct SmallSegment {
     /// For each slot of a page, the page's first slot.
     pub(crate) slot_page: [u8; SLOTS],
     pub(crate) pages: [Page; SLOTS],
+    /// For each slot of a page, where its owner's frees go (see
+    /// [`sink_of`]); set when a heap takes the page, changed by its owner
+    /// ([`set_sink`]) while other threads may read it to free a block
+    /// (relaxed: either value sends them to the page's remote list).
+    pub(crate) slot_sink: [AtomicPtr<Page>; SLOTS],
     /// When each dirty slot was freed (ms, monotonic), with a purge delay;
     /// for a slot of `purged_slots`, when it was purged.
     /// Last: `free` reads `slot_page` and `pages` at short offsets.
@@ -269,6 +276,53 @@ pub(crate) unsafe fn page_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page 
         let first = *(*seg).slot_page.get_unchecked(slot) as usize;
         debug_assert!(first <= slot && (*seg).free_slots & (1 << first) == 0, "pointer into a free slot");
         (*seg).pages.as_mut_ptr().add(first)
+    }
+}
+
+/// Where a free of `p`, a block of small segment `seg`, by its page's
+/// owner goes: the owning heap's free cache of the page's class
+/// (`Heap::cache_page`; hardened builds: the page itself, whose links are
+/// encoded with its key). One load, in place of the page's: the cache's
+/// `info` names the owner and the block size as the page's does, so a
+/// local free does not touch the page at all, and only a remote free
+/// looks the page up ([`page_of`]).
+///
+/// # Safety
+/// `p` must point into a slot of `seg` that belongs to a page.
+#[cfg(not(feature = "hardened"))]
+#[inline(always)]
+pub(crate) unsafe fn sink_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page {
+    let slot = (p as usize - seg as usize) >> SLOT_SHIFT;
+    // SAFETY: per the contract `slot` indexes a live page's slot, whose
+    // entry was set when its heap took the page.
+    unsafe {
+        debug_assert!(slot > 0 && slot < SLOTS, "pointer in a segment's header slot");
+        let sink = (*seg).slot_sink.get_unchecked(slot).load(Ordering::Relaxed);
+        debug_assert!(!sink.is_null());
+        sink
+    }
+}
+
+/// Makes `sink` where the owner's frees of `page`'s blocks go (see
+/// [`sink_of`]), if it is not already.
+///
+/// # Safety
+/// `page` is a live page of `seg`, owned by the calling thread's heap;
+/// `sink` is the page or its heap's free cache of its class.
+#[inline]
+pub(crate) unsafe fn set_sink(seg: *mut SmallSegment, page: *mut Page, sink: *mut Page) {
+    // SAFETY: the page's slots are its own while it is live, and their
+    // sinks are written only by its owner (the caller); a thread freeing a
+    // block of the page meanwhile reads either sink, both owned by the
+    // caller's heap, so it takes the remote path whichever it reads.
+    unsafe {
+        let first = usize::from((*page).info.first_slot);
+        if (*seg).slot_sink[first].load(Ordering::Relaxed) == sink {
+            return;
+        }
+        for s in first..first + usize::from((*page).info.slots) {
+            (*seg).slot_sink[s].store(sink, Ordering::Relaxed);
+        }
     }
 }
 
