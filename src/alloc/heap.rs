@@ -579,9 +579,20 @@ impl Heap {
             // decrement's flags.
             bump(&(*heap).counters.frees, 1);
             bump(&(*heap).counters.bytes_freed, u64::from((*page).info.block_size));
-            // `page` is the block's page or (`free_to_sink`) the class's
-            // free cache, whose `used` is the room left and reaches 0 when
-            // this free fills it (`page_event` then gives half back).
+            Heap::push(heap, page, block);
+        }
+    }
+
+    /// Pushes `block` on `page`'s free list: the block's page, or the
+    /// class's free cache, whose `used` is the room left and reaches 0 when
+    /// this push fills it (`page_event` then gives half back).
+    ///
+    /// # Safety
+    /// As [`free_local`](Self::free_local), the counters booked.
+    #[inline(always)]
+    unsafe fn push(heap: *mut Heap, page: *mut Page, block: *mut Block) {
+        // SAFETY: per the contract; owner-only fields.
+        unsafe {
             (*block).next = link(page, (*page).free);
             (*page).free = block;
             (*page).used -= 1;
@@ -725,12 +736,7 @@ impl Heap {
         unsafe {
             debug_assert!((*page).used > 0, "a cached block of a page with none in use");
             debug_assert!(in_page(page, block.cast()) && (*page).info.heap.load(Ordering::Relaxed) == heap);
-            (*block).next = link(page, (*page).free);
-            (*page).free = block;
-            (*page).used -= 1;
-            if (*page).used == 0 || (*page).in_full {
-                Heap::page_event_with(heap, page, true);
-            }
+            Heap::push(heap, page, block);
         }
     }
 
@@ -1165,16 +1171,11 @@ impl Heap {
             }
             // (A free cache holds no reference: it is not a page.)
             if page != empty_page() && !Heap::is_cache(heap, page) {
-                debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
-                (*page).used += 1;
+                Heap::take_reference(heap, page);
             }
             (*heap).direct[class] = page;
             if old != empty_page() && !Heap::is_cache(heap, old) {
-                debug_assert!((*old).used > 0);
-                (*old).used -= 1;
-                if (*old).used == 0 {
-                    Heap::page_event_with(heap, old, true);
-                }
+                Heap::drop_reference(heap, old);
             }
         }
     }
@@ -1195,16 +1196,40 @@ impl Heap {
                 return;
             }
             if !page.is_null() {
-                debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
-                (*page).used += 1;
+                Heap::take_reference(heap, page);
             }
             (*heap).cache_src[class] = page;
             if !old.is_null() {
-                debug_assert!((*old).used > 0);
-                (*old).used -= 1;
-                if (*old).used == 0 {
-                    Heap::page_event_with(heap, old, true);
-                }
+                Heap::drop_reference(heap, old);
+            }
+        }
+    }
+
+    /// One more reference (a direct slot's, the cache source's) on `page`.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap (or its exiting owner's) and
+    /// owns `page`, live.
+    unsafe fn take_reference(heap: *mut Heap, page: *mut Page) {
+        // SAFETY: an owner-only field of a live page of the heap.
+        unsafe {
+            debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
+            (*page).used += 1;
+        }
+    }
+
+    /// Drops a reference on `page`; if that empties it, it is kept or given
+    /// back as a free would.
+    ///
+    /// # Safety
+    /// As [`take_reference`](Self::take_reference); the heap holds one.
+    unsafe fn drop_reference(heap: *mut Heap, page: *mut Page) {
+        // SAFETY: as in `take_reference`.
+        unsafe {
+            debug_assert!((*page).used > 0);
+            (*page).used -= 1;
+            if (*page).used == 0 {
+                Heap::page_event_with(heap, page, true);
             }
         }
     }
