@@ -9,16 +9,21 @@
 //! `std::__throw_bad_alloc`), or aborts in a program without a C++ runtime.
 //! A handler may throw too. Either exception must reach the caller.
 //!
-//! The library is built with `panic = "abort"`, and under it rustc puts an
-//! abort guard after every call that may unwind: an exception cannot leave
-//! a Rust frame. So the throwing forms are naked functions (x86-64
-//! assembly with its own call-frame information, which the unwinder reads
-//! as it reads a C compiler's): the entry calls the allocation in Rust,
-//! which returns before anything is thrown, and only on null jumps to
-//! [`new_failed`], which calls the handler and the thrower itself. The fast
-//! path costs a `push`, a `call`, a `pop`, a test and a `ret` over the Rust
-//! allocation's own; on other targets numaweave leaves `new` to the C++
-//! runtime, whose `new` calls `malloc` (numaweave's).
+//! The library is built with `panic = "abort"`, under which a foreign
+//! exception must not pass through a Rust frame (RFC 2945 leaves it
+//! undefined). So what throws runs in naked functions (x86-64 assembly with
+//! its own call-frame information, which the unwinder reads as it reads a
+//! C compiler's): a stub calls the allocation in Rust, which returns before
+//! anything is thrown, and only on null jumps to [`new_failed`], which
+//! calls the handler and the thrower itself. A plain `new` is a Rust
+//! function whose fast path (a pop, as `malloc`'s) makes no call and whose
+//! every other way out is a tail call to that stub ([`new_plain_miss`]):
+//! its frame is gone before the stub runs (`capi/tests` checks that it
+//! makes no call). A stub in front of the fast path (a `push`, a `call`, a
+//! `pop`, a test) cost alloc-test's `new`/`delete` loop 7% of its time.
+//! The aligned forms are stubs in front of `aligned_alloc`. On other
+//! targets numaweave leaves `new` to the C++ runtime, whose `new` calls
+//! `malloc` (numaweave's).
 //!
 //! The nothrow forms are the C++ runtime's: since GCC 9 (and in libc++) they
 //! call the throwing `operator new` (numaweave's) and turn any exception
@@ -181,16 +186,15 @@ unsafe extern "C-unwind" fn new_failed() -> *mut c_void {
 /// [`new_failed`] takes besides the size (`rsi`: the alignment, 0 for a
 /// plain `new`) and it goes there by a jump.
 macro_rules! throwing_new {
-    ($(#[$m:meta])* $name:ident($($arg:ident: $t:ty),*) => $alloc:ident,
+    ($(#[$m:meta])* $vis:vis $name:ident($($arg:ident: $t:ty),*) => $alloc:ident,
      save [$($save:literal),*], restore [$($restore:literal),*], fail [$($fail:literal),*]) => {
         $(#[$m])*
         ///
         /// # Safety
         /// The C++ contract of the operator.
         #[cfg(target_arch = "x86_64")]
-        #[unsafe(no_mangle)]
         #[unsafe(naked)]
-        pub unsafe extern "C-unwind" fn $name($($arg: $t),*) -> *mut c_void {
+        $vis unsafe extern "C-unwind" fn $name($($arg: $t),*) -> *mut c_void {
             core::arch::naked_asm!(
                 ".cfi_startproc",
                 $($save,)*
@@ -210,16 +214,43 @@ macro_rules! throwing_new {
     };
 }
 
-/// A plain `new`: the size kept across the call (a push that also aligns).
+throwing_new! {
+    /// A plain `new`'s way out of its fast path, reached by a tail call
+    /// with the size: [`new_plain`]'s block, or the new-handler and
+    /// `std::bad_alloc` ([`new_failed`]). The size is kept across the call
+    /// (a push that also aligns).
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    new_plain_miss(size: usize) => new_plain,
+    save ["push rdi", ".cfi_def_cfa_offset 16"],
+    restore ["pop rdi", ".cfi_def_cfa_offset 8"],
+    fail ["xor esi, esi"]
+}
+
+/// Defines a plain `new`: the fast path ([`NumaAlloc::alloc_fast_new`], no
+/// call) in Rust, and anything else a tail call to [`new_plain_miss`].
+/// The tail call is what lets an exception from there reach the caller:
+/// `new`'s frame is gone before anything is thrown (`capi/tests` checks
+/// that the function makes no call).
+///
+/// [`NumaAlloc::alloc_fast_new`]: numaweave::NumaAlloc::alloc_fast_new
 macro_rules! new_plain_fn {
     ($(#[$m:meta])* $name:ident) => {
-        throwing_new! {
-            $(#[$m])*
-            #[unsafe(link_section = ".text.hot.numaweave")]
-            $name(size: usize) => new_plain,
-            save ["push rdi", ".cfi_def_cfa_offset 16"],
-            restore ["pop rdi", ".cfi_def_cfa_offset 8"],
-            fail ["xor esi, esi"]
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The C++ contract of the operator.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(no_mangle)]
+        #[unsafe(link_section = ".text.hot.numaweave")]
+        pub unsafe extern "C-unwind" fn $name(size: usize) -> *mut c_void {
+            // SAFETY: any size is accepted.
+            let p = unsafe { A.alloc_fast_new(size) };
+            if !p.is_null() {
+                return p.cast();
+            }
+            // SAFETY: reached with the size in `rdi` as the stub expects,
+            // by a jump (a call in tail position, nothing left to do here).
+            unsafe { new_plain_miss(size) }
         }
     };
 }
@@ -229,7 +260,8 @@ macro_rules! new_aligned_fn {
     ($(#[$m:meta])* $name:ident) => {
         throwing_new! {
             $(#[$m])*
-            $name(size: usize, align: usize) => new_aligned,
+            #[unsafe(no_mangle)]
+            pub $name(size: usize, align: usize) => new_aligned,
             save ["push rdi", ".cfi_def_cfa_offset 16", "push rsi", ".cfi_def_cfa_offset 24",
                   "sub rsp, 8", ".cfi_def_cfa_offset 32"],
             restore ["add rsp, 8", ".cfi_def_cfa_offset 24", "pop rsi", ".cfi_def_cfa_offset 16",

@@ -205,6 +205,33 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_fast(&self, size: usize) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.pop_fast(size, size_class::class_of_malloc_nonzero) }
+    }
+
+    /// [`alloc_fast`](Self::alloc_fast) for C++'s plain `new`: the block
+    /// aligned to 16 at every size (`__STDCPP_DEFAULT_NEW_ALIGNMENT__`, which
+    /// compilers assume of `new`'s blocks), null when the page has none at
+    /// hand, having made no call (the caller reaches its slow path by a
+    /// tail call).
+    ///
+    /// # Safety
+    /// None beyond `GlobalAlloc::alloc`'s: any `size` is accepted.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn alloc_fast_new(&self, size: usize) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.pop_fast(size, |size| size_class::class_of_aligned_nonzero(size, 16)) }
+    }
+
+    /// The fast paths' pop: the head of the calling thread's page of
+    /// `class_of(size)`, null when `size` is 0 or past the classes, the
+    /// thread has no heap or the page no block at hand.
+    ///
+    /// # Safety
+    /// `class_of` maps every size from 1 to [`SMALL_MAX`] to a class.
+    #[inline(always)]
+    unsafe fn pop_fast(&self, size: usize, class_of: impl Fn(usize) -> usize) -> *mut u8 {
         // The bound is on the last byte's offset, `size - 1`: a zero size
         // wraps past it to the slow path (where `malloc(0)` is
         // `malloc(1)`), so the class needs no saturating subtraction. A
@@ -220,7 +247,7 @@ impl NumaAlloc {
                 // SAFETY: the calling thread's heap; the class is in range
                 // (`small`: nor is the size 0); `NUMAWEAVE_CHECK=full` is
                 // off (looked at above).
-                return unsafe { Heap::pop_checked_off(heap, size_class::class_of_malloc_nonzero(size)) };
+                return unsafe { Heap::pop_checked_off(heap, class_of(size)) };
             }
         }
         ptr::null_mut()

@@ -104,25 +104,17 @@ pub fn class_of_malloc(size: usize) -> usize {
 }
 
 /// [`class_of_malloc`] of a size known not to be 0 (see
-/// [`last_of_nonzero`]). Up to 128 bytes the classes are the 8-byte steps
-/// `c = t >> 3` of the last byte's offset `t`, and the 16-aligned ones the
-/// odd `c`: `c | ((c + 15) >> 4)` makes every `c` but 0 odd (three
-/// instructions, no flags: a compare and `setae` took five). Above 128
-/// bytes every class is a multiple of 32 already.
+/// [`last_of_nonzero`]): [`MALLOC_CLASS_OF`]'s entry, the 16-aligned class
+/// of each 8-byte step above 8 bytes.
 #[inline(always)]
 pub(crate) fn class_of_malloc_nonzero(size: usize) -> usize {
-    let t = last_of_nonzero(size);
-    if t < 128 {
-        let c = t >> 3;
-        return c | ((c + 15) >> 4);
-    }
-    class_of_last(t)
+    usize::from(MALLOC_CLASS_OF[class_index(last_of_nonzero(size))])
 }
 
 /// [`class_of`] of a size known not to be 0 (see [`last_of_nonzero`]).
 #[inline(always)]
 pub(crate) fn class_of_nonzero(size: usize) -> usize {
-    class_of_last(last_of_nonzero(size))
+    usize::from(CLASS_OF[class_index(last_of_nonzero(size))])
 }
 
 /// [`class_of_aligned`] of a size known not to be 0 (see
@@ -130,50 +122,79 @@ pub(crate) fn class_of_nonzero(size: usize) -> usize {
 #[inline(always)]
 pub(crate) fn class_of_aligned_nonzero(size: usize, align: usize) -> usize {
     debug_assert!(align.is_power_of_two() && align <= CLASS_ALIGN && size <= SMALL_MAX);
-    class_of_last(last_of_nonzero(size) | ((align >> 1) & 8))
+    usize::from(CLASS_OF[class_index(last_of_nonzero(size) | ((align >> 1) & 8))])
 }
 
-/// Class of the request whose last byte is at offset `t` (`size - 1`).
+/// Entries of the class tables: one per 8 bytes below a KiB, one per 128
+/// bytes from there to [`SMALL_MAX`].
+const CLASS_INDEXES: usize = (1024 >> 3) + ((SMALL_MAX - 1024) >> 7);
+
+/// Where the class of the request whose last byte is at offset `t`
+/// (`size - 1`, below [`SMALL_MAX`]) is in [`CLASS_OF`]: `t / 8` below a
+/// KiB (the classes' bounds there are multiples of 8), past those 128
+/// entries `t / 128` above (multiples of 128).
 ///
-/// Above 128 bytes one table entry per power of two says how far to shift
-/// `t` to keep its leading bit and the two (four classes a doubling) or
-/// three (eight) bits after it, and what to add: no branch between the
-/// coarse and the fine classes. A branch there was mispredicted on every
-/// other request of a churn mixing sizes on both sides (13% more time for
-/// the C churn of `benches/c`); the load hits a line every such request
-/// reads.
+/// Both are computed and one taken by a `cmov`: no branch anywhere in the
+/// class of a size. A branch at 128 bytes (the old 8-byte steps against a
+/// shift table above) was mispredicted on 6 – 16% of the requests of a
+/// load mixing sizes across it (Larson's 10 – 1,000 bytes, alloc-test's
+/// skewed sizes, bench-malloc-thread's): 264,000 of `new`'s 294,000
+/// mispredictions in 4,000,000 alloc-test operations (callgrind), and
+/// 10 – 12% of the time of those three patterns (`benches/RESULTS.md`).
+/// The load costs the 8-byte steps a cycle or two against their `shr`;
+/// the lines a program's small sizes read stay in L1.
+///
+/// The mask keeps the index in the table for any `t` (an out-of-range one
+/// is a caller's bug a debug build reports, not a read past the table),
+/// so the compiler drops the bound check: it is exact for `t < SMALL_MAX`.
 #[inline(always)]
-fn class_of_last(t: usize) -> usize {
-    if t < 128 {
-        // 0..=7 -> 0, 8..=15 -> 1, …
-        return t >> 3;
-    }
-    let e = CLASS_SHIFTS[t.ilog2() as usize];
-    debug_assert!(e != 0, "a request past SMALL_MAX");
-    // `wrapping_shr` takes the entry's low six bits, as `shr` does.
-    t.wrapping_shr(u32::from(e)) + usize::from(e >> 8)
+fn class_index(t: usize) -> usize {
+    debug_assert!(t < SMALL_MAX, "a request past SMALL_MAX");
+    if t < 1024 { t >> 3 } else { ((t >> 7) & (SMALL_MAX / 128 - 1)) + (1024 >> 3) - (1024 >> 7) }
 }
 
-/// For `b`, the position of a request's last byte offset's leading bit:
-/// the shift that leaves that bit and the class bits after it (low byte),
-/// and what to add to the shifted value (high byte): the first class of the
-/// power of two less the leading bit's share of the shifted value (4, or 8
-/// in the fine classes). Indexed by any `b` a `usize` has, so no bound is
-/// checked; only 7 ..= 17 are used (0 elsewhere).
-static CLASS_SHIFTS: [u16; 64] = {
-    let mut table = [0u16; 64];
-    let mut b = 7;
-    while b < 18 {
-        let (shift, base) = if b < FINE_SHIFT {
-            (b - 2, STEP_CLASSES + (b - 7) * 4 - 4)
-        } else {
-            (b - 3, FINE_CLASSES + (b - FINE_SHIFT) * 8 - 8)
-        };
-        table[b] = (shift | base << 8) as u16;
-        b += 1;
+/// The class of each [`class_index`]: the smallest class at least as large
+/// as the requests of that index.
+static CLASS_OF: [u8; CLASS_INDEXES] = {
+    let mut table = [0u8; CLASS_INDEXES];
+    let mut i = 0;
+    while i < CLASS_INDEXES {
+        // The index's first and last request offsets: one class for both.
+        let (first, last) = if i < 128 { (i * 8, i * 8 + 7) } else { ((i - 120) * 128, (i - 120) * 128 + 127) };
+        let c = class_of_offset(first);
+        assert!(c == class_of_offset(last) && c <= u8::MAX as usize);
+        table[i] = c as u8;
+        i += 1;
     }
     table
 };
+
+/// [`CLASS_OF`] for C's `malloc`: the odd (16-aligned) class for each
+/// 8-byte step from 9 to 128 bytes; above, every class is a multiple of 32.
+static MALLOC_CLASS_OF: [u8; CLASS_INDEXES] = {
+    let mut table = CLASS_OF;
+    let mut i = 1;
+    while i < 16 {
+        table[i] |= 1;
+        i += 1;
+    }
+    table
+};
+
+/// The class of the request whose last byte is at offset `t`, computed:
+/// the 8-byte steps up to 128 bytes; above, the leading bit of `t` and the
+/// two (four classes a doubling) or three (eight) bits after it. What the
+/// tables are built from.
+const fn class_of_offset(t: usize) -> usize {
+    if t < 128 {
+        return t >> 3;
+    }
+    let b = t.ilog2() as usize;
+    let (shift, first) =
+        if b < FINE_SHIFT { (b - 2, STEP_CLASSES + (b - 7) * 4) } else { (b - 3, FINE_CLASSES + (b - FINE_SHIFT) * 8) };
+    // The shifted value's leading bit is worth 4 (or 8) classes.
+    first + (t >> shift) - (1 << (b - shift))
+}
 
 /// Block size of class `c`.
 #[inline(always)]
