@@ -14,8 +14,8 @@
 //! page, the cache is the class's direct page: a freed block is the next
 //! handed out, from any of the pages, as a per-class thread cache does
 //! (tcmalloc's). It is refilled with a page's whole free list, and gives
-//! its older half back to the pages when full. Measured on the public
-//! allocator benchmarks' patterns: `benches/RESULTS.md`.
+//! all but its room's newest half back to the pages when full. Measured on
+//! the public allocator benchmarks' patterns: `benches/RESULTS.md`.
 //!
 //! A heap can also *lend* a class's direct slot to a page it does not own
 //! ([`Heap::lend`]): the fast path then serves that page's blocks until the
