@@ -140,7 +140,7 @@ const CLASS_INDEXES: usize = (1024 >> 3) + ((SMALL_MAX - 1024) >> 7);
 /// load mixing sizes across it (Larson's 10 – 1,000 bytes, alloc-test's
 /// skewed sizes, bench-malloc-thread's): 264,000 of `new`'s 294,000
 /// mispredictions in 4,000,000 alloc-test operations (callgrind), and
-/// 10 – 12% of the time of those three patterns (`benches/RESULTS.md`).
+/// 10 – 16% of the time of those three patterns (`benches/RESULTS.md`).
 /// The load costs the 8-byte steps a cycle or two against their `shr`;
 /// the lines a program's small sizes read stay in L1.
 ///
