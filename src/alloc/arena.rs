@@ -904,9 +904,7 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         (*page).info.start = start;
         (*page).info.heap.store(heap, Ordering::Relaxed);
         let sink = if heap.is_null() { page } else { Heap::sink_for(heap, page, class) };
-        for s in first..first + slots {
-            (*seg).slot_sink[s].store(sink, Ordering::Relaxed);
-        }
+        super::segment::store_sinks(seg, page, sink);
         #[cfg(feature = "hardened")]
         {
             (*page).info.key = crate::hardened::page_key(page.cast());

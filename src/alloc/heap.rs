@@ -136,7 +136,8 @@ pub(crate) struct Heap {
     /// line still in the CPU's cache, and a class whose pages hold few
     /// blocks is not refilled page after page. Emptied, it is refilled
     /// with a page's whole free list. Its `used` is the room left (length
-    /// plus room is [`cache_room`]): the free that fills it gives the older
+    /// plus room is [`cache_room`]; a page's list taken whole may leave a
+    /// room of one): the free that fills it gives all but the room's newest
     /// half back to the blocks' pages ([`Heap::flush_cache`]), and a refill
     /// under a policy that chooses among pages gives all of it back first.
     /// A cached block is in use for its page, which therefore stays.
@@ -166,8 +167,9 @@ pub(crate) struct Heap {
 /// has not.
 const CACHING: bool = cfg!(not(feature = "hardened"));
 
-/// The most blocks a class's free cache holds before a free gives the older
-/// half back to their pages: 512 KiB of blocks, between 8 and 256 of them.
+/// The most blocks a class's free cache holds before a free gives all but
+/// the newest half of them back to their pages (more when a page's long
+/// list was taken whole): 512 KiB of blocks, between 8 and 256 of them.
 /// glibc's `bench-malloc-thread` pattern (a working set of 1,024 blocks to
 /// 32 KiB replaced at random) refilled one `malloc` in 17 with 64 KiB (at
 /// least 4), one in 100 with 256 KiB (at least 8), fewer with more, and

@@ -316,10 +316,23 @@ pub(crate) unsafe fn set_sink(seg: *mut SmallSegment, page: *mut Page, sink: *mu
     // block of the page meanwhile reads either sink, both owned by the
     // caller's heap, so it takes the remote path whichever it reads.
     unsafe {
-        let first = usize::from((*page).info.first_slot);
-        if (*seg).slot_sink[first].load(Ordering::Relaxed) == sink {
-            return;
+        if (*seg).slot_sink[usize::from((*page).info.first_slot)].load(Ordering::Relaxed) != sink {
+            store_sinks(seg, page, sink);
         }
+    }
+}
+
+/// Makes `sink` the sink of every slot of `page` (a page taken by a heap:
+/// whatever its slots held before; or [`set_sink`]'s change).
+///
+/// # Safety
+/// `page` is a page of `seg` whose slots and descriptor are written; only
+/// its owner (or the thread setting it up) writes its sinks.
+#[inline]
+pub(crate) unsafe fn store_sinks(seg: *mut SmallSegment, page: *mut Page, sink: *mut Page) {
+    // SAFETY: per the contract; the slots are the page's own.
+    unsafe {
+        let first = usize::from((*page).info.first_slot);
         for s in first..first + usize::from((*page).info.slots) {
             (*seg).slot_sink[s].store(sink, Ordering::Relaxed);
         }
