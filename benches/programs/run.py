@@ -2,7 +2,7 @@
 """Real programs under five allocators, in one run.
 
     python3 benches/programs/run.py [--quick] [--hardened] [--baseline LIB] [--no-interleaves]
-                                    [--repeat N] [--out DIR]
+                                    [--repeat N] [--only NAME,...] [--out DIR]
 
 Runs allocation-heavy programs from Debian's packages, and small C and C++
 programs of ours (workload classes, four of them the patterns of public
@@ -307,6 +307,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     ap.add_argument("--baseline", help="another libnumaweave.so, run in the same rounds (before / after a change)")
     ap.add_argument("--no-interleaves", action="store_true", help="leave out numaweave under interleaves")
+    ap.add_argument("--only", help="comma-separated words: the programs whose row name contains one "
+                    "(e.g. 'larson,new/delete' to rerun a few rows with more repeats)")
     ap.add_argument("--out", default=str(ROOT / "target/programs"))
     a = ap.parse_args()
     repeat = a.repeat or (1 if a.quick else 3)
@@ -329,7 +331,10 @@ def main():
     names = list(ALLOCATORS) + list(interleaves) + (list(HARDENED) if a.hardened else []) + list(baseline)
     variants = {**interleaves, **HARDENED, **baseline}
     rows = []
+    only = [w for w in a.only.split(",") if w] if a.only else None
     for name, kind, cmd in programs(work, a.quick, bins):
+        if only is not None and not any(w in name for w in only):
+            continue
         allocs = allocations(cmd, a.quick, work)
         # The large-block loop makes one allocation per iteration.
         want = int(cmd[1]) if name == "large blocks" else 10000
@@ -386,7 +391,7 @@ def main():
         (f"{geomean([r['time'][n] / r['time']['numaweave'] for r in rows]):.2f}, "
          f"RSS {geomean([r['rss'][n] / r['rss']['numaweave'] for r in rows]):.2f}" if n in variants else "")
         for n in names) + " | | | |")
-    table = "\n".join(lines + il)
+    table = "\n".join(lines + (il if variants else []))
     print("\n" + table)
     (out / "programs.md").write_text(table + "\n")
     svg(rows, list(ALLOCATORS), out / "programs.svg")
