@@ -2049,9 +2049,10 @@ mod tests {
     }
 
     /// The per-class counters sum to the exact counts and bytes: blocks of
-    /// several classes handed out, freed locally (through the free cache
-    /// where it serves, so that it fills and gives back), and freed by
-    /// another thread and collected.
+    /// several classes handed out (by the fast path and by
+    /// `alloc_on_node`), freed locally (through the free cache where it
+    /// serves, so that it fills and gives back), and freed by another
+    /// thread and collected.
     #[test]
     #[cfg(not(feature = "hardened"))]
     fn counters_count_every_block_and_byte_once() {
@@ -2068,7 +2069,13 @@ mod tests {
                 for (i, &size) in sizes.iter().enumerate() {
                     let class = class_of(size);
                     for k in 0..3 * cache_room(class) as usize + i {
-                        let b = alloc_via(heap, class, state, &mut Cached(node));
+                        // Every fifth through the handles' path (`pop_from`).
+                        let b = if k % 5 == 4 {
+                            Heap::alloc_on_node(heap, class, state, node)
+                        } else {
+                            alloc_via(heap, class, state, &mut Cached(node))
+                        };
+                        assert!(!b.is_null());
                         bytes += class_size(class) as u64;
                         if k % 3 == 0 { remote.push(b as usize) } else { local.push(b) }
                     }
