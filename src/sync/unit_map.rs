@@ -145,26 +145,22 @@ impl<const W: usize> UnitMap<W> {
 
     /// The first unit in use in `from..to`.
     pub fn first_used(&self, from: usize, to: usize) -> Option<usize> {
-        let mut i = from;
-        while i < to {
-            // Acquire: see the module docs.
-            let w = self.used()[i / 64].load(Ordering::Acquire) >> (i % 64);
-            if w != 0 {
-                let u = i + w.trailing_zeros() as usize;
-                return (u < to).then_some(u);
-            }
-            i = (i / 64 + 1) * 64;
-        }
-        None
+        self.first_where(from, to, 0)
     }
 
     /// The first free unit in `from..to`.
     pub fn first_free(&self, from: usize, to: usize) -> Option<usize> {
+        self.first_where(from, to, !0)
+    }
+
+    /// The first unit in `from..to` whose bit, XORed with `flip`'s, is set:
+    /// in use with `flip` 0, free with all ones.
+    fn first_where(&self, from: usize, to: usize, flip: u64) -> Option<usize> {
         let mut i = from;
         while i < to {
             // Acquire: see the module docs. The shift brings in zeros,
-            // which read as units in use: the next word is looked at.
-            let w = !self.used()[i / 64].load(Ordering::Acquire) >> (i % 64);
+            // units that do not match: the next word is looked at.
+            let w = (self.used()[i / 64].load(Ordering::Acquire) ^ flip) >> (i % 64);
             if w != 0 {
                 let u = i + w.trailing_zeros() as usize;
                 return (u < to).then_some(u);
