@@ -74,7 +74,7 @@ pub use checked::report_misuse;
 pub use handle::{ColdHandle, InterleaveHandle, NodeHandle};
 pub use huge::MAX_ALIGN;
 pub use placement::{PolicyGuard, with_policy};
-pub use size_class::SMALL_MAX;
+pub use size_class::{SMALL_MAX, WORD_CLASSES_MAX};
 pub use state::{Config, Mode};
 
 use crate::error::{Error, Result};
@@ -222,6 +222,58 @@ impl NumaAlloc {
     pub unsafe fn alloc_fast_new(&self, size: usize) -> *mut u8 {
         // SAFETY: forwarded contract.
         unsafe { self.pop_fast(size, |size| size_class::class_of_aligned_nonzero(size, 16)) }
+    }
+
+    /// [`alloc_fast`](Self::alloc_fast) for a size from 1 to
+    /// [`WORD_CLASSES_MAX`] bytes, whose class is one shift and a table
+    /// entry away: the C library tests that bound first and sends larger
+    /// sizes to `alloc_fast` out of line.
+    ///
+    /// # Safety
+    /// As [`alloc_fast`](Self::alloc_fast); `size` is from 1 to
+    /// [`WORD_CLASSES_MAX`].
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn alloc_fast_word(&self, size: usize) -> *mut u8 {
+        debug_assert!(size.wrapping_sub(1) < WORD_CLASSES_MAX);
+        // SAFETY: forwarded contract; `class_of_malloc_word` gets a size
+        // from 1 to WORD_CLASSES_MAX (the caller's word).
+        unsafe { self.pop_word(size, |s| size_class::class_of_malloc_word(s)) }
+    }
+
+    /// [`alloc_fast_new`](Self::alloc_fast_new) for a size from 1 to
+    /// [`WORD_CLASSES_MAX`] bytes (see [`alloc_fast_word`](Self::alloc_fast_word)).
+    ///
+    /// # Safety
+    /// As [`alloc_fast_word`](Self::alloc_fast_word).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn alloc_fast_new_word(&self, size: usize) -> *mut u8 {
+        debug_assert!(size.wrapping_sub(1) < WORD_CLASSES_MAX);
+        // SAFETY: forwarded contract; `class_of_new_word` gets a size from
+        // 1 to WORD_CLASSES_MAX (the caller's word).
+        unsafe { self.pop_word(size, |s| size_class::class_of_new_word(s)) }
+    }
+
+    /// [`pop_fast`](Self::pop_fast) of a size the caller found to be from
+    /// 1 to [`WORD_CLASSES_MAX`].
+    ///
+    /// # Safety
+    /// `class_of` maps every size from 1 to [`WORD_CLASSES_MAX`] to a class.
+    #[inline(always)]
+    unsafe fn pop_word(&self, size: usize, class_of: impl Fn(usize) -> usize) -> *mut u8 {
+        // Under `NUMAWEAVE_CHECK=full` a hardened build's bound is 0.
+        #[cfg(feature = "hardened")]
+        if !hardened::fast_size(size) {
+            return ptr::null_mut();
+        }
+        let heap = heap::current();
+        if heap.is_null() {
+            return ptr::null_mut();
+        }
+        // SAFETY: the calling thread's heap; the class is in range (the
+        // size is small); `NUMAWEAVE_CHECK=full` is off (looked at above).
+        unsafe { Heap::pop_checked_off(heap, class_of(size)) }
     }
 
     /// The fast paths' pop: the head of the calling thread's page of
