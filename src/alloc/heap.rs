@@ -52,6 +52,47 @@ fn empty_page() -> *mut Page {
     ptr::addr_of!(EMPTY_PAGE.0).cast_mut()
 }
 
+/// What the thread-local slot of a thread without a heap points to (before
+/// its first allocation, after its exit): a heap's `direct` array whose
+/// every page is the empty page. A fast path pops from it as from a heap,
+/// finds no block and goes to its slow path, so it tests no null heap (two
+/// instructions, as mimalloc's `_mi_heap_empty`); the slow paths tell it
+/// apart ([`current`]) and never refill it. Only `direct` is ever read,
+/// and nothing is written.
+#[repr(C)]
+struct NoHeap([*mut Page; CLASSES]);
+// SAFETY: never written (see above); the pages it points to are the empty
+// page, itself never written.
+unsafe impl Sync for NoHeap {}
+static NO_HEAP: NoHeap = NoHeap([ptr::addr_of!(EMPTY_PAGE.0).cast_mut(); CLASSES]);
+// A fast path reads `(*heap).direct[class]` of `NO_HEAP` cast to a heap.
+const _: () = assert!(core::mem::offset_of!(Heap, direct) == 0);
+
+/// [`NO_HEAP`] as a heap pointer (only its `direct` may be read).
+#[inline(always)]
+pub(crate) fn no_heap() -> *mut Heap {
+    ptr::addr_of!(NO_HEAP).cast_mut().cast()
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+core::arch::global_asm!(
+    // The thread-local slot `os/tls.rs` reads and writes, defined here for
+    // its initial value, `NO_HEAP`'s address (initialised: `.tdata`; the
+    // dynamic linker relocates the image before it copies it for a thread,
+    // as it does for mimalloc's `_mi_heap_default`). Hidden, so that the
+    // symbol stays inside the binary or library it is linked into.
+    ".pushsection .tdata,\"awT\",@progbits",
+    ".p2align 3",
+    ".globl __numaweave_heap_tls",
+    ".hidden __numaweave_heap_tls",
+    ".type __numaweave_heap_tls, @object",
+    ".size __numaweave_heap_tls, 8",
+    "__numaweave_heap_tls:",
+    ".quad {none}",
+    ".popsection",
+    none = sym NO_HEAP,
+);
+
 /// Per-heap counters: written only by the thread that owns the heap (relaxed
 /// load + store, no read-modify-write), read by anyone and summed into
 /// [`Stats`](super::stats::Stats).
@@ -246,18 +287,36 @@ pub(crate) trait Placement {
 }
 
 /// The calling thread's heap, if it has one: null before its first
-/// allocation and after it exited. One `fs:`-relative load (see `os/tls.rs`).
+/// allocation and after it exited.
 #[inline(always)]
 pub(crate) fn current() -> *mut Heap {
-    crate::os::tls::get().cast()
+    let h = current_or_none();
+    if h == no_heap() { ptr::null_mut() } else { h }
+}
+
+/// The calling thread's heap, or [`no_heap`] where it has none: what the
+/// fast paths pop from (and compare a page's owner with), one `fs:`-relative
+/// load (see `os/tls.rs`). Never refilled or written through.
+#[inline(always)]
+pub(crate) fn current_or_none() -> *mut Heap {
+    let h: *mut Heap = crate::os::tls::get().cast();
+    // Other targets' `thread_local!` slot starts null.
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    if h.is_null() {
+        return no_heap();
+    }
+    debug_assert!(!h.is_null(), "the slot starts at NO_HEAP and is never set to null");
+    h
 }
 
 impl Heap {
     /// A block of class `class` from the direct page, or null when it has
-    /// none (the caller then refills): the fast path.
+    /// none (the caller then refills, or, from [`no_heap`], makes the
+    /// thread's heap): the fast path.
     ///
     /// # Safety
-    /// `heap` must be the calling thread's heap; `class < CLASSES`.
+    /// `heap` must be the calling thread's heap or [`no_heap`]; `class <
+    /// CLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn pop(heap: *mut Heap, class: usize) -> *mut u8 {
         // SAFETY: the caller's heap and a class below CLASSES, as `pop_as` needs.
@@ -283,13 +342,16 @@ impl Heap {
     #[inline(always)]
     unsafe fn pop_as<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *mut u8 {
         debug_assert!(class < CLASSES);
-        // SAFETY: the heap is this thread's; `class < CLASSES` by contract.
+        // SAFETY: the heap is this thread's, or `NO_HEAP`, whose `direct`
+        // (all that is read of it: the empty page's list is empty) is an
+        // array of CLASSES pages too; `class < CLASSES` by contract.
         unsafe {
             let page = *(*heap).direct.get_unchecked(class);
             let block = (*page).free;
             if block.is_null() {
                 return ptr::null_mut();
             }
+            debug_assert!(heap != no_heap(), "NO_HEAP's pages have no block");
             // A hardened build's checks that may report or need more than
             // this path finish the pop out of line (tail calls: `malloc`
             // keeps no stack frame). The head first: it is read next.
@@ -1445,7 +1507,8 @@ unsafe fn in_page(page: *mut Page, p: *const u8) -> bool {
 #[cfg(feature = "hardened")]
 #[inline(always)]
 pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
-    let heap = current();
+    // (`NO_HEAP` owns no page.)
+    let heap = current_or_none();
     // SAFETY: per the contract; `info.heap` is fixed while `p` is live.
     unsafe {
         if (*page).info.heap.load(Ordering::Relaxed) == heap {
@@ -1465,7 +1528,8 @@ pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
 #[cfg(not(feature = "hardened"))]
 #[inline(always)]
 pub(crate) unsafe fn free_to_sink(seg: *mut super::segment::SmallSegment, sink: *mut Page, p: *mut u8) {
-    let heap = current();
+    // (`NO_HEAP` owns no page, nor is it a free cache's heap.)
+    let heap = current_or_none();
     // SAFETY: per the contract; the sink's `info.heap` is the page's owner
     // (a free cache's is its heap), fixed while `p` is live.
     unsafe {
@@ -1706,7 +1770,7 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     if heap.is_null() {
         return;
     }
-    crate::os::tls::set(ptr::null_mut());
+    crate::os::tls::set(no_heap().cast());
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
     unsafe {
         Heap::release_empty_pages(heap);

@@ -267,12 +267,12 @@ impl NumaAlloc {
         if !hardened::fast_size(size) {
             return ptr::null_mut();
         }
-        let heap = heap::current();
-        if heap.is_null() {
-            return ptr::null_mut();
-        }
-        // SAFETY: the calling thread's heap; the class is in range (the
-        // size is small); `NUMAWEAVE_CHECK=full` is off (looked at above).
+        // (A thread without a heap pops from `NO_HEAP`, which has no block:
+        // no test here.)
+        let heap = heap::current_or_none();
+        // SAFETY: the calling thread's heap or `NO_HEAP`; the class is in
+        // range (the size is small); `NUMAWEAVE_CHECK=full` is off (looked
+        // at above).
         unsafe { Heap::pop_checked_off(heap, class_of(size)) }
     }
 
@@ -294,13 +294,11 @@ impl NumaAlloc {
         #[cfg(not(feature = "hardened"))]
         let small = size.wrapping_sub(1) < SMALL_MAX;
         if small {
-            let heap = heap::current();
-            if !heap.is_null() {
-                // SAFETY: the calling thread's heap; the class is in range
-                // (`small`: nor is the size 0); `NUMAWEAVE_CHECK=full` is
-                // off (looked at above).
-                return unsafe { Heap::pop_checked_off(heap, class_of(size)) };
-            }
+            let heap = heap::current_or_none();
+            // SAFETY: the calling thread's heap or `NO_HEAP`; the class is
+            // in range (`small`: nor is the size 0); `NUMAWEAVE_CHECK=full`
+            // is off (looked at above).
+            return unsafe { Heap::pop_checked_off(heap, class_of(size)) };
         }
         ptr::null_mut()
     }
@@ -743,12 +741,20 @@ impl NumaAlloc {
     unsafe fn alloc_paged<const LOOK_FULL: bool>(&self, layout: Layout, small: bool) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         if align <= size_class::CLASS_ALIGN && small {
-            let heap = heap::current();
-            if !heap.is_null() {
-                // SAFETY: the calling thread's heap; the class is in range
-                // (`small`, which a zero size is not: see `alloc_plain` and
-                // `hardened::fast_size`); `full` is off unless `LOOK_FULL`.
-                return unsafe { alloc_class::<LOOK_FULL>(heap, size_class::class_of_aligned_nonzero(size, align)) };
+            let heap = heap::current_or_none();
+            let class = size_class::class_of_aligned_nonzero(size, align);
+            // SAFETY: the calling thread's heap or `NO_HEAP`; the class is
+            // in range (`small`, which a zero size is not: see
+            // `alloc_plain` and `hardened::fast_size`); `full` is off
+            // unless `LOOK_FULL`.
+            let p = unsafe { if LOOK_FULL { Heap::pop(heap, class) } else { Heap::pop_checked_off(heap, class) } };
+            if !p.is_null() {
+                return p;
+            }
+            if heap != heap::no_heap() {
+                // SAFETY: the calling thread's heap, whose page of the
+                // class has no block at hand.
+                return unsafe { placement::refill(heap, class) };
             }
         }
         // SAFETY: same contract.

@@ -13,30 +13,17 @@
 //! object it needs the few bytes of static TLS that glibc keeps for libraries
 //! loaded at start-up or by `dlopen`.
 //!
-//! Other targets fall back to `thread_local!`.
+//! The slot, `__numaweave_heap_tls`, is defined where its initial value is
+//! (`alloc/heap.rs`: the address of the heap that is none); this module
+//! only reads and writes it. Other targets fall back to `thread_local!`,
+//! whose slot starts null.
 
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-core::arch::global_asm!(
-    // One pointer-sized, zero-initialised thread-local (`nobits`: no file
-    // space), hidden so that the symbol stays inside the binary or library
-    // it is linked into.
-    ".pushsection .tbss,\"awT\",@nobits",
-    ".p2align 3",
-    ".globl __numaweave_heap_tls",
-    ".hidden __numaweave_heap_tls",
-    ".type __numaweave_heap_tls, @object",
-    ".size __numaweave_heap_tls, 8",
-    "__numaweave_heap_tls:",
-    ".zero 8",
-    ".popsection",
-);
-
-/// The value of the calling thread's slot (null until set).
+/// The value of the calling thread's slot (its initial value until set).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline(always)]
 pub(crate) fn get() -> *mut () {
     let v: *mut ();
-    // SAFETY: reads this thread's 8-byte slot defined above: the GOT entry
+    // SAFETY: reads this thread's 8-byte slot (`alloc/heap.rs`): the GOT entry
     // holds its offset from the thread pointer (`fs:0`), fixed at load time.
     // No memory is written; the flags are not touched.
     unsafe {
@@ -54,7 +41,7 @@ pub(crate) fn get() -> *mut () {
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline]
 pub(crate) fn set(v: *mut ()) {
-    // SAFETY: writes this thread's 8-byte slot defined above, through the
+    // SAFETY: writes this thread's 8-byte slot (`alloc/heap.rs`), through the
     // same GOT entry as `get`.
     unsafe {
         core::arch::asm!(
@@ -93,14 +80,19 @@ mod tests {
     #[test]
     fn each_thread_has_its_own_slot() {
         let mine = get();
-        let other = std::thread::spawn(|| {
-            assert!(get().is_null(), "a new thread's slot starts null");
-            set(0x1234 as *mut ());
-            get() as usize
-        })
-        .join()
-        .unwrap();
-        assert_eq!(other, 0x1234);
+        let fresh = || {
+            std::thread::spawn(|| {
+                let initial = get() as usize;
+                set(0x1234 as *mut ());
+                (initial, get() as usize)
+            })
+            .join()
+            .unwrap()
+        };
+        let ((a, set_a), (b, _)) = (fresh(), fresh());
+        assert_eq!(set_a, 0x1234);
+        assert_eq!(a, b, "each new thread's slot starts at the same value");
+        assert_ne!(b, 0x1234, "a new thread's slot is not an exited thread's");
         assert_eq!(get(), mine, "another thread's write is not ours");
     }
 }
