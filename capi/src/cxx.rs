@@ -40,7 +40,6 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::A;
 use crate::malloc::{aligned_alloc, free_inline};
-use numaweave::alloc::WORD_CLASSES_MAX;
 
 /// `__STDCPP_DEFAULT_NEW_ALIGNMENT__` on x86-64 and aarch64.
 const NEW_ALIGN: usize = 16;
@@ -244,42 +243,16 @@ macro_rules! new_plain_fn {
         #[unsafe(no_mangle)]
         #[unsafe(link_section = ".text.hot.numaweave")]
         pub unsafe extern "C-unwind" fn $name(size: usize) -> *mut c_void {
-            // Sizes up to a KiB find their class with a shift; the rest
-            // (and 0) go by a jump to `new_plain_large` (as `malloc`).
-            if size.wrapping_sub(1) < WORD_CLASSES_MAX {
-                // SAFETY: a size from 1 to WORD_CLASSES_MAX.
-                let p = unsafe { A.alloc_fast_new_word(size) };
-                if !p.is_null() {
-                    return p.cast();
-                }
-                // SAFETY: reached with the size in `rdi` as the stub
-                // expects, by a jump (a call in tail position).
-                return unsafe { new_plain_miss(size) };
+            // SAFETY: any size is accepted.
+            let p = unsafe { A.alloc_fast_new(size) };
+            if !p.is_null() {
+                return p.cast();
             }
-            // SAFETY: any size is accepted; reached by a jump.
-            unsafe { new_plain_large(size) }
+            // SAFETY: reached with the size in `rdi` as the stub expects,
+            // by a jump (a call in tail position, nothing left to do here).
+            unsafe { new_plain_miss(size) }
         }
     };
-}
-
-/// A plain `new` of 0 or more than [`WORD_CLASSES_MAX`] bytes: the fast
-/// path of the larger classes, else [`new_plain_miss`] (a tail call: no
-/// frame of this function is left when that throws).
-///
-/// # Safety
-/// The C++ contract of `operator new(size_t)`.
-#[cfg(target_arch = "x86_64")]
-#[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
-unsafe extern "C-unwind" fn new_plain_large(size: usize) -> *mut c_void {
-    // SAFETY: any size is accepted.
-    let p = unsafe { A.alloc_fast_new(size) };
-    if !p.is_null() {
-        return p.cast();
-    }
-    // SAFETY: reached with the size in `rdi` as the stub expects, by a
-    // jump (a call in tail position, nothing left to do here).
-    unsafe { new_plain_miss(size) }
 }
 
 /// An aligned `new`: size and alignment kept (two pushes and a pad).

@@ -24,7 +24,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;
 use core::ptr;
 
-use numaweave::alloc::{MAX_ALIGN, WORD_CLASSES_MAX, malloc_align};
+use numaweave::alloc::{MAX_ALIGN, malloc_align};
 
 use numaweave::os::errno;
 
@@ -61,32 +61,6 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     // The fast path makes no call, so `malloc` keeps no stack frame: what
     // may fail (a refill, errno) is in the slow path, reached by a jump (it
     // is `extern "C"`, so it cannot unwind and needs no landing pad here).
-    // Sizes up to a KiB (most of a program's) find their class with a
-    // shift; the rest, and 0, go by a jump to `malloc_large`.
-    if size.wrapping_sub(1) < WORD_CLASSES_MAX {
-        // SAFETY: a size from 1 to WORD_CLASSES_MAX; null means "take the
-        // slow path".
-        let p = unsafe { A.alloc_fast_word(size) };
-        if !p.is_null() {
-            return p.cast();
-        }
-        // SAFETY: the same contract.
-        return unsafe { malloc_slow(size) };
-    }
-    // SAFETY: the same contract.
-    unsafe { malloc_large(size) }
-}
-
-/// `malloc` of 0 or more than [`WORD_CLASSES_MAX`] bytes: the fast path of
-/// the larger classes, else the slow path. Out of line so that the sizes
-/// up to a KiB do not compute both class indexes (see
-/// `alloc/size_class.rs`).
-///
-/// # Safety
-/// The C contract of `malloc`.
-#[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
-unsafe extern "C" fn malloc_large(size: usize) -> *mut c_void {
     // SAFETY: any size is accepted; null means "take the slow path".
     let p = unsafe { A.alloc_fast(size) };
     if !p.is_null() {

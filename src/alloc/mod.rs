@@ -74,7 +74,7 @@ pub use checked::report_misuse;
 pub use handle::{ColdHandle, InterleaveHandle, NodeHandle};
 pub use huge::MAX_ALIGN;
 pub use placement::{PolicyGuard, with_policy};
-pub use size_class::{SMALL_MAX, WORD_CLASSES_MAX};
+pub use size_class::SMALL_MAX;
 pub use state::{Config, Mode};
 
 use crate::error::{Error, Result};
@@ -205,8 +205,9 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_fast(&self, size: usize) -> *mut u8 {
-        // SAFETY: forwarded contract.
-        unsafe { self.pop_fast(size, size_class::class_of_malloc_nonzero) }
+        // SAFETY: forwarded contract; `pop_fast` looks up the sizes from 1
+        // to SMALL_MAX only, as `class_of_malloc_small` asks.
+        unsafe { self.pop_fast(size, |s| size_class::class_of_malloc_small(s)) }
     }
 
     /// [`alloc_fast`](Self::alloc_fast) for C++'s plain `new`: the block
@@ -220,60 +221,9 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_fast_new(&self, size: usize) -> *mut u8 {
-        // SAFETY: forwarded contract.
-        unsafe { self.pop_fast(size, |size| size_class::class_of_aligned_nonzero(size, 16)) }
-    }
-
-    /// [`alloc_fast`](Self::alloc_fast) for a size from 1 to
-    /// [`WORD_CLASSES_MAX`] bytes, whose class is one shift and a table
-    /// entry away: the C library tests that bound first and sends larger
-    /// sizes to `alloc_fast` out of line.
-    ///
-    /// # Safety
-    /// As [`alloc_fast`](Self::alloc_fast); `size` is from 1 to
-    /// [`WORD_CLASSES_MAX`].
-    #[doc(hidden)]
-    #[inline(always)]
-    pub unsafe fn alloc_fast_word(&self, size: usize) -> *mut u8 {
-        debug_assert!(size.wrapping_sub(1) < WORD_CLASSES_MAX);
-        // SAFETY: forwarded contract; `class_of_malloc_word` gets a size
-        // from 1 to WORD_CLASSES_MAX (the caller's word).
-        unsafe { self.pop_word(size, |s| size_class::class_of_malloc_word(s)) }
-    }
-
-    /// [`alloc_fast_new`](Self::alloc_fast_new) for a size from 1 to
-    /// [`WORD_CLASSES_MAX`] bytes (see [`alloc_fast_word`](Self::alloc_fast_word)).
-    ///
-    /// # Safety
-    /// As [`alloc_fast_word`](Self::alloc_fast_word).
-    #[doc(hidden)]
-    #[inline(always)]
-    pub unsafe fn alloc_fast_new_word(&self, size: usize) -> *mut u8 {
-        debug_assert!(size.wrapping_sub(1) < WORD_CLASSES_MAX);
-        // SAFETY: forwarded contract; `class_of_new_word` gets a size from
-        // 1 to WORD_CLASSES_MAX (the caller's word).
-        unsafe { self.pop_word(size, |s| size_class::class_of_new_word(s)) }
-    }
-
-    /// [`pop_fast`](Self::pop_fast) of a size the caller found to be from
-    /// 1 to [`WORD_CLASSES_MAX`].
-    ///
-    /// # Safety
-    /// `class_of` maps every size from 1 to [`WORD_CLASSES_MAX`] to a class.
-    #[inline(always)]
-    unsafe fn pop_word(&self, size: usize, class_of: impl Fn(usize) -> usize) -> *mut u8 {
-        // Under `NUMAWEAVE_CHECK=full` a hardened build's bound is 0.
-        #[cfg(feature = "hardened")]
-        if !hardened::fast_size(size) {
-            return ptr::null_mut();
-        }
-        // (A thread without a heap pops from `NO_HEAP`, which has no block:
-        // no test here.)
-        let heap = heap::current_or_none();
-        // SAFETY: the calling thread's heap or `NO_HEAP`; the class is in
-        // range (the size is small); `NUMAWEAVE_CHECK=full` is off (looked
-        // at above).
-        unsafe { Heap::pop_checked_off(heap, class_of(size)) }
+        // SAFETY: forwarded contract; `pop_fast` looks up the sizes from 1
+        // to SMALL_MAX only, as `class_of_new_small` asks.
+        unsafe { self.pop_fast(size, |s| size_class::class_of_new_small(s)) }
     }
 
     /// The fast paths' pop: the head of the calling thread's page of
@@ -281,14 +231,17 @@ impl NumaAlloc {
     /// thread has no heap or the page no block at hand.
     ///
     /// # Safety
-    /// `class_of` maps every size from 1 to [`SMALL_MAX`] to a class.
+    /// `class_of` may be called with any size from 1 to [`SMALL_MAX`] (it
+    /// is called with no other) and maps it to a class.
     #[inline(always)]
     unsafe fn pop_fast(&self, size: usize, class_of: impl Fn(usize) -> usize) -> *mut u8 {
         // The bound is on the last byte's offset, `size - 1`: a zero size
         // wraps past it to the slow path (where `malloc(0)` is
         // `malloc(1)`), so the class needs no saturating subtraction. A
         // hardened build's bound is 0 under `NUMAWEAVE_CHECK=full` (red
-        // zones need the slow path), so one compare tests both.
+        // zones need the slow path), so one compare tests both; otherwise
+        // it is SMALL_MAX (`State`'s start-up sets it), so `class_of` sees
+        // no larger size.
         #[cfg(feature = "hardened")]
         let small = hardened::fast_size(size);
         #[cfg(not(feature = "hardened"))]

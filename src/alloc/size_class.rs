@@ -57,7 +57,6 @@ pub const CLASS_ALIGN: usize = 16;
 /// classes from here on follow the cursor block by block (regions), the
 /// ones below it page by page (heap pages). See `alloc/placement.rs`.
 pub(crate) const PAGE_CLASS: usize = FINE_CLASSES + (12 - FINE_SHIFT) * 8 - 1;
-const _: () = assert!(WORD_CLASSES_MAX <= SMALL_MAX);
 const _: () = assert!(class_size(PAGE_CLASS) == 4096 && class_size(PAGE_CLASS - 1) < 4096);
 
 /// Class of a request of `size` bytes (`1 ..= SMALL_MAX`; 0 is treated as 1),
@@ -112,47 +111,44 @@ pub(crate) fn class_of_malloc_nonzero(size: usize) -> usize {
     usize::from(MALLOC_CLASS_OF[class_index(last_of_nonzero(size))])
 }
 
-/// Requests of 1 to `WORD_CLASSES_MAX` bytes find their class in a table
-/// with an entry per 8 bytes: `(size - 1) / 8`, one shift (the `_word`
-/// functions below). The C library's fast paths test this bound and send
-/// the larger sizes out of line, where [`class_index`]'s `cmov` between
-/// two indexes (five instructions more) is left. The bound is where a
-/// branch on it is not a guess: bench-malloc-thread's sizes run to 32 KiB
-/// (69% of them above a KiB in `benches/programs/perthread.c`), and a
-/// branch at a KiB made that pattern 25% slower. The tables are 4 KiB
-/// each; a program's sizes read a few of their lines.
-pub const WORD_CLASSES_MAX: usize = 32 * 1024;
-
-/// [`class_of_malloc_nonzero`] of a size from 1 to [`WORD_CLASSES_MAX`].
+/// [`class_of_malloc_nonzero`] by a table with an entry per 8 bytes of
+/// every small size ([`MALLOC_SMALL_CLASS`]): one shift and a load, not
+/// [`class_index`]'s two indexes and `cmov` (five instructions more), and
+/// no branch on the size (a bound at a KiB or at 32 KiB, below which such
+/// a table would be 128 bytes or 4 KiB, was a coin toss for loads whose
+/// sizes straddle it: bench-malloc-thread's pattern 25% slower at a KiB,
+/// the C churn's mispredictions +52% at 32 KiB). What the C library's
+/// `malloc` uses; its 32 KiB are read a line per 512 bytes of the sizes a
+/// program asks for.
 ///
 /// # Safety
-/// `size` is from 1 to [`WORD_CLASSES_MAX`].
+/// `size` is from 1 to [`SMALL_MAX`].
 #[inline(always)]
-pub(crate) unsafe fn class_of_malloc_word(size: usize) -> usize {
-    debug_assert!(size != 0 && size <= WORD_CLASSES_MAX);
-    // SAFETY: `size - 1` (or 15, hardened) is below WORD_CLASSES_MAX (the
-    // caller's word), so the index is below the table's length (a mask
-    // here would cost the fast path an instruction: the compiler does not
-    // carry the caller's bound this far).
-    usize::from(unsafe { *MALLOC_WORD_CLASS.get_unchecked(last_of_nonzero(size) >> 3) })
+pub(crate) unsafe fn class_of_malloc_small(size: usize) -> usize {
+    debug_assert!(size != 0 && size <= SMALL_MAX);
+    // SAFETY: `size - 1` (or 15, hardened) is below SMALL_MAX (the caller's
+    // word), so the index is below the table's length (a mask here would
+    // cost the fast path an instruction: the compiler does not carry the
+    // caller's bound this far).
+    usize::from(unsafe { *MALLOC_SMALL_CLASS.get_unchecked(last_of_nonzero(size) >> 3) })
 }
 
 /// [`class_of_aligned_nonzero`] with an alignment of 16 (C++'s plain
-/// `new`) of a size from 1 to [`WORD_CLASSES_MAX`].
+/// `new`), by a table as [`class_of_malloc_small`].
 ///
 /// # Safety
-/// As [`class_of_malloc_word`].
+/// As [`class_of_malloc_small`].
 #[inline(always)]
-pub(crate) unsafe fn class_of_new_word(size: usize) -> usize {
-    debug_assert!(size != 0 && size <= WORD_CLASSES_MAX);
-    // SAFETY: as in `class_of_malloc_word`: the index is below the table's
-    // length.
-    usize::from(unsafe { *NEW_WORD_CLASS.get_unchecked(last_of_nonzero(size) >> 3) })
+pub(crate) unsafe fn class_of_new_small(size: usize) -> usize {
+    debug_assert!(size != 0 && size <= SMALL_MAX);
+    // SAFETY: as in `class_of_malloc_small`: the index is below the
+    // table's length.
+    usize::from(unsafe { *NEW_SMALL_CLASS.get_unchecked(last_of_nonzero(size) >> 3) })
 }
 
-/// [`MALLOC_CLASS_OF`] by 8-byte steps up to [`WORD_CLASSES_MAX`].
-static MALLOC_WORD_CLASS: [u8; WORD_CLASSES_MAX / 8] = {
-    let mut table = [0u8; WORD_CLASSES_MAX / 8];
+/// [`MALLOC_CLASS_OF`] by 8-byte steps up to [`SMALL_MAX`].
+static MALLOC_SMALL_CLASS: [u8; SMALL_MAX / 8] = {
+    let mut table = [0u8; SMALL_MAX / 8];
     let mut i = 0;
     while i < table.len() {
         table[i] = MALLOC_CLASS_OF[class_index(i * 8)];
@@ -161,11 +157,11 @@ static MALLOC_WORD_CLASS: [u8; WORD_CLASSES_MAX / 8] = {
     table
 };
 
-/// [`CLASS_OF`] by 8-byte steps up to [`WORD_CLASSES_MAX`] for an alignment
-/// of 16: each step's 16-byte multiple (the `or` of
+/// [`CLASS_OF`] by 8-byte steps up to [`SMALL_MAX`] for an alignment of
+/// 16: each step's 16-byte multiple (the `or` of
 /// [`class_of_aligned_nonzero`] done here, not on `new`'s fast path).
-static NEW_WORD_CLASS: [u8; WORD_CLASSES_MAX / 8] = {
-    let mut table = [0u8; WORD_CLASSES_MAX / 8];
+static NEW_SMALL_CLASS: [u8; SMALL_MAX / 8] = {
+    let mut table = [0u8; SMALL_MAX / 8];
     let mut i = 0;
     while i < table.len() {
         table[i] = CLASS_OF[class_index((i * 8) | 8)];
@@ -360,12 +356,10 @@ mod tests {
             let want = if size > MIN_BLOCK { 16 } else { MIN_BLOCK };
             assert!(class_size(cm) >= size && class_size(cm).is_multiple_of(want), "C's class of {size}");
             assert_eq!(cm, class_of_aligned(size, want), "C's class of {size} is the smallest aligned one");
-            if size <= WORD_CLASSES_MAX {
-                // SAFETY: a size from 1 to WORD_CLASSES_MAX.
-                let (mw, nw) = unsafe { (class_of_malloc_word(size), class_of_new_word(size)) };
-                assert_eq!(mw, cm, "the C library's word-table class of {size}");
-                assert_eq!(nw, class_of_aligned(size, 16), "C++ new's word-table class of {size}");
-            }
+            // SAFETY: a size from 1 to SMALL_MAX.
+            let (ms, ns) = unsafe { (class_of_malloc_small(size), class_of_new_small(size)) };
+            assert_eq!(ms, cm, "the C library's fast class of {size}");
+            assert_eq!(ns, class_of_aligned(size, 16), "C++ new's fast class of {size}");
         }
         assert_eq!(class_of(0), class_of(1));
         assert_eq!(class_of_malloc(0), class_of(1));
