@@ -6,7 +6,7 @@
 //! in a `cdylib`, where every access is a call to `__tls_get_addr`. The C
 //! library (`capi/`, `LD_PRELOAD`ed into programs) is such a `cdylib`, and a
 //! call in every `malloc` and `free` cost 20% of the time of allocation-heavy
-//! C programs. So on x86-64 Linux the slot is a `.tbss` symbol of our own,
+//! C programs. So on x86-64 Linux the slot is a `.tdata` symbol of our own,
 //! read and written `fs:`-relative through its `@GOTTPOFF` entry: the
 //! initial-exec model, as mimalloc's preload build uses. In an executable
 //! (static ones included) the linker relaxes it to local-exec; in a shared
