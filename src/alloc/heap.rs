@@ -48,7 +48,7 @@ struct EmptyPage(Page);
 unsafe impl Sync for EmptyPage {}
 
 #[inline(always)]
-fn empty_page() -> *mut Page {
+const fn empty_page() -> *mut Page {
     ptr::addr_of!(EMPTY_PAGE.0).cast_mut()
 }
 
@@ -64,7 +64,7 @@ struct NoHeap([*mut Page; CLASSES]);
 // SAFETY: never written (see above); the pages it points to are the empty
 // page, itself never written.
 unsafe impl Sync for NoHeap {}
-static NO_HEAP: NoHeap = NoHeap([ptr::addr_of!(EMPTY_PAGE.0).cast_mut(); CLASSES]);
+static NO_HEAP: NoHeap = NoHeap([empty_page(); CLASSES]);
 // A fast path reads `(*heap).direct[class]` of `NO_HEAP` cast to a heap.
 const _: () = assert!(core::mem::offset_of!(Heap, direct) == 0);
 
@@ -335,12 +335,14 @@ impl Heap {
     }
 
     /// [`pop`](Self::pop), looking whether `NUMAWEAVE_CHECK=full` is on only
-    /// with `LOOK_FULL` (hardened builds).
+    /// with `LOOK_FULL` (hardened builds): `pop_as::<false>` is
+    /// [`pop_checked_off`](Self::pop_checked_off).
     ///
     /// # Safety
-    /// As [`pop`](Self::pop).
+    /// As [`pop`](Self::pop); without `LOOK_FULL`, as
+    /// [`pop_checked_off`](Self::pop_checked_off).
     #[inline(always)]
-    unsafe fn pop_as<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *mut u8 {
+    pub(crate) unsafe fn pop_as<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *mut u8 {
         debug_assert!(class < CLASSES);
         // SAFETY: the heap is this thread's, or `NO_HEAP`, whose `direct`
         // (all that is read of it: the empty page's list is empty) is an

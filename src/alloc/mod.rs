@@ -474,9 +474,9 @@ impl Default for NumaAlloc {
 unsafe fn alloc_class<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *mut u8 {
     // SAFETY: `heap` is the calling thread's heap and `class < CLASSES` (the
     // caller's word), as the pops ask; `full` is off unless `LOOK_FULL`, as
-    // `pop_checked_off` asks.
+    // `pop_as::<false>` asks.
     unsafe {
-        let p = if LOOK_FULL { Heap::pop(heap, class) } else { Heap::pop_checked_off(heap, class) };
+        let p = Heap::pop_as::<LOOK_FULL>(heap, class);
         if !p.is_null() {
             return p;
         }
@@ -700,7 +700,7 @@ impl NumaAlloc {
             // in range (`small`, which a zero size is not: see
             // `alloc_plain` and `hardened::fast_size`); `full` is off
             // unless `LOOK_FULL`.
-            let p = unsafe { if LOOK_FULL { Heap::pop(heap, class) } else { Heap::pop_checked_off(heap, class) } };
+            let p = unsafe { Heap::pop_as::<LOOK_FULL>(heap, class) };
             if !p.is_null() {
                 return p;
             }

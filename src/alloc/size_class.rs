@@ -98,20 +98,17 @@ fn last_of_nonzero(size: usize) -> usize {
 /// treated as 1): aligned to 16 above 8 bytes, as C23 asks of a block that
 /// any object of fundamental alignment and of its size fits (see the
 /// module's documentation).
+///
+/// The table of `malloc`'s fast path ([`MALLOC_SMALL_CLASS`]), so a refill
+/// after its miss serves the class it looked at; the mask keeps a size
+/// past [`SMALL_MAX`] (a caller's bug a debug build reports) in the table.
 #[inline(always)]
 pub fn class_of_malloc(size: usize) -> usize {
-    class_of_malloc_nonzero(size.max(1))
+    let t = last_of_nonzero(size.max(1));
+    usize::from(MALLOC_SMALL_CLASS[(t >> 3) & (SMALL_MAX / 8 - 1)])
 }
 
-/// [`class_of_malloc`] of a size known not to be 0 (see
-/// [`last_of_nonzero`]): [`MALLOC_CLASS_OF`]'s entry, the 16-aligned class
-/// of each 8-byte step above 8 bytes.
-#[inline(always)]
-pub(crate) fn class_of_malloc_nonzero(size: usize) -> usize {
-    usize::from(MALLOC_CLASS_OF[class_index(last_of_nonzero(size))])
-}
-
-/// [`class_of_malloc_nonzero`] by a table with an entry per 8 bytes of
+/// [`class_of_malloc`] by a table with an entry per 8 bytes of
 /// every small size ([`MALLOC_SMALL_CLASS`]): one shift and a load, not
 /// [`class_index`]'s two indexes and `cmov` (five instructions more), and
 /// no branch on the size (a bound at a KiB or at 32 KiB, below which such
@@ -352,7 +349,11 @@ mod tests {
             }
             // C's classes: 16-aligned above 8 bytes, else the smallest.
             let cm = class_of_malloc(size);
-            assert_eq!(class_of_malloc_nonzero(size), cm, "the fast path's C class of {size}");
+            assert_eq!(
+                usize::from(MALLOC_CLASS_OF[class_index(last_of_nonzero(size))]),
+                cm,
+                "C's class of {size} by 8-byte steps and by the classes' bounds"
+            );
             let want = if size > MIN_BLOCK { 16 } else { MIN_BLOCK };
             assert!(class_size(cm) >= size && class_size(cm).is_multiple_of(want), "C's class of {size}");
             assert_eq!(cm, class_of_aligned(size, want), "C's class of {size} is the smallest aligned one");
