@@ -11,7 +11,8 @@
 //! - `malloc(0)` and the like return a unique pointer (an 8-byte block),
 //!   freed like any other;
 //! - on failure null with `errno = ENOMEM` (`posix_memalign` returns the
-//!   error instead); `calloc` and `reallocarray` check their product;
+//!   error, and sets `errno` to `ENOMEM` as glibc's does, not for
+//!   `EINVAL`); `calloc` and `reallocarray` check their product;
 //! - `realloc(p, 0)` frees `p` and returns null (glibc's choice, C17 leaves it
 //!   open); `realloc(NULL, n)` is `malloc(n)`; a failed `realloc` leaves `p`;
 //! - `posix_memalign` wants a power of two multiple of `sizeof(void *)`
@@ -25,8 +26,6 @@ use core::ffi::c_void;
 use core::ptr;
 
 use numaweave::alloc::{MAX_ALIGN, malloc_align};
-
-use numaweave::os::errno;
 
 use crate::{A, foreign, set_errno};
 
@@ -269,8 +268,9 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
 }
 
 /// POSIX: `*out` = `size` bytes aligned to `align`, a power of two multiple
-/// of `sizeof(void *)`; returns 0, `EINVAL` or `ENOMEM` (`*out` untouched on
-/// error; `errno` is not changed).
+/// of `sizeof(void *)`; returns 0, `EINVAL` (`errno` untouched) or `ENOMEM`
+/// (`errno` set to `ENOMEM` too, as glibc's does: programs print `%m`
+/// after it, and glibc's tests look). `*out` is untouched on error.
 ///
 /// # Safety
 /// `out` is valid for a write.
@@ -280,13 +280,10 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
-    let saved_errno = errno();
     // SAFETY: a power of two.
     let p = unsafe { aligned(align, size) };
     if p.is_null() {
-        // The error is the result: POSIX says posix_memalign leaves errno
-        // (which `aligned` set to ENOMEM, and nothing else changed).
-        set_errno(saved_errno);
+        // (`aligned` set errno to ENOMEM.)
         return libc::ENOMEM;
     }
     // SAFETY: per the contract.

@@ -21,7 +21,14 @@
 //! - the fast paths of `malloc` and `free` make no `__tls_get_addr` call,
 //!   and C++'s plain `new` no call at all (objdump);
 //! - `tests/c/misuse.c`: every misuse `libnumaweave_hardened.so` catches,
-//!   each aborting with its report.
+//!   each aborting with its report;
+//! - `tests/c/forks.c`: `fork()` where glibc's malloc makes it safe (against
+//!   stdio's locks, from a signal handler), bounded in time, preloaded;
+//! - `tests/c/failures.c`: every entry point's failures (sizes, alignments,
+//!   an address-space limit) with glibc's result and errno, preloaded.
+//!
+//! The preloaded programs run under glibc's malloc too, as the control that
+//! what they expect is what glibc does.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -181,6 +188,97 @@ fn passes(exe: &Path, lib: &Lib, env: &[(&str, &str)]) -> Output {
     assert!(out.status.success(), "{what} failed: {:?}", out.status);
     assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"), "{what}: no closing line");
     out
+}
+
+/// Runs `cmd` for at most `limit`; a run that takes longer is killed and
+/// fails the test as a hang.
+fn run_bounded(cmd: &mut Command, limit: std::time::Duration, what: &str) -> Output {
+    use std::process::Stdio;
+    cmd.env_remove("LD_LIBRARY_PATH").stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+            panic!("{what}: still running after {limit:?}: a hang");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Compiles `source` alone (nothing of numaweave linked: it is preloaded),
+/// into a scratch directory of its own.
+fn build_plain(cc: &str, source: &str) -> PathBuf {
+    let name = source.split('.').next().unwrap();
+    let exe = scratch(name).join(name);
+    let include = src("");
+    compile(
+        cc,
+        &[
+            "-O1",
+            "-fno-builtin",
+            "-Wall",
+            "-Werror",
+            "-I",
+            include.to_str().unwrap(),
+            src(source).to_str().unwrap(),
+            "-o",
+            exe.to_str().unwrap(),
+            "-ldl",
+            "-lpthread",
+        ],
+    );
+    exe
+}
+
+/// Runs `exe args` under glibc's malloc (the control), then with each
+/// library preloaded, each bounded by `limit`; each must exit 0 and print
+/// "checks passed".
+fn passes_preloaded_and_under_glibc(exe: &Path, args: &[&str], limit: std::time::Duration) {
+    let libs = libraries();
+    let mut runs: Vec<(&str, Option<PathBuf>)> = vec![("glibc", None)];
+    runs.extend(libs.iter().map(|l| (l.name, Some(l.so()))));
+    for (name, so) in runs {
+        let mut cmd = Command::new(exe);
+        cmd.args(args);
+        if let Some(so) = &so {
+            cmd.env("LD_PRELOAD", so);
+        }
+        let what = format!("{} {args:?} under {name}", exe.display());
+        let out = run_bounded(&mut cmd, limit, &what);
+        assert!(out.status.success(), "{what} failed: {:?}", out.status);
+        assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"), "{what}: no closing line");
+    }
+}
+
+#[test]
+fn fork_is_safe_against_stdio_and_from_a_signal_handler() {
+    let Some(cc) = c_compiler() else { return };
+    let exe = build_plain(&cc, "forks.c");
+    // A hang showed within a second or two (the stdio case hung every run
+    // of 5 s before the list lock was taken first, the signal case within
+    // 2,000 signals). Longer: `FORKS_SECONDS=60 FORKS_SIGNALS=10000 cargo
+    // test -p numaweave-capi --test c_programs fork`.
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let (seconds, signals) = (env("FORKS_SECONDS", "2"), env("FORKS_SIGNALS", "1500"));
+    let limit = std::time::Duration::from_secs(60 + 2 * seconds.parse::<u64>().unwrap_or(0));
+    passes_preloaded_and_under_glibc(&exe, &["stdio", &seconds], limit);
+    passes_preloaded_and_under_glibc(&exe, &["signal", &signals], limit);
+}
+
+#[test]
+fn every_failure_sets_errno_as_glibcs_malloc_does() {
+    let Some(cc) = c_compiler() else { return };
+    let exe = build_plain(&cc, "failures.c");
+    let limit = std::time::Duration::from_secs(120);
+    passes_preloaded_and_under_glibc(&exe, &["all"], limit);
+    passes_preloaded_and_under_glibc(&exe, &["limit"], limit);
 }
 
 #[test]

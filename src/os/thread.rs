@@ -43,12 +43,16 @@ impl ExitKey {
 }
 
 /// The lock order, by layer: a thread holding a lock of one rank may take
-/// locks of later ranks, never of an earlier one. Before `fork()` each
-/// layer's handler takes all its locks, the ranks in this order; after it,
-/// in the parent and in the child, they are released in the reverse order.
-/// So a child never finds a lock held by a thread it does not have, and the
-/// forking thread cannot deadlock with one that holds locks in this order.
-/// (Within a rank, the order is its layer's; ARCHITECTURE.md lists it all.)
+/// locks of later ranks, never of an earlier one. Before `fork()` of a
+/// process with threads, stdio's list lock is taken (as glibc's `fork()`
+/// takes it before its malloc's locks), then each layer's handler takes
+/// all its locks, the ranks in this order; after it, in the parent and in
+/// the child, they are released in the reverse order. So a child never
+/// finds a lock held by a thread it does not have, and the forking thread
+/// cannot deadlock with one that holds locks in this order. A process
+/// that never had a second thread takes none (a signal handler may fork
+/// it). (Within a rank, the order is its layer's; ARCHITECTURE.md lists it
+/// all.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForkRank {
     /// Slab caches: the registry of caches, each cache's node locks, the
@@ -79,7 +83,7 @@ pub fn at_fork(rank: ForkRank, prepare: fn(), release: fn()) -> Result<()> {
     let mut r = 0;
     INSTALLED.call_once(|| {
         // SAFETY: the handlers are plain `extern "C" fn()`s.
-        r = unsafe { libc::pthread_atfork(Some(run_prepare), Some(run_release), Some(run_release)) };
+        r = unsafe { libc::pthread_atfork(Some(run_prepare), Some(run_parent), Some(run_child)) };
     });
     if r != 0 {
         return Err(Error::Os { call: "pthread_atfork", errno: r });
@@ -99,14 +103,37 @@ fn handler(slot: &AtomicUsize) -> Option<fn()> {
     (f != 0).then(|| unsafe { core::mem::transmute::<usize, fn()>(f) })
 }
 
-/// The ranks whose `prepare` the last `fork()` ran (a bit each): `release`
-/// runs for those only, not for a rank registered in between. (glibc runs
-/// one `fork()`'s handlers at a time; the parent and the child each have
-/// their copy.)
+/// The ranks whose `prepare` the last `fork()` ran (a bit each), and
+/// [`STDIO_HELD`]: `release` runs for those only, not for a rank registered
+/// in between. (glibc runs one `fork()`'s handlers at a time; the parent
+/// and the child each have their copy.)
 static PREPARED: AtomicUsize = AtomicUsize::new(0);
 
+/// In [`PREPARED`]: the prepare took stdio's list lock.
+const STDIO_HELD: usize = 1 << RANKS;
+
+/// Before `fork()`: nothing in a process that has only ever had one thread
+/// (glibc does the same with its own malloc's locks, so that a signal
+/// handler may fork: the thread it interrupted may hold any lock, or be
+/// half way through an operation, and no other thread could have taken
+/// one); else stdio's list lock, then every rank's locks, in rank order.
+///
+/// The list lock comes first because glibc's `fork()` takes it after the
+/// handlers (and before its own malloc's locks), while `fflush(NULL)`
+/// holds it as it takes each `FILE`'s lock, and a `FILE`'s holder may
+/// `malloc` (`getline`): with the allocator's locks taken first, the
+/// forking thread waits on the list lock, its holder on a `FILE`, the
+/// `FILE`'s holder on the allocator (glibc bug 19431's order). Taken
+/// here, every thread takes them in the order list, `FILE`, allocator.
+/// The lock is recursive: `fork()` takes it again and lets go of its own
+/// take before the parent's handlers run.
 extern "C" fn run_prepare() {
-    let mut ran = 0;
+    if single_threaded() {
+        PREPARED.store(0, Ordering::Relaxed);
+        return;
+    }
+    stdio::lock();
+    let mut ran = STDIO_HELD;
     for (rank, [p, _]) in HANDLERS.iter().enumerate() {
         if let Some(f) = handler(p) {
             f();
@@ -116,13 +143,92 @@ extern "C" fn run_prepare() {
     PREPARED.store(ran, Ordering::Relaxed);
 }
 
-extern "C" fn run_release() {
+/// After `fork()`, in the parent: the ranks' locks released in reverse
+/// order, then the list lock.
+extern "C" fn run_parent() {
+    if release_ranks() & STDIO_HELD != 0 {
+        stdio::unlock();
+    }
+}
+
+/// After `fork()`, in the child: as in the parent, but the list lock is
+/// reset (glibc's child resets it too; its count may hold the parent's
+/// takes).
+extern "C" fn run_child() {
+    if release_ranks() & STDIO_HELD != 0 {
+        stdio::reset();
+    }
+}
+
+/// Runs the `release` of every rank the last `prepare` ran, last rank
+/// first; returns what it ran.
+fn release_ranks() -> usize {
     let ran = PREPARED.swap(0, Ordering::Relaxed);
     for (rank, [_, q]) in HANDLERS.iter().enumerate().rev() {
         if ran & (1 << rank) != 0
             && let Some(f) = handler(q)
         {
             f();
+        }
+    }
+    ran
+}
+
+/// Whether the process has never had a second thread (glibc's
+/// `__libc_single_threaded`, set false before the first `pthread_create`
+/// and never again true while threads may exist). Elsewhere, false: the
+/// locks are always held.
+pub fn single_threaded() -> bool {
+    #[cfg(target_env = "gnu")]
+    {
+        unsafe extern "C" {
+            /// glibc 2.32 and later (`<sys/single_threaded.h>`).
+            static __libc_single_threaded: core::ffi::c_char;
+        }
+        // SAFETY: a `char` glibc defines and writes only while one thread
+        // exists (the one that creates the second); read as a volatile
+        // byte, as its header asks of readers.
+        unsafe { core::ptr::read_volatile(&raw const __libc_single_threaded) != 0 }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    false
+}
+
+/// stdio's list lock (glibc's `_IO_list_lock`, a recursive lock over the
+/// list of open `FILE`s). No-ops elsewhere.
+mod stdio {
+    #[cfg(target_env = "gnu")]
+    unsafe extern "C" {
+        fn _IO_list_lock();
+        fn _IO_list_unlock();
+        fn _IO_list_resetlock();
+    }
+
+    pub(super) fn lock() {
+        // SAFETY: glibc's exported lock functions, taking no argument; the
+        // lock is recursive, so `fork()`'s own take after this one does
+        // not wait.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            _IO_list_lock()
+        }
+    }
+
+    pub(super) fn unlock() {
+        // SAFETY: the calling thread took the lock in `lock` (the parent's
+        // forking thread, after `fork()` let go of its own take).
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            _IO_list_unlock()
+        }
+    }
+
+    pub(super) fn reset() {
+        // SAFETY: in a child just forked, the only thread: the lock's
+        // state is reset, as glibc's `fork()` itself does in the child.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            _IO_list_resetlock()
         }
     }
 }
