@@ -11,8 +11,9 @@
 
 use core::ptr;
 
-use super::segment::{self, Page, Segment, SegmentKind, SmallSegment, page_of, segment_of};
-use super::{heap, huge, placement, region, segmap};
+use super::core::segment::{self, Page, Segment, SegmentKind, SmallSegment, page_of, segment_of};
+use super::core::{heap, segmap};
+use super::{huge, placement, region};
 use crate::hardened::{self, BlockKind as B, misuse};
 
 /// Reports a misuse found by a caller of the allocator (the C library's
@@ -278,8 +279,8 @@ pub(super) unsafe fn handed_out(p: *mut u8) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::segment::SEGMENT_SIZE;
-    use super::super::size_class::{CLASSES, class_size};
+    use super::super::core::segment::SEGMENT_SIZE;
+    use super::super::core::size_class::{CLASSES, class_size};
 
     /// The block-start test of [`small`](super::small), against a division,
     /// for every class at and around every block boundary of a segment.

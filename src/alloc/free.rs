@@ -13,9 +13,9 @@
 #[cfg(feature = "hardened")]
 use super::checked;
 #[cfg(not(feature = "hardened"))]
-use super::segment::sink_of;
-use super::segment::{SegmentKind, SmallSegment, segment_of};
-use super::{heap, segmap};
+use super::core::segment::sink_of;
+use super::core::segment::{SegmentKind, SmallSegment, segment_of};
+use super::core::{heap, segmap};
 #[cfg(not(feature = "hardened"))]
 use super::{huge, placement};
 

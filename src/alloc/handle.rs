@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
+use super::core::size_class::{PAGE_CLASS, class_for};
+use super::core::state::State;
 use super::interleave::{self, SharedInterleaver};
-use super::size_class::{PAGE_CLASS, class_for};
-use super::state::State;
 use super::{MAX_ALIGN, NumaAlloc, huge, placement};
 use crate::error::Result;
 use crate::policy::{Interleave, Policy};

@@ -1,4 +1,4 @@
-//! Blocks larger than [`SMALL_MAX`](super::size_class::SMALL_MAX), or aligned
+//! Blocks larger than [`SMALL_MAX`](super::core::size_class::SMALL_MAX), or aligned
 //! beyond 64 KiB: each gets its own mapping, bound to the node of the thread
 //! that allocates it, with a one-page [`Segment`] header in front so that
 //! `segment_of` finds it like any other block. Growing reallocations move the
@@ -7,8 +7,8 @@
 
 use core::ptr::{self, NonNull};
 
-use super::segment::{SEGMENT_SIZE, Segment, SegmentKind, segment_of};
-use super::state::State;
+use super::core::segment::{SEGMENT_SIZE, Segment, SegmentKind, segment_of};
+use super::core::state::State;
 use crate::os::{self, mem};
 use crate::sync::Ordering;
 
@@ -33,7 +33,7 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
 /// and a `malloc` the kernel judges impossible must fail with `ENOMEM`, as
 /// glibc's does, not succeed and end in the OOM killer.
 fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
-    let guard = super::arena::guard_len();
+    let guard = super::core::arena::guard_len();
     let (align, offset) = if align <= SEGMENT_SIZE { (SEGMENT_SIZE, 0) } else { (align, offset) };
     let base = mem::map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()?;
     if guard > 0 {
@@ -51,7 +51,7 @@ pub(crate) fn alloc_on(state: &State, node: usize, size: usize, align: usize, ze
     alloc_in(state, state.node_arena(node), size, align, zero)
 }
 
-fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {
+fn alloc_in(state: &State, arena: &super::core::arena::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {
     if align > MAX_ALIGN {
         return ptr::null_mut();
     }
@@ -79,7 +79,7 @@ fn alloc_in(state: &State, arena: &super::arena::Arena, size: usize, align: usiz
     unsafe {
         ptr::write(h, Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total));
     }
-    super::segmap::insert_huge(base.as_ptr(), off);
+    super::core::segmap::insert_huge(base.as_ptr(), off);
     let c = &arena.counters;
     // The header page, just touched, tells where the block's memory comes from.
     if fresh && arena.spilled(state, base) {
@@ -136,9 +136,9 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     c.huge_bytes.fetch_sub(len as u64, Ordering::Relaxed);
     c.huge_frees.fetch_add(1, Ordering::Relaxed);
     #[cfg(feature = "hardened")]
-    super::segmap::remove_huge(base);
+    super::core::segmap::remove_huge(base);
     #[cfg(not(feature = "hardened"))]
-    super::segmap::remove(base);
+    super::core::segmap::remove(base);
     // SAFETY: the whole mapping of a block nobody uses any more.
     let base = unsafe { NonNull::new_unchecked(base) };
     // Segment-aligned mappings can be reused for any huge block of this node.
@@ -148,7 +148,7 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
     c.purged.fetch_add(len as u64, Ordering::Relaxed);
     // SAFETY: as above, with its guard page if it has one.
-    let _ = unsafe { mem::unmap(base, len + super::arena::guard_len()) };
+    let _ = unsafe { mem::unmap(base, len + super::core::arena::guard_len()) };
 }
 
 /// Resizes the huge block `p` (aligned to `align`) to `new_size` (> SMALL_MAX)
@@ -164,7 +164,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
     let off = p as usize - base as usize;
     let Some(total) = map_len(off, new_size) else { return ptr::null_mut() };
-    if super::arena::guard_len() > 0 {
+    if super::core::arena::guard_len() > 0 {
         // A guard page ends the mapping: the caller moves the block.
         return ptr::null_mut();
     }
@@ -186,10 +186,10 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
                 // (nobody else may use this block meanwhile), or its mark
                 // would be found taken and then lost.
                 reserve(total, align, off).and_then(|to| {
-                    super::segmap::remove(old.as_ptr());
+                    super::core::segmap::remove(old.as_ptr());
                     // SAFETY: `to` is our fresh reservation of `total` bytes.
                     unsafe { mem::remap_to(old, len, total, to) }.ok().or_else(|| {
-                        super::segmap::insert_huge(old.as_ptr(), off);
+                        super::core::segmap::insert_huge(old.as_ptr(), off);
                         // SAFETY: the reservation is unused.
                         let _ = unsafe { mem::unmap(to, total) };
                         None
@@ -203,7 +203,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     };
     let Some(b) = new_base else { return ptr::null_mut() };
     if b != old {
-        super::segmap::insert_huge(b.as_ptr(), off);
+        super::core::segmap::insert_huge(b.as_ptr(), off);
     }
     // SAFETY: the header moved with the pages (it is their first page).
     unsafe {
@@ -263,7 +263,7 @@ mod tests {
                 let q = realloc(state, p, align, 40 << 20);
                 if q.is_null() {
                     // (With guard pages no block grows in place.)
-                    assert!(align > SEGMENT_SIZE || super::super::arena::guard_len() > 0);
+                    assert!(align > SEGMENT_SIZE || super::super::core::arena::guard_len() > 0);
                     free(state, segment_of(p));
                     continue;
                 }

@@ -48,24 +48,21 @@
 //! memory, for sizes whose mapping would exceed `isize::MAX / 2`, and for
 //! alignments above [`MAX_ALIGN`] (1 GiB).
 
-mod arena;
 #[cfg(feature = "hardened")]
 mod checked;
+pub(crate) mod core;
 mod free;
 mod handle;
-mod heap;
 mod huge;
 mod interleave;
 mod placement;
 mod region;
-mod segmap;
-mod segment;
-pub(crate) mod size_class;
-pub(crate) mod state;
 pub mod stats;
 
-use core::alloc::{GlobalAlloc, Layout};
-use core::ptr::{self, NonNull};
+use ::core::alloc::{GlobalAlloc, Layout};
+use ::core::ptr::{self, NonNull};
+
+use self::core::{heap, segmap, segment, size_class, state};
 
 #[cfg(feature = "hardened")]
 use checked::handed_out;

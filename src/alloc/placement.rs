@@ -30,10 +30,10 @@ use core::cell::Cell;
 use core::marker::PhantomData;
 use core::ptr;
 
-use super::heap::{self, Heap, Placement, page_bytes};
+use super::core::heap::{self, Heap, Placement, page_bytes};
+use super::core::segment::Segment;
+use super::core::state::{Mode, State};
 use super::interleave::{self, ThreadInterleaver};
-use super::segment::Segment;
-use super::state::{Mode, State};
 use crate::error::Result;
 use crate::os::file;
 use crate::os::thread::{self, ExitKey, ForkRank};
@@ -439,8 +439,8 @@ unsafe fn refill_by_size(heap: *mut Heap, class: usize, state: &'static State, t
     // SAFETY: the caller's heap; the interleaver outlives the policy that
     // installed it.
     unsafe {
-        match rule_active(state, super::size_class::class_size(class), t.il.get()) {
-            Active::Interleave(il) if class >= super::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
+        match rule_active(state, super::core::size_class::class_size(class), t.il.get()) {
+            Active::Interleave(il) if class >= super::core::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
             Active::Interleave(il) => Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class }),
             Active::Local if state.mode != Mode::PerNode => {
                 Heap::refill(heap, class, state, &mut AnyPage { t: None, state })
@@ -674,7 +674,7 @@ fn install(t: &ThreadPolicy, active: Active) {
 /// // The previous policy again.
 /// ```
 pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
-    let state = State::get(&super::state::Config::new());
+    let state = State::get(&super::core::state::Config::new());
     if !state.policies {
         return Err(crate::Error::InvalidPolicy { reason: "memory policies are switched off (NUMAWEAVE_POLICY=none)" });
     }

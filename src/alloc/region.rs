@@ -37,8 +37,8 @@
 use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
-use super::segment::{Block, SEGMENT_SIZE, Segment, SegmentKind};
-use super::state::State;
+use super::core::segment::{Block, SEGMENT_SIZE, Segment, SegmentKind};
+use super::core::state::State;
 use crate::os::mem::{self, Huge};
 use crate::sync::{AtomicUsize, Ordering, RetireCount, UnitMap};
 
@@ -151,7 +151,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, h
                 // built in) leaves base pages.
                 let _ = unsafe { mem::set_hugepages(b, SEGMENT_SIZE, true) };
             }
-            (b, SEGMENT_SIZE + super::arena::guard_len())
+            (b, SEGMENT_SIZE + super::core::arena::guard_len())
         }
     };
     debug_assert_eq!(base.as_ptr() as usize % SEGMENT_SIZE, 0);
@@ -180,7 +180,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, h
         arena.counters.reserved.fetch_add(len as u64, Ordering::Relaxed);
     }
     arena.counters.region_live.fetch_add(1, Ordering::Relaxed);
-    super::segmap::insert(base.as_ptr(), super::segment::SegmentKind::Region);
+    super::core::segmap::insert(base.as_ptr(), super::core::segment::SegmentKind::Region);
     NonNull::new(r)
 }
 
@@ -307,7 +307,7 @@ impl Region {
         if self.units.dirty_units() <= DIRTY_MAX {
             return;
         }
-        let Some((state, now)) = State::try_get().and_then(|s| Some((s, super::arena::delay_clock(s)?))) else {
+        let Some((state, now)) = State::try_get().and_then(|s| Some((s, super::core::arena::delay_clock(s)?))) else {
             self.purge();
             return;
         };
@@ -570,7 +570,7 @@ unsafe fn unmap(r: *mut Region) {
     // SAFETY: per the contract the header is ours.
     let (node, base, len, hugetlb) =
         unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len, (*r).seg.hugetlb) };
-    super::segmap::remove(base);
+    super::core::segmap::remove(base);
     // SAFETY: the region's own mapping.
     let base = unsafe { NonNull::new_unchecked(base) };
     if let Some(state) = State::try_get() {

@@ -4,9 +4,9 @@
 
 use core::fmt;
 
-use super::heap::for_each_heap;
-use super::segment::SEGMENT_SIZE;
-use super::state::{Mode, State};
+use super::core::heap::for_each_heap;
+use super::core::segment::SEGMENT_SIZE;
+use super::core::state::{Mode, State};
 use crate::os::{file, thread};
 use crate::sync::{AtomicI32, Ordering};
 use crate::topology::{MAX_NODES, NodeSet};
@@ -129,8 +129,10 @@ impl Stats {
         // Mappings that start on a segment of ours (a region, or a segment
         // whose neighbours the kernel merged into its mapping).
         let thp_bytes = if super::region::THP_ASKED.load(crate::sync::Ordering::Relaxed) {
-            crate::os::mem::thp_bytes_of(|a, _| a % SEGMENT_SIZE == 0 && super::segmap::contains((a + 1) as *const u8))
-                .unwrap_or(0)
+            crate::os::mem::thp_bytes_of(|a, _| {
+                a % SEGMENT_SIZE == 0 && super::core::segmap::contains((a + 1) as *const u8)
+            })
+            .unwrap_or(0)
         } else {
             0
         };

@@ -12,8 +12,8 @@
 use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
+use crate::alloc::core::state::State;
 use crate::alloc::region::{self, REGION_ALIGN_MAX, Region, UNIT, units_for};
-use crate::alloc::state::State;
 use crate::os::mem::Huge;
 use crate::sync::{AtomicPtr, Ordering, SpinLock};
 use crate::topology::MAX_NODES;
@@ -26,7 +26,7 @@ const CREDIT: usize = 1 << 24;
 /// byte turns of 2 MiB or more, so whole huge pages belong to one node, in
 /// regions that huge pages may back), within what a region can give.
 fn turn_units(turn_align: usize) -> usize {
-    turn_align.clamp(UNIT, crate::alloc::segment::SEGMENT_SIZE / 2) / UNIT
+    turn_align.clamp(UNIT, crate::alloc::core::segment::SEGMENT_SIZE / 2) / UNIT
 }
 
 /// See the module docs.

@@ -1,0 +1,506 @@
+//! Per-node arenas: each owns the segments bound to its node, hands pages to
+//! heaps, takes empty pages back, returns memory to the OS past a threshold,
+//! and keeps the heaps of exited threads for new threads to adopt.
+//!
+//! Everything here is a slow path, under the arena's spin lock: a thread comes
+//! here once per page (64 – 256 KiB of blocks), not per block.
+
+use core::ptr::{self, NonNull};
+
+use super::heap::Heap;
+use super::size_class::{class_size, page_slots};
+use super::state::{Mode, State};
+use crate::alloc::core::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment};
+use crate::os::mem::{self, BindFlags, MemPolicy};
+use crate::sync::{AtomicU64, Ordering, SpinLock};
+use crate::topology::NodeSet;
+
+mod cached;
+mod purge;
+
+use cached::{CACHED_BYTES_FACTOR, Cached};
+pub(crate) use purge::delay_clock;
+use purge::{delay_of, note_reuse, soonest};
+
+/// Counters of one arena, written under its lock or with single atomic adds.
+#[derive(Default)]
+pub(crate) struct ArenaCounters {
+    /// Address space mapped (segments and huge blocks).
+    pub(crate) reserved: AtomicU64,
+    /// Memory returned to the OS with `MADV_DONTNEED` (cumulative).
+    pub(crate) purged: AtomicU64,
+    /// Pages' bytes currently handed to heaps.
+    pub(crate) pages_in_use: AtomicU64,
+    /// Free page bytes still committed (not yet purged).
+    pub(crate) dirty: AtomicU64,
+    /// Segments this arena's heaps had to take from another node.
+    pub(crate) fallbacks: AtomicU64,
+    /// Huge blocks live, and their bytes.
+    pub(crate) huge_live: AtomicU64,
+    pub(crate) huge_bytes: AtomicU64,
+    pub(crate) huge_allocs: AtomicU64,
+    pub(crate) huge_frees: AtomicU64,
+    /// Bump regions (interleave, per-call handles) mapped and not yet released.
+    pub(crate) region_live: AtomicU64,
+    /// Regions mapped on hugetlb pages, and those that asked and got base
+    /// pages (the node's pool was short) (cumulative).
+    pub(crate) huge_regions: AtomicU64,
+    pub(crate) huge_fallbacks: AtomicU64,
+}
+
+pub(crate) struct ArenaInner {
+    /// Segments with at least one free slot first; all segments are listed.
+    segments: *mut SmallSegment,
+    /// Heaps of exited threads, for adoption (linked through `Heap::next_orphan`).
+    pub(crate) orphans: *mut Heap,
+    /// Set when this node was found out of memory; segment requests go to
+    /// the nearest node until it counts down.
+    exhausted: u32,
+    /// Freed segment-aligned mappings (huge blocks', dead regions') kept for
+    /// reuse, newest first, linked through a header in their own first page;
+    /// their pages stay committed on this node. Their count and bytes.
+    cached: *mut Cached,
+    cached_count: usize,
+    cached_bytes: usize,
+    /// The earliest time (ms, monotonic) a segment's free pages or a cached
+    /// mapping is due to go back to the OS; 0: none waiting.
+    purge_at: u64,
+    /// The delay in force is the configured one shifted left by this: see
+    /// [`note_reuse`].
+    delay_shift: u32,
+    /// When the shift last rose, and when purged pages were last taken back
+    /// within the delay (ms, monotonic).
+    raised_at: u64,
+    early_at: u64,
+}
+
+// SAFETY: the raw pointers are owned by the arena and only used under its lock.
+unsafe impl Send for ArenaInner {}
+
+pub(crate) struct Arena {
+    /// Logical node (index in `State::arenas`).
+    pub(crate) node: usize,
+    /// Kernel node to bind to, or `None` (flat mode: first touch decides).
+    pub(crate) bind_to: Option<usize>,
+    pub(crate) inner: SpinLock<ArenaInner>,
+    pub(crate) counters: ArenaCounters,
+}
+
+impl Arena {
+    pub(crate) const fn new(node: usize, bind_to: Option<usize>) -> Self {
+        Self {
+            node,
+            bind_to,
+            inner: SpinLock::new(ArenaInner {
+                segments: ptr::null_mut(),
+                orphans: ptr::null_mut(),
+                exhausted: 0,
+                cached: ptr::null_mut(),
+                cached_count: 0,
+                cached_bytes: 0,
+                purge_at: 0,
+                delay_shift: 0,
+                raised_at: 0,
+                early_at: 0,
+            }),
+            counters: ArenaCounters {
+                reserved: AtomicU64::new(0),
+                purged: AtomicU64::new(0),
+                pages_in_use: AtomicU64::new(0),
+                dirty: AtomicU64::new(0),
+                fallbacks: AtomicU64::new(0),
+                huge_live: AtomicU64::new(0),
+                huge_bytes: AtomicU64::new(0),
+                huge_allocs: AtomicU64::new(0),
+                huge_frees: AtomicU64::new(0),
+                huge_regions: AtomicU64::new(0),
+                huge_fallbacks: AtomicU64::new(0),
+                region_live: AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// The kernel policy for this arena's mappings.
+    pub(crate) fn policy(&self, state: &State) -> MemPolicy {
+        match self.bind_to {
+            None => MemPolicy::Default,
+            Some(p) if state.config.strict => MemPolicy::Bind(NodeSet::single(p)),
+            Some(p) => MemPolicy::Preferred(p),
+        }
+    }
+
+    /// Whether the node looked out of memory at its last attempt (a racy
+    /// hint, for policies deciding whether a fallback page may serve).
+    pub(crate) fn is_exhausted(&self) -> bool {
+        self.inner.lock().exhausted > 0
+    }
+
+    /// A fresh page of class `class` for `heap`, from this arena or, when its
+    /// node is out of memory, from the nearest one that is not (within
+    /// `within`, when given: a `Bind` policy's set).
+    pub(crate) fn alloc_page(
+        &self,
+        state: &State,
+        class: usize,
+        heap: *mut Heap,
+        within: Option<NodeSet>,
+    ) -> Option<NonNull<Page>> {
+        let slots = page_slots(class);
+        let exhausted = {
+            let mut g = self.inner.lock();
+            if let Some(now) = delay_clock(state) {
+                self.purge_expired(state, &mut g, now);
+            }
+            if let Some(p) = take_slots(&mut g, slots, &self.counters, state) {
+                drop(g);
+                return Some(init_page(p, class, heap));
+            }
+            let e = g.exhausted > 0;
+            if e {
+                g.exhausted -= 1;
+            }
+            e
+        };
+        if !exhausted && let Some(p) = self.map_and_take(state, class, heap) {
+            return Some(p);
+        }
+        self.fallback_page(state, class, heap, within)
+    }
+
+    fn fallback_page(
+        &self,
+        state: &State,
+        class: usize,
+        heap: *mut Heap,
+        within: Option<NodeSet>,
+    ) -> Option<NonNull<Page>> {
+        if state.config.strict || state.mode == Mode::Flat {
+            return None;
+        }
+        for n in state.topology.nodes_by_distance(self.node).skip(1) {
+            if within.is_some_and(|w| !w.contains(n)) {
+                continue;
+            }
+            let Some(other) = state.arena(n) else { continue };
+            if other.node == self.node {
+                continue;
+            }
+            let taken = {
+                let mut g = other.inner.lock();
+                if g.exhausted > 0 {
+                    continue;
+                }
+                take_slots(&mut g, page_slots(class), &other.counters, state)
+            };
+            let page = match taken {
+                Some(p) => Some(init_page(p, class, heap)),
+                None => other.map_and_take(state, class, heap),
+            };
+            if page.is_some() {
+                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                return page;
+            }
+        }
+        None
+    }
+
+    /// Maps a segment (outside the lock: `mmap` and `mbind` take a while),
+    /// links it, and takes a page from it.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    fn map_and_take(&self, state: &State, class: usize, heap: *mut Heap) -> Option<NonNull<Page>> {
+        let seg = self.map_segment(state)?;
+        let mut g = self.inner.lock();
+        // SAFETY: a fresh segment, ours alone until linked.
+        unsafe { (*seg.as_ptr()).seg.next = g.segments };
+        g.segments = seg.as_ptr();
+        let p = take_slots(&mut g, page_slots(class), &self.counters, state);
+        drop(g);
+        p.map(|p| init_page(p, class, heap))
+    }
+
+    /// A fresh segment-aligned mapping of `len` bytes under this arena's
+    /// policy; `None` when the OS refuses the mapping, or the binding in
+    /// strict mode (nothing is left mapped).
+    ///
+    /// The kernel refuses to bind to a node the process may no longer use
+    /// (a container's `cpuset.mems` narrowed under it, a node gone
+    /// offline). Not strict, the mapping then keeps the default policy: its
+    /// pages come from the nearest node the process may use, and the
+    /// callers see the spill ([`spilled`](Self::spilled)) and count it as a
+    /// fallback, as when the node is full. Widened again, the node binds as
+    /// before.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(crate) fn map_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
+        let guard = guard_len();
+        let base = mem::map_aligned(len + guard, SEGMENT_SIZE).ok()?;
+        let policy = self.policy(state);
+        if policy != MemPolicy::Default
+            // SAFETY: our fresh, segment-aligned mapping.
+            && unsafe { mem::bind(base, len, policy, BindFlags::NONE) }.is_err()
+            && state.config.strict
+        {
+            // SAFETY: ours, unused.
+            let _ = unsafe { mem::unmap(base, len + guard) };
+            return None;
+        }
+        if guard > 0 {
+            // SAFETY: the last page of our fresh mapping, past `len`.
+            let _ = unsafe { mem::protect_none(NonNull::new_unchecked(base.as_ptr().add(len)), guard) };
+        }
+        Some(base)
+    }
+
+    /// A fresh segment-aligned mapping of `len` bytes (whole huge pages) from
+    /// the hugetlb pool under this arena's policy, committed now and checked
+    /// to be on the arena's node (a node whose pool is short would be served
+    /// from another's); `None` when the pool has too few pages or they are
+    /// elsewhere (nothing is left mapped). No guard page: it would cost a
+    /// whole huge page.
+    pub(crate) fn map_hugetlb_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
+        debug_assert!(len <= SEGMENT_SIZE && len.is_multiple_of(mem::HUGE_PAGE));
+        mem::map_hugetlb_on(len, SEGMENT_SIZE, mem::HUGE_PAGE, self.policy(state), self.bind_to).ok()
+    }
+
+    /// Maps, binds and initialises a small segment; `None` when the OS has no
+    /// memory or (per-node mode) the node turned out to be full.
+    fn map_segment(&self, state: &State) -> Option<NonNull<SmallSegment>> {
+        let base = self.map_bound(state, SEGMENT_SIZE)?;
+        // With THP set to `always`, the first touch of the header, or of any
+        // page (64 - 256 KiB), would commit the whole 2 MiB huge page around
+        // it, holding pages that may never be used: the segment opts out.
+        // Failure (THP not built in) is harmless.
+        // SAFETY: our fresh mapping.
+        let _ = unsafe { mem::set_hugepages(base, SEGMENT_SIZE, false) };
+        let seg = base.as_ptr().cast::<SmallSegment>();
+        // SAFETY: the header fits slot 0 (checked at compile time); the
+        // mapping is zeroed, so only non-zero fields need writing. This first
+        // touch commits the header page under the arena's policy.
+        unsafe {
+            ptr::addr_of_mut!((*seg).seg).write(Segment::new(
+                SegmentKind::Small,
+                self.node,
+                base.as_ptr(),
+                SEGMENT_SIZE + guard_len(),
+            ));
+            (*seg).free_slots = !1u64; // slot 0 is the header
+            (*seg).dirty_slots = 0;
+            for i in 0..SLOTS {
+                ptr::addr_of_mut!((*seg).pages[i]).write(Page::empty());
+            }
+        }
+        // One query per 4 MiB segment: if the node was full, treat it as
+        // exhausted and let the caller take the nearest node's memory.
+        if self.spilled(state, base) {
+            self.inner.lock().exhausted = 64;
+            // SAFETY: ours, unused.
+            let _ = unsafe { mem::unmap(base, SEGMENT_SIZE + guard_len()) };
+            return None;
+        }
+        self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
+        crate::alloc::core::segmap::insert(base.as_ptr(), crate::alloc::core::segment::SegmentKind::Small);
+        // SAFETY: non-null mapping.
+        Some(unsafe { NonNull::new_unchecked(seg) })
+    }
+
+    /// Whether the just-touched first page of a fresh mapping of this arena
+    /// landed on another node: preferred binding falls back silently when the
+    /// node is full. Only asked where it can happen (per-node mode on several
+    /// nodes, not strict).
+    pub(crate) fn spilled(&self, state: &State, base: NonNull<u8>) -> bool {
+        match self.bind_to {
+            Some(phys) if state.multi_node && !state.config.strict => {
+                mem::page_node(base.as_ptr()).is_ok_and(|n| n.is_some_and(|n| n != phys))
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes back an empty page (its heap has let go of it), and purges free
+    /// memory once more than the configured threshold has piled up.
+    ///
+    /// # Safety
+    /// `page` must be a page of one of this arena's segments, with no live block
+    /// and no heap referring to it.
+    pub(crate) unsafe fn free_page(&self, state: &State, page: *mut Page) {
+        // SAFETY: `page` is a page of this arena's segments, empty and
+        // unreferenced (the caller's word): its segment header is live and the
+        // page's slots are ours to return.
+        let (seg, first, slots) = unsafe {
+            let seg = crate::alloc::core::segment::segment_of((*page).info.start) as *mut SmallSegment;
+            ((seg), (*page).info.first_slot as usize, (*page).info.slots as usize)
+        };
+        let mask = slot_mask(first, slots);
+        let bytes = (slots * SLOT_SIZE) as u64;
+        let mut g = self.inner.lock();
+        // SAFETY: segment fields are guarded by the arena lock.
+        unsafe {
+            debug_assert_eq!((*seg).seg.kind, SegmentKind::Small);
+            debug_assert_eq!(usize::from((*seg).seg.arena), self.node, "a page freed to another node's arena");
+            debug_assert_eq!((*seg).free_slots & mask, 0, "a page freed twice");
+            debug_assert_eq!((*page).used, 0);
+            (*page).info.heap.store(ptr::null_mut(), Ordering::Relaxed);
+            // A free into the page now fails the hardened free's bound.
+            #[cfg(feature = "hardened")]
+            {
+                (*page).info.span = 0;
+            }
+            (*seg).free_slots |= mask;
+            (*seg).dirty_slots |= mask;
+        }
+        self.counters.pages_in_use.fetch_sub(bytes, Ordering::Relaxed);
+        let dirty = self.counters.dirty.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if g.exhausted > 0 {
+            // Memory came back: give the home node another chance.
+            g.exhausted = 0;
+        }
+        // With a delay, the threshold bounds what waits (times the factor
+        // cached mappings get): a burst of frees past the threshold alone
+        // (a garbage collector's sweep) is taken again moments later.
+        let now = delay_clock(state);
+        let bound = match now {
+            Some(_) => state.config.purge_threshold.saturating_mul(CACHED_BYTES_FACTOR),
+            None => state.config.purge_threshold,
+        };
+        if dirty as usize > bound {
+            self.purge(&mut g);
+        } else if let Some(now) = now {
+            // SAFETY: segment fields are guarded by the arena lock.
+            unsafe {
+                (&mut (*seg).freed_at)[first..first + slots].fill(now);
+                if (*seg).purge_at == 0 {
+                    (*seg).purge_at = now + delay_of(state, &g);
+                    g.purge_at = soonest(g.purge_at, (*seg).purge_at);
+                }
+            }
+            self.purge_expired(state, &mut g, now);
+        }
+    }
+}
+
+/// Bytes of the guard page after every mapping (`NUMAWEAVE_GUARD=1` in a
+/// hardened build), else 0.
+#[inline]
+pub(crate) fn guard_len() -> usize {
+    #[cfg(feature = "hardened")]
+    if crate::hardened::guards() {
+        return crate::os::page_size();
+    }
+    0
+}
+
+fn slot_mask(first: usize, slots: usize) -> u64 {
+    debug_assert!(first + slots <= SLOTS);
+    if slots >= 64 { !0 } else { ((1u64 << slots) - 1) << first }
+}
+
+/// Finds `slots` free slots, aligned to `slots`, in the arena's segments:
+/// slots still committed (dirty: freed, not yet purged) first, so that a
+/// program that frees and allocates again reuses the memory it has instead
+/// of touching more (a GC-heavy lua script peaked 30% higher when fresh
+/// slots of a newer segment came first).
+#[unsafe(link_section = ".text.hot.numaweave")]
+fn take_slots(
+    g: &mut ArenaInner,
+    slots: usize,
+    c: &ArenaCounters,
+    state: &State,
+) -> Option<(*mut SmallSegment, usize, usize)> {
+    if c.dirty.load(Ordering::Relaxed) != 0 {
+        // SAFETY: listed segments are live; their slot maps are ours under the lock.
+        let found = unsafe { find_slots(g, slots, |seg| (*seg).free_slots & (*seg).dirty_slots) };
+        if let Some(f) = found {
+            return Some(take_found(f, slots, c));
+        }
+    }
+    // SAFETY: as above.
+    let (seg, first) = unsafe { find_slots(g, slots, |seg| (*seg).free_slots) }?;
+    // SAFETY: a listed segment, under the lock `g` is.
+    unsafe { note_reuse(g, seg, slot_mask(first, slots), state) };
+    Some(take_found((seg, first), slots, c))
+}
+
+/// The first `slots` slots, aligned to `slots`, that are all set in
+/// `usable(seg)`, over the arena's segments.
+///
+/// # Safety
+/// The caller holds the arena lock (listed segments are live and their slot
+/// maps are ours).
+unsafe fn find_slots(
+    g: &ArenaInner,
+    slots: usize,
+    usable: impl Fn(*mut SmallSegment) -> u64,
+) -> Option<(*mut SmallSegment, usize)> {
+    let mut seg = g.segments;
+    while !seg.is_null() {
+        let free = usable(seg);
+        let mut first = 0;
+        while first + slots <= SLOTS {
+            let m = slot_mask(first, slots);
+            if free & m == m {
+                debug_assert!(first > 0, "slot 0 holds the header");
+                return Some((seg, first));
+            }
+            first += slots;
+        }
+        // SAFETY: `seg` is on the arena's segment list, read under the lock the
+        // caller holds, so live.
+        seg = unsafe { (*seg).seg.next };
+    }
+    None
+}
+
+/// Takes the slots [`find_slots`] found.
+fn take_found(
+    (seg, first): (*mut SmallSegment, usize),
+    slots: usize,
+    c: &ArenaCounters,
+) -> (*mut SmallSegment, usize, usize) {
+    let m = slot_mask(first, slots);
+    // SAFETY: a live segment whose slot map is ours under the caller's lock.
+    unsafe {
+        debug_assert_eq!((*seg).free_slots & m, m);
+        (*seg).free_slots &= !m;
+        let dirty = ((*seg).dirty_slots & m).count_ones() as u64 * SLOT_SIZE as u64;
+        (*seg).dirty_slots &= !m;
+        c.dirty.fetch_sub(dirty, Ordering::Relaxed);
+        c.pages_in_use.fetch_add((slots * SLOT_SIZE) as u64, Ordering::Relaxed);
+    }
+    (seg, first, slots)
+}
+
+/// Writes a fresh page descriptor for `class` owned by `heap`.
+fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usize, heap: *mut Heap) -> NonNull<Page> {
+    let bs = class_size(class);
+    // SAFETY: the slots were just taken under the arena lock, so nobody else
+    // uses this descriptor or the slot map entries.
+    unsafe {
+        for s in first..first + slots {
+            (*seg).slot_page[s] = first as u8;
+        }
+        let page = (*seg).pages.as_mut_ptr().add(first);
+        let start = seg.cast::<u8>().add(first * SLOT_SIZE);
+        ptr::write(page, Page::empty());
+        (*page).info.capacity = ((slots * SLOT_SIZE) / bs) as u32;
+        (*page).info.block_size = bs as u32;
+        (*page).info.class = class as u8;
+        (*page).info.slots = slots as u8;
+        (*page).info.first_slot = first as u8;
+        (*page).info.node = (*seg).seg.arena;
+        (*page).info.start = start;
+        (*page).info.heap.store(heap, Ordering::Relaxed);
+        let sink = if heap.is_null() { page } else { Heap::sink_for(heap, page, class) };
+        crate::alloc::core::segment::store_sinks(seg, page, sink);
+        #[cfg(feature = "hardened")]
+        {
+            (*page).info.key = crate::hardened::page_key(page.cast());
+            (*page).info.inv = u64::MAX / bs as u64 + 1;
+            // (Full-mode frees are all checked out of line: see `Info::span`.)
+            (*page).info.span = if crate::hardened::full_now() { 0 } else { (*page).info.capacity * bs as u32 };
+            (*page).info.links = slots * SLOT_SIZE;
+        }
+        NonNull::new_unchecked(page)
+    }
+}
+
+#[cfg(test)]
+mod tests;

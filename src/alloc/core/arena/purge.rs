@@ -1,0 +1,276 @@
+//! Returning an arena's free memory to the OS: each page waits out the
+//! purge delay from its own free (the delay doubling while purged pages
+//! are asked back within it, halving again when quiet), then goes back with
+//! `MADV_DONTNEED`; wholly free segments past a few are unmapped. Run on
+//! the allocator's slow paths: there is no thread or timer of its own.
+
+use core::ptr::{self, NonNull};
+
+use super::cached::Cached;
+use super::*;
+
+/// The purge delay grows to at most this many doublings of the configured
+/// one (100 ms: 1.6 s; jemalloc decays over 10 s).
+const MAX_DELAY_SHIFT: u32 = 4;
+
+/// A raised delay halves after this many delays (a power of two) with no
+/// purged page taken back early.
+pub(super) const DELAY_DECAY: u64 = 16;
+
+/// Empty segments an arena keeps mapped past the purge delay (their pages
+/// purged); more are unmapped. An explicit purge keeps one.
+const KEPT_EMPTY: usize = 4;
+
+impl Arena {
+    /// With a purge delay: returns to the OS the free pages of segments and
+    /// the cached mappings that have stayed unused for the delay (on the
+    /// allocator's slow paths: page hand-out and return, thread exit,
+    /// `collect`; there is no thread or timer of its own).
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(super) fn purge_expired(&self, state: &State, g: &mut ArenaInner, now: u64) {
+        if g.delay_shift > 0 && now >= g.early_at + delay_of(state, g) * DELAY_DECAY {
+            // Quiet for a long while: give memory back sooner again.
+            g.delay_shift -= 1;
+            g.early_at = now;
+        }
+        if g.purge_at == 0 || now < g.purge_at {
+            return;
+        }
+        let delay = delay_of(state, g);
+        let mut next = 0;
+        // Empty segments kept mapped (their pages purged): a program
+        // that frees a burst and allocates again (a garbage collector's
+        // sweep) finds them without a `mmap` and a fault per page.
+        let mut kept_empty = 0;
+        let mut link: *mut *mut SmallSegment = &mut g.segments;
+        // SAFETY: the list and its segments are guarded by the lock we hold.
+        unsafe {
+            while !(*link).is_null() {
+                let seg = *link;
+                let due = (*seg).purge_at;
+                if due != 0 && due <= now {
+                    // Only the slots unused for the whole delay: in a
+                    // steady churn pages empty and fill again all the time,
+                    // and purging the ones freed a moment before the round
+                    // faulted them in again moments later (twice mimalloc's
+                    // page faults).
+                    let (old, young_due) = aged_slots(&*seg, now, delay);
+                    if (*seg).free_slots == !1u64 && young_due == 0 && kept_empty >= KEPT_EMPTY {
+                        *link = (*seg).seg.next;
+                        self.unmap_segment(seg);
+                        continue;
+                    }
+                    // At once (`MADV_DONTNEED`), not lazily: a lazily freed
+                    // page stays resident until the kernel is short of
+                    // memory, so the delay would bound nothing a program's
+                    // peak RSS shows.
+                    self.decommit_slots(seg, old);
+                    (*seg).purged_slots |= old;
+                    for s in slots_in(old) {
+                        (*seg).freed_at[s] = now;
+                    }
+                    if young_due != 0 {
+                        (*seg).purge_at = young_due;
+                        next = soonest(next, young_due);
+                    }
+                } else if due != 0 {
+                    next = soonest(next, due);
+                }
+                kept_empty += usize::from((*seg).free_slots == !1u64);
+                link = &mut (*seg).seg.next;
+            }
+        }
+        // Cached mappings, oldest last: drop the expired tail.
+        let mut link: *mut *mut Cached = &mut g.cached;
+        // SAFETY: cached mappings are ours, described in their first bytes.
+        unsafe {
+            while !(*link).is_null() {
+                let c = *link;
+                if (*c).freed_at + delay <= now {
+                    *link = ptr::null_mut();
+                    self.unmap_cached(g, c);
+                    break;
+                }
+                next = soonest(next, (*c).freed_at + delay);
+                link = &mut (*c).next;
+            }
+        }
+        g.purge_at = next;
+    }
+
+    /// Returns a segment's free committed slots to the OS.
+    ///
+    /// # Safety
+    /// `seg` is a segment of this arena; the caller holds the lock.
+    pub(super) unsafe fn decommit_dirty(&self, seg: *mut SmallSegment) {
+        // SAFETY: `seg` is a segment of this arena and the caller holds the
+        // lock (the caller's word), as `decommit_slots` asks; the dirty slots
+        // are a subset of themselves.
+        unsafe { self.decommit_slots(seg, (*seg).dirty_slots) };
+    }
+
+    /// Returns the `mask` slots of a segment (free and committed) to the OS;
+    /// the purge round ends when no dirty slot is left.
+    ///
+    /// # Safety
+    /// As [`decommit_dirty`](Self::decommit_dirty); `mask` is a subset of
+    /// the segment's dirty slots.
+    pub(super) unsafe fn decommit_slots(&self, seg: *mut SmallSegment, mask: u64) {
+        // SAFETY: `seg` is a live segment of this arena under the lock the
+        // caller holds; `mask` names free, committed slots, whose memory no one
+        // uses.
+        unsafe {
+            debug_assert_eq!(mask & !(*seg).dirty_slots, 0, "purging a slot that is not dirty");
+            debug_assert_eq!(mask & !(*seg).free_slots, 0, "purging a slot in use");
+            let mut d = mask;
+            while d != 0 {
+                let start = d.trailing_zeros() as usize;
+                let run = (d >> start).trailing_ones() as usize;
+                let p = NonNull::new_unchecked(seg.cast::<u8>().add(start * SLOT_SIZE));
+                if mem::decommit(p, run * SLOT_SIZE).is_ok() {
+                    let b = (run * SLOT_SIZE) as u64;
+                    self.counters.dirty.fetch_sub(b, Ordering::Relaxed);
+                    self.counters.purged.fetch_add(b, Ordering::Relaxed);
+                }
+                d &= !slot_mask(start, run);
+            }
+            (*seg).dirty_slots &= !mask;
+            if (*seg).dirty_slots == 0 {
+                (*seg).purge_at = 0;
+            }
+        }
+    }
+
+    /// Unmaps a wholly free segment (already off the list).
+    ///
+    /// # Safety
+    /// As [`decommit_dirty`](Self::decommit_dirty); no slot is in use.
+    pub(super) unsafe fn unmap_segment(&self, seg: *mut SmallSegment) {
+        // SAFETY: a live segment of this arena with no slot in use, off the
+        // list, under the lock the caller holds: nothing points into it.
+        unsafe {
+            debug_assert_eq!((*seg).free_slots, !1u64);
+            let dirty = ((*seg).dirty_slots.count_ones() as usize * SLOT_SIZE) as u64;
+            self.counters.dirty.fetch_sub(dirty, Ordering::Relaxed);
+            self.counters.purged.fetch_add(dirty, Ordering::Relaxed);
+            self.counters.reserved.fetch_sub(SEGMENT_SIZE as u64, Ordering::Relaxed);
+            crate::alloc::core::segmap::remove(seg.cast());
+            let _ = mem::unmap(NonNull::new_unchecked(seg.cast()), (*seg).seg.map_len);
+        }
+    }
+
+    /// The slow-path hook of threads and `collect`: what is due goes back.
+    pub(crate) fn tick(&self, state: &State) {
+        if let Some(now) = delay_clock(state) {
+            let mut g = self.inner.lock();
+            self.purge_expired(state, &mut g, now);
+        }
+    }
+
+    /// Returns every free, committed slot to the OS, and unmaps segments that
+    /// are entirely free, keeping one for reuse.
+    pub(super) fn purge(&self, g: &mut ArenaInner) {
+        let mut kept_empty = false;
+        let mut link: *mut *mut SmallSegment = &mut g.segments;
+        // SAFETY: the list and its segments are guarded by the lock we hold.
+        unsafe {
+            while !(*link).is_null() {
+                let seg = *link;
+                if (*seg).free_slots == !1u64 && kept_empty {
+                    *link = (*seg).seg.next;
+                    self.unmap_segment(seg);
+                    continue;
+                }
+                kept_empty |= (*seg).free_slots == !1u64;
+                self.decommit_dirty(seg);
+                link = &mut (*seg).seg.next;
+            }
+        }
+    }
+
+    /// Purges now, whatever the threshold and the delay (for
+    /// `NumaAlloc::collect`).
+    pub(crate) fn purge_now(&self) {
+        let mut g = self.inner.lock();
+        self.purge(&mut g);
+        let c = core::mem::replace(&mut g.cached, ptr::null_mut());
+        // SAFETY: the whole list, off the arena.
+        unsafe { self.unmap_cached(&mut g, c) };
+        g.purge_at = 0;
+    }
+}
+
+/// The purge delay in force in an arena (ms).
+pub(super) fn delay_of(state: &State, g: &ArenaInner) -> u64 {
+    state.config.purge_delay_ms << g.delay_shift
+}
+
+/// Slots the purge delay gave back, taken again within the delay: the
+/// program's memory rests longer between uses than the delay (sqlite3's
+/// statements free tens of MiB and allocate them again 100–250 ms later,
+/// and faulted in 10,000 pages more than under glibc with 100 ms). The
+/// delay doubles, as glibc raises its mmap threshold when a freed mapping
+/// is asked again; once per purge made under the current delay, up to
+/// [`MAX_DELAY_SHIFT`] doublings, the committed bound unchanged. It comes
+/// down again in [`Arena::purge_expired`] after [`DELAY_DECAY`] quiet delays.
+///
+/// # Safety
+/// `seg` is a listed segment of the arena whose lock `g` is.
+pub(super) unsafe fn note_reuse(g: &mut ArenaInner, seg: *mut SmallSegment, mask: u64, state: &State) {
+    // SAFETY: per the contract, the slot map and times are ours under the lock.
+    unsafe {
+        let purged = (*seg).purged_slots & mask;
+        if purged == 0 {
+            return;
+        }
+        (*seg).purged_slots &= !mask;
+        let at = slots_in(purged).map(|s| (*seg).freed_at[s]).max().unwrap_or(0);
+        let now = crate::os::monotonic_ms();
+        if at >= g.raised_at && now < at + delay_of(state, g) {
+            g.early_at = now;
+            if g.delay_shift < MAX_DELAY_SHIFT {
+                g.delay_shift += 1;
+                g.raised_at = now;
+            }
+        }
+    }
+}
+
+/// Now (ms, monotonic), if a purge delay is configured.
+#[inline]
+pub(crate) fn delay_clock(state: &State) -> Option<u64> {
+    (state.config.purge_delay_ms > 0).then(crate::os::monotonic_ms)
+}
+
+/// The earlier of two due times (0: none).
+pub(super) fn soonest(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (x, y) => x.min(y),
+    }
+}
+
+/// A segment's dirty slots freed at least `delay` ms before `now`, and
+/// when the first of the others is due (0: none).
+pub(super) fn aged_slots(seg: &SmallSegment, now: u64, delay: u64) -> (u64, u64) {
+    let (mut old, mut due) = (0, 0);
+    for s in slots_in(seg.dirty_slots) {
+        let at = seg.freed_at[s] + delay;
+        if at <= now {
+            old |= 1 << s;
+        } else {
+            due = soonest(due, at);
+        }
+    }
+    (old, due)
+}
+
+/// The slots set in `mask`, lowest first.
+pub(super) fn slots_in(mask: u64) -> impl Iterator<Item = usize> {
+    let mut m = mask;
+    core::iter::from_fn(move || {
+        let s = (m != 0).then(|| m.trailing_zeros() as usize)?;
+        m &= m - 1;
+        Some(s)
+    })
+}

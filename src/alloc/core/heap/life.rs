@@ -1,0 +1,178 @@
+//! Thread life: a thread's heap made or adopted at its first allocation,
+//! given up at its exit (empty pages back to the arena, the rest left for
+//! adoption), and the walk over every heap for statistics.
+
+use core::ptr;
+
+use super::*;
+
+impl Heap {
+    /// Points every class at the empty page, so that the next allocation of
+    /// each goes through a refill (under whatever placement is in force then).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(crate) unsafe fn clear_direct(heap: *mut Heap) {
+        // SAFETY: per the contract; the pages stay on the heap's lists.
+        unsafe {
+            Heap::end_loan(heap);
+            for class in 0..CLASSES {
+                Heap::set_direct(heap, class, empty_page());
+                (*heap).cache_serves[class] = false;
+            }
+        }
+    }
+
+    /// Lets go of every empty page (thread exit, `collect`).
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(crate) unsafe fn release_empty_pages(heap: *mut Heap) {
+        // SAFETY: the heap is the caller's.
+        unsafe {
+            Heap::clear_direct(heap);
+            for class in 0..CLASSES {
+                if !(*Heap::cache_page(heap, class)).free.is_null() {
+                    Heap::flush_cache(heap, class, 0, false);
+                }
+                Heap::set_cache_src(heap, class, ptr::null_mut());
+            }
+            Heap::gather_remote(heap);
+            while !(*heap).pending.is_null() {
+                Heap::take_remote(heap, (*heap).pending, true);
+            }
+            for class in 0..CLASSES {
+                (*heap).kept_empty[class] = ptr::null_mut();
+                let mut p = (*heap).lists[class].head;
+                while !p.is_null() {
+                    let next = (*p).next;
+                    if (*p).used == 0 {
+                        (*heap).release_page(p);
+                    }
+                    p = next;
+                }
+            }
+        }
+    }
+}
+
+/// The calling thread's heap, made (or adopted) on first use, and whether it
+/// was adopted (its pages may be on several nodes). `None` only when the OS
+/// refuses the memory for a heap descriptor.
+#[cold]
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
+    let node = state.topology.current_node();
+    let arena = state.home_arena(node);
+    // Adopt a heap left by an exited thread of this node, else make one.
+    let heap = {
+        let mut g = arena.inner.lock();
+        let h = g.orphans;
+        if !h.is_null() {
+            // SAFETY: orphans are live heaps owned by nobody.
+            g.orphans = unsafe { (*h).next_orphan };
+        }
+        h
+    };
+    let adopted = !heap.is_null();
+    let heap = if heap.is_null() {
+        let p = state.alloc_meta(core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
+        let h = p.as_ptr().cast::<Heap>();
+        // SAFETY: fresh, suitably aligned metadata memory.
+        unsafe {
+            // Field by field, in place: the free caches make the heap
+            // 18 KiB, more than a value on a small thread's stack should be.
+            (&raw mut (*h).direct).write([empty_page(); CLASSES]);
+            (&raw mut (*h).counters).write(HeapCounters::new());
+            (&raw mut (*h).lists).write([PageList { head: ptr::null_mut(), tail: ptr::null_mut() }; CLASSES]);
+            (&raw mut (*h).kept_empty).write([ptr::null_mut(); CLASSES]);
+            (&raw mut (*h).refills).write(0);
+            (&raw mut (*h).last_refill).write([0; CLASSES]);
+            (&raw mut (*h).node).write(arena.node);
+            (&raw mut (*h).loan).write(Loan { page: ptr::null_mut(), class: 0, used0: 0 });
+            (&raw mut (*h).next_all).write(ptr::null_mut());
+            (&raw mut (*h).next_orphan).write(ptr::null_mut());
+            (&raw mut (*h).owned).write(AtomicU64::new(1));
+            (&raw mut (*h).policy).write(ptr::null());
+            (&raw mut (*h).pending).write(ptr::null_mut());
+            (&raw mut (*h).remote_pages).write(CachePadded(AtomicStack::new()));
+            (&raw mut (*h).cache_serves).write([false; CLASSES]);
+            (&raw mut (*h).cache_src).write([ptr::null_mut(); CLASSES]);
+            (&raw mut (*h).cache_seen).write([0; CLASSES]);
+            (&raw mut (*h).cache_filled_at).write([0; CLASSES]);
+            for class in 0..CLASSES {
+                let c = Heap::cache_page(h, class);
+                c.write(Page::empty());
+                (*c).used = cache_room(class);
+                (*c).info.heap = AtomicPtr::new(h);
+                (*c).info.block_size = size_class::class_size(class) as u32;
+                (*c).info.class = class as u8;
+                (*c).info.node = arena.node as u8;
+            }
+            let mut all = state.heaps.lock();
+            (*h).next_all = *all;
+            *all = h;
+        }
+        h
+    } else {
+        // SAFETY: adopted: ours now. Its pages and their free lists come along;
+        // remote frees that arrived meanwhile are collected at the next refill.
+        unsafe {
+            debug_assert!(!(*heap).is_owned() && (*heap).loan.page.is_null());
+            debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
+            debug_assert!(
+                (0..CLASSES).all(|c| (*Heap::cache_page(heap, c)).free.is_null() && (*heap).cache_src[c].is_null()),
+                "an orphan with cached blocks"
+            );
+            (*heap).next_orphan = ptr::null_mut();
+            (*heap).owned.store(1, Ordering::Relaxed);
+        }
+        heap
+    };
+    crate::os::tls::set(heap.cast());
+    // Ask for `thread_exit` at thread exit.
+    state.exit_key.set(heap.cast());
+    Some((heap, adopted))
+}
+
+/// Thread-exit destructor (pthread key): release empty pages, leave the heap
+/// for adoption. Allocations after this (from later destructors) make or
+/// adopt a heap again, and the key brings us back for it.
+#[unsafe(link_section = ".text.hot.numaweave")]
+pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
+    let heap = heap.cast::<Heap>();
+    let Some(state) = State::try_get() else { return };
+    if heap.is_null() {
+        return;
+    }
+    crate::os::tls::set(no_heap().cast());
+    // SAFETY: the heap was this thread's; nobody else uses it until adopted.
+    unsafe {
+        Heap::release_empty_pages(heap);
+        debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()) && (*heap).loan.page.is_null());
+        (*heap).owned.store(0, Ordering::Relaxed);
+        // The thread's policy state goes with the thread.
+        (*heap).policy = ptr::null();
+        let arena = state.home_arena((*heap).node);
+        {
+            let mut g = arena.inner.lock();
+            (*heap).next_orphan = g.orphans;
+            g.orphans = heap;
+        }
+        // What waited out its purge delay goes back now.
+        arena.tick(state);
+    }
+}
+
+/// Heaps for stats: every heap ever made.
+pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(&Heap)) {
+    let mut h = *state.heaps.lock();
+    while !h.is_null() {
+        // SAFETY: heaps are never freed; `next_all` is written once, under the
+        // registry lock, before the heap is published.
+        unsafe {
+            f(&*h);
+            h = (*h).next_all;
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Free-list links: a free block's first word names the next free block of
+//! its page, plainly, or in a hardened build encoded with the page's key
+//! and checked against the page's bounds before it is followed.
+
+use super::*;
+
+/// The link a free block of `page` stores to the next one: encoded in a
+/// hardened build, plain otherwise.
+#[inline(always)]
+pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
+    #[cfg(feature = "hardened")]
+    // SAFETY: the caller passes a live page.
+    return crate::hardened::encode(next, unsafe { (*page).info.key });
+    #[cfg(not(feature = "hardened"))]
+    {
+        let _ = page;
+        next
+    }
+}
+
+/// Hardened builds: whether `block`, the head of `page`'s free list, lies
+/// outside the page's blocks (a pool page, with no slots of its own, is not
+/// checked: its `links` is `usize::MAX`). Checked before the head is read:
+/// a link overwritten by a stray write decodes to anywhere at all, and the
+/// pop that read it made it the head. (Its alignment to a block would cost
+/// a multiplication on every pop.)
+///
+/// # Safety
+/// `page` is a live page.
+#[cfg(feature = "hardened")]
+#[inline(always)]
+pub(super) unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
+    // SAFETY: `page` is live (the caller's word); its `info` is written
+    // once, when the page is taken, so reading it races with nothing.
+    let (start, links) = unsafe { ((*page).info.start as usize, (*page).info.links) };
+    debug_assert!(links > 0, "a page with a free list spans some blocks");
+    (block as usize).wrapping_sub(start) >= links
+}
+
+/// Checks the link `next` read from a free block of `page` as
+/// [`outside`] checks a head (null, the list's end, passes).
+///
+/// # Safety
+/// `page` is a live page.
+#[cfg(feature = "hardened")]
+#[inline(always)]
+pub(super) unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
+    // SAFETY: `page` is live (the caller's word), as `outside` needs.
+    !next.is_null() && unsafe { outside(page, next) }
+}
+
+/// Reports a free block of `page` linking to `next`, outside the page: null
+/// (the rest of the list is dropped if the report does not abort).
+///
+/// # Safety
+/// `page` is a live page.
+#[cfg(feature = "hardened")]
+#[cold]
+#[inline(never)]
+pub(super) unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut Block {
+    // SAFETY: `page` is live (the caller's word): its `info` is read for
+    // the report, nothing is read through `next`.
+    unsafe {
+        crate::hardened::misuse(format_args!(
+            "corrupted free list in the {}-byte page at {:p} (node {}): a free block links to {next:p}",
+            (*page).info.block_size,
+            (*page).info.start,
+            (*page).info.node
+        ));
+    }
+    ptr::null_mut()
+}
+
+/// The block a free block of `page` links to (see [`link`]); a hardened
+/// build checks it lies in the page (a corrupted list is reported).
+#[inline(always)]
+pub(super) unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
+    // SAFETY: the caller passes a free block of the page.
+    let stored = unsafe { (*block).next };
+    #[cfg(feature = "hardened")]
+    // SAFETY: as above.
+    unsafe {
+        let next = crate::hardened::decode(stored, (*page).info.key);
+        if link_outside(page, next) {
+            return corrupted_list(page, next);
+        }
+        next
+    }
+    #[cfg(not(feature = "hardened"))]
+    {
+        let _ = page;
+        stored
+    }
+}
+
+/// What a page's blocks are, for hardened reports and checks: a pool's page
+/// (no slots of its own) lends region blocks.
+#[cfg(feature = "hardened")]
+///
+/// # Safety
+/// `page` is live.
+#[inline(always)]
+pub(super) unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::BlockKind) {
+    // SAFETY: `page` is live (the caller's word); `info` is written once,
+    // when the page is taken.
+    let (bs, node, slots) =
+        unsafe { ((*page).info.block_size as usize, usize::from((*page).info.node), (*page).info.slots) };
+    (
+        bs,
+        if slots == 0 {
+            crate::hardened::BlockKind::Region(bs, node)
+        } else {
+            crate::hardened::BlockKind::Sized(bs, node)
+        },
+    )
+}
