@@ -387,13 +387,14 @@ pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size
     unsafe { free(p) }
 }
 
-/// Returns free memory to the OS now (the calling thread's empty pages and
-/// every arena's purgeable memory); always 1 (memory was released or none
-/// was kept).
+/// Returns every free page to the OS now (see `NumaAlloc::trim`: the
+/// calling thread's free memory, exited threads' heaps, every arena's free
+/// pages and cached mappings, slab caches' empty slabs; other threads' at
+/// their next slow path). `pad` is ignored, as memory is not kept at a
+/// heap's top. 1 if memory went back to the OS, else 0, as glibc's.
 #[unsafe(no_mangle)]
 pub extern "C" fn malloc_trim(_pad: usize) -> i32 {
-    A.collect();
-    1
+    i32::from(A.trim() > 0)
 }
 
 /// Prints the allocator's per-node statistics on stderr.

@@ -377,20 +377,35 @@ impl NumaAlloc {
         usize::from(unsafe { (*segment_of(p)).arena })
     }
 
-    /// Returns the calling thread's empty pages to their arenas and every
-    /// arena's free memory to the OS now, whatever the threshold.
-    pub fn collect(&self) {
+    /// Returns every free page to the OS now (`malloc_trim(0)`): the
+    /// calling thread's cached blocks, kept and empty pages; exited
+    /// threads' heaps (their remote frees collected first); every arena's
+    /// free pages, empty segments and cached large mappings; every slab
+    /// cache's empty slabs. Other live threads give back what they hold
+    /// free at their next slow path (a thread's heap is its own). Returns
+    /// the bytes the OS got back.
+    ///
+    /// ```
+    /// use numaweave::NumaAlloc;
+    /// static A: NumaAlloc = NumaAlloc::new();
+    /// let v: Vec<Box<[u8; 1000]>> = (0..10_000).map(|_| Box::new([1; 1000])).collect();
+    /// drop(v);
+    /// A.trim();
+    /// let s = A.stats();
+    /// assert_eq!(s.nodes.iter().map(|n| s.per_node[n].free_resident).sum::<u64>(), 0);
+    /// ```
+    pub fn trim(&self) -> u64 {
         let state = self.state();
-        let h = heap::current();
-        if !h.is_null() {
-            // SAFETY: the calling thread's heap.
-            unsafe { Heap::release_empty_pages(h) };
-        }
-        for n in state.nodes().iter() {
-            if let Some(a) = state.arena(n) {
-                a.purge_now();
-            }
-        }
+        let returned = || -> u64 { state.nodes().iter().filter_map(|n| state.arena(n)).map(|a| a.returned()).sum() };
+        let before = returned();
+        let slabs = crate::slab::shrink_all() as u64;
+        self::core::lifecycle::trim(state);
+        returned().saturating_sub(before) + slabs
+    }
+
+    /// [`trim`](Self::trim), its figure dropped.
+    pub fn collect(&self) {
+        self.trim();
     }
 
     /// A snapshot of the allocator's statistics.

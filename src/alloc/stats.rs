@@ -45,6 +45,20 @@ pub struct NodeStats {
     /// Regions that asked for hugetlb pages and got base pages: the node's
     /// pool was short (cumulative).
     pub huge_fallbacks: u64,
+    /// Bytes of the node's segments and cached mappings the kernel holds in
+    /// memory (`mincore`), plus live huge blocks whole.
+    pub resident: u64,
+    /// Free memory still committed: free pages waiting out the purge delay
+    /// and cached large mappings.
+    pub free_resident: u64,
+    /// Bytes of the pages live threads' heaps hold (of heaps made on this
+    /// node), their free blocks included.
+    pub in_heaps: u64,
+    /// Bytes of the pages exited threads' heaps hold, waiting for adoption.
+    pub orphaned: u64,
+    /// Address space mapped but not committed (purged pages, uncarved
+    /// segments): virtual size, not memory.
+    pub retained: u64,
 }
 
 impl NodeStats {
@@ -61,6 +75,11 @@ impl NodeStats {
         self.huge_fallbacks += o.huge_fallbacks;
         self.huge_live += o.huge_live;
         self.regions += o.regions;
+        self.resident += o.resident;
+        self.free_resident += o.free_resident;
+        self.in_heaps += o.in_heaps;
+        self.orphaned += o.orphaned;
+        self.retained += o.retained;
     }
 }
 
@@ -112,6 +131,9 @@ impl Stats {
             s.in_use = ld(&c.huge_bytes);
             s.allocs = ld(&c.huge_allocs);
             s.frees = ld(&c.huge_frees);
+            s.free_resident = ld(&c.dirty);
+            s.retained = s.reserved.saturating_sub(s.committed);
+            s.resident = a.resident() + ld(&c.huge_bytes);
         }
         let (mut heaps, mut orphan_heaps) = (0, 0);
         for_each_heap(state, |h| {
@@ -121,6 +143,11 @@ impl Stats {
             }
             let (n, c) = h.node_and_counters();
             let s = &mut per_node[n % MAX_NODES];
+            if h.is_owned() {
+                s.in_heaps += h.held_bytes();
+            } else {
+                s.orphaned += h.held_bytes();
+            }
             s.allocs += c.0;
             s.frees += c.1;
             s.in_use = s.in_use.wrapping_add(c.2.wrapping_sub(c.3));
@@ -235,6 +262,28 @@ impl fmt::Display for Stats {
         }
         if self.nodes.len() > 1 {
             row(f, "total", &self.total())?;
+        }
+        writeln!(
+            f,
+            "{:>5} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            "node", "resident", "free res.", "in heaps", "orphaned", "retained"
+        )?;
+        let mem_row = |f: &mut fmt::Formatter<'_>, name: &str, s: &NodeStats| {
+            writeln!(
+                f,
+                "{name:>5} {:>11} {:>11} {:>11} {:>11} {:>11}",
+                h(s.resident),
+                h(s.free_resident),
+                h(s.in_heaps),
+                h(s.orphaned),
+                h(s.retained)
+            )
+        };
+        for n in self.nodes.iter() {
+            mem_row(f, &n.to_string(), &self.per_node[n])?;
+        }
+        if self.nodes.len() > 1 {
+            mem_row(f, "total", &self.total())?;
         }
         if let Some(w) = &self.auto_weights {
             writeln!(f, "default interleave {w}")?;

@@ -429,6 +429,25 @@ pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
     super::os_result(unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) }, "madvise(MADV_DONTNEED)")
 }
 
+/// Bytes of `len` at `ptr` (page-aligned, mapped) the kernel holds in
+/// memory (`mincore`), counted a page at a time in chunks of 16 MiB.
+pub fn resident_bytes(ptr: NonNull<u8>, len: usize) -> Result<u64> {
+    let _errno = super::KeepErrno::new();
+    let page = super::page_size();
+    let mut vec = [0u8; 4096];
+    let (mut off, mut n) = (0, 0u64);
+    while off < len {
+        let chunk = (len - off).min(vec.len() * page);
+        // SAFETY: a mapped, page-aligned range of the caller's; `vec` holds a
+        // byte for each of its pages.
+        let r = unsafe { libc::mincore(ptr.as_ptr().add(off).cast(), chunk, vec.as_mut_ptr()) };
+        super::os_result(r, "mincore")?;
+        n += vec[..chunk.div_ceil(page)].iter().filter(|&&b| b & 1 != 0).count() as u64 * page as u64;
+        off += chunk;
+    }
+    Ok(n)
+}
+
 /// Locks `[ptr, ptr+len)` in memory (`mlock`): its pages are committed now
 /// and never swapped out or migrated by reclaim, as memory a device reads
 /// and writes behind the kernel's back must be. Fails with `ENOMEM`/`EPERM`

@@ -441,6 +441,22 @@ fn drop_core(core: &Arc<Core>) {
     unsafe { Core::put_refs(Arc::as_ptr(core), refs) };
 }
 
+/// Shrinks every live cache, as [`RawCache::shrink`] does one (the calling
+/// thread's magazines flushed, the depots and remote lists drained, empty
+/// slabs unmapped; `NumaAlloc::trim` and `malloc_trim` call it); returns
+/// the bytes unmapped.
+///
+/// ```
+/// use numaweave::slab::{SlabCache, shrink_all};
+/// let cache = SlabCache::<[u8; 4096]>::new("scratch").unwrap();
+/// let all: Vec<_> = (0..64).map(|_| cache.alloc([0; 4096]).unwrap()).collect();
+/// drop(all);
+/// assert!(shrink_all() > 0);
+/// ```
+pub fn shrink_all() -> usize {
+    super::stats::live_caches().iter().map(shrink_core).sum()
+}
+
 fn shrink_core(core: &Arc<Core>) -> usize {
     thread::flush_current(core);
     let (bytes, refs) = core.shrink();

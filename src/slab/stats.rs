@@ -321,6 +321,10 @@ fn fork_release() {
 /// # drop(b);
 /// ```
 pub fn slabinfo() -> SlabInfo {
-    let live: Vec<Arc<Core>> = REGISTRY.lock().caches.iter().filter_map(Weak::upgrade).collect();
-    SlabInfo { caches: live.iter().map(|c| CacheStats::of(c)).collect() }
+    SlabInfo { caches: live_caches().iter().map(|c| CacheStats::of(c)).collect() }
+}
+
+/// Every live cache (a reference each, taken under the registry's lock).
+pub(crate) fn live_caches() -> Vec<Arc<Core>> {
+    REGISTRY.lock().caches.iter().filter_map(Weak::upgrade).collect()
 }

@@ -6,6 +6,7 @@
 
 pub(crate) mod arena;
 pub(crate) mod heap;
+pub(crate) mod lifecycle;
 pub(crate) mod segmap;
 pub(crate) mod segment;
 pub(crate) mod size_class;

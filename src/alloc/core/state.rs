@@ -9,6 +9,7 @@ use core::ptr::{self, NonNull};
 
 use super::arena::Arena;
 use super::heap::Heap;
+use super::lifecycle::Lifecycle;
 use crate::os::mem::Huge;
 use crate::os::{file, mem, thread};
 use crate::policy::{Policy, SizeRules};
@@ -284,6 +285,8 @@ pub(crate) struct State {
     pub(crate) policies: bool,
     /// Whether the first thread's start-up work (`settle`) was done.
     settled: AtomicBool,
+    /// The memory lifecycle: what is due to go back, and when.
+    pub(crate) life: Lifecycle,
 }
 
 // SAFETY: raw pointers inside are guarded by the spin locks around them.
@@ -404,6 +407,7 @@ impl State {
             (&raw mut (*s).rules).write(rules);
             (&raw mut (*s).policies).write(config.policies);
             (&raw mut (*s).settled).write(AtomicBool::new(false));
+            (&raw mut (*s).life).write(Lifecycle::new());
         }
         // The fields written above, by name: a field added to `State` fails
         // to compile here until it is written too.
@@ -422,6 +426,7 @@ impl State {
                 rules: _,
                 policies: _,
                 settled: _,
+                life: _,
             } = s;
         };
     }

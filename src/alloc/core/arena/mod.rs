@@ -7,7 +7,7 @@
 
 use core::ptr::{self, NonNull};
 
-use super::heap::Heap;
+use super::heap::{Heap, OWNER_NONE, OWNER_RECLAIM, OWNER_THREAD};
 use super::size_class::{class_size, page_slots};
 use super::state::{Mode, State};
 use crate::alloc::core::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment};
@@ -127,6 +127,98 @@ impl Arena {
             Some(p) if state.config.strict => MemPolicy::Bind(NodeSet::single(p)),
             Some(p) => MemPolicy::Preferred(p),
         }
+    }
+
+    /// Takes an exited thread's heap waiting on this arena, if there is one
+    /// not being collected, for the calling thread ([`OWNER_THREAD`]).
+    pub(crate) fn adopt_orphan(&self) -> *mut Heap {
+        let mut g = self.inner.lock();
+        let mut link: *mut *mut Heap = &mut g.orphans;
+        // SAFETY: listed heaps are live (heaps are never freed); the list
+        // and the owners of listed heaps change under the lock we hold.
+        unsafe {
+            while !(*link).is_null() {
+                let h = *link;
+                if (*h).owned.load(Ordering::Relaxed) == OWNER_NONE {
+                    *link = (*h).next_orphan;
+                    (*h).next_orphan = ptr::null_mut();
+                    (*h).owned.store(OWNER_THREAD, Ordering::Relaxed);
+                    return h;
+                }
+                link = &mut (*h).next_orphan;
+            }
+        }
+        ptr::null_mut()
+    }
+
+    /// Lists `heap`, its thread gone, for adoption.
+    ///
+    /// # Safety
+    /// `heap` is a live heap its exiting thread gives up, on no list.
+    pub(crate) unsafe fn park_orphan(&self, heap: *mut Heap) {
+        let mut g = self.inner.lock();
+        // SAFETY: per the contract; the list is ours under the lock.
+        unsafe {
+            (*heap).owned.store(OWNER_NONE, Ordering::Relaxed);
+            (*heap).next_orphan = g.orphans;
+        }
+        g.orphans = heap;
+    }
+
+    /// Claims up to `out.len()` of the heaps waiting on this arena whose
+    /// pages got remote frees ([`OWNER_RECLAIM`]: not adopted meanwhile);
+    /// returns how many it put in `out`. Each is let go with
+    /// [`release_orphan`](Self::release_orphan).
+    pub(crate) fn claim_orphans(&self, out: &mut [*mut Heap]) -> usize {
+        let g = self.inner.lock();
+        let mut k = 0;
+        let mut h = g.orphans;
+        // SAFETY: as in `adopt_orphan`.
+        unsafe {
+            while !h.is_null() && k < out.len() {
+                if (*h).owned.load(Ordering::Relaxed) == OWNER_NONE && !(*h).remote_pages.0.is_empty() {
+                    (*h).owned.store(OWNER_RECLAIM, Ordering::Relaxed);
+                    out[k] = h;
+                    k += 1;
+                }
+                h = (*h).next_orphan;
+            }
+        }
+        k
+    }
+
+    /// Lets go of a heap [`claim_orphans`](Self::claim_orphans) claimed.
+    pub(crate) fn release_orphan(&self, heap: *mut Heap) {
+        let _g = self.inner.lock();
+        // SAFETY: a listed heap (claimed, so still listed), live.
+        unsafe { (*heap).owned.store(OWNER_NONE, Ordering::Relaxed) };
+    }
+
+    /// Bytes the OS got back from this arena (cumulative).
+    pub(crate) fn returned(&self) -> u64 {
+        self.counters.purged.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the arena's segments and cached mappings the kernel holds
+    /// in memory (`mincore`, under the lock: a statistic, not a hot path).
+    pub(crate) fn resident(&self) -> u64 {
+        let g = self.inner.lock();
+        let mut n = 0;
+        let mut seg = g.segments;
+        // SAFETY: listed segments and cached mappings are live under the
+        // lock we hold; each is a page-aligned mapping of ours.
+        unsafe {
+            while !seg.is_null() {
+                n += mem::resident_bytes(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE).unwrap_or(0);
+                seg = (*seg).seg.next;
+            }
+            let mut c = g.cached;
+            while !c.is_null() {
+                n += mem::resident_bytes(NonNull::new_unchecked(c.cast()), (*c).len).unwrap_or(0);
+                c = (*c).next;
+            }
+        }
+        n
     }
 
     /// Whether the node looked out of memory at its last attempt (a racy

@@ -28,6 +28,13 @@ impl Arena {
     /// `collect`; there is no thread or timer of its own).
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(super) fn purge_expired(&self, state: &State, g: &mut ArenaInner, now: u64) {
+        self.purge_due(state, g, now);
+        // The lifecycle ticks at the earliest arena's due time.
+        state.life.note_due(g.purge_at);
+    }
+
+    /// [`purge_expired`](Self::purge_expired) but telling the lifecycle.
+    fn purge_due(&self, state: &State, g: &mut ArenaInner, now: u64) {
         if g.delay_shift > 0 && now >= g.early_at + delay_of(state, g) * DELAY_DECAY {
             // Quiet for a long while: give memory back sooner again.
             g.delay_shift -= 1;
@@ -159,12 +166,11 @@ impl Arena {
         }
     }
 
-    /// The slow-path hook of threads and `collect`: what is due goes back.
-    pub(crate) fn tick(&self, state: &State) {
-        if let Some(now) = delay_clock(state) {
-            let mut g = self.inner.lock();
-            self.purge_expired(state, &mut g, now);
-        }
+    /// The lifecycle's tick (`lifecycle::tick`): what is due at `now`
+    /// goes back.
+    pub(crate) fn tick_at(&self, state: &State, now: u64) {
+        let mut g = self.inner.lock();
+        self.purge_expired(state, &mut g, now);
     }
 
     /// Returns every free, committed slot to the OS, and unmaps segments that

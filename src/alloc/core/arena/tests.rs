@@ -131,10 +131,10 @@ fn free_pages_wait_out_the_delay() {
     unsafe { a.free_page(state, p) };
     assert_eq!(a.counters.dirty.load(Ordering::Relaxed), bytes, "kept committed for the delay");
     let purged = a.counters.purged.load(Ordering::Relaxed);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged, "not yet");
     sleep(delay + 20);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0, "purged once the delay is over");
     assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + bytes);
 }
@@ -157,11 +157,11 @@ fn a_page_freed_late_waits_its_own_delay() {
     unsafe { a.free_page(state, q) };
     // Past the first page's delay, well before the second's.
     sleep(delay / 2 + 5);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + bytes, "the first page's delay is over");
     assert_eq!(a.counters.dirty.load(Ordering::Relaxed), bytes, "the second page has not waited its delay");
     sleep(delay / 2 + 20);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(a.counters.dirty.load(Ordering::Relaxed), 0, "now it has");
     assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + 2 * bytes);
 }
@@ -174,7 +174,7 @@ fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
     // SAFETY: a page of this arena with no block live and no heap.
     unsafe { a.free_page(state, p) };
     sleep(delay + 20);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(purged(), bytes, "purged after the configured delay");
     let q = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
     assert_eq!(q, p, "the purged slots are taken again, within the delay");
@@ -182,10 +182,10 @@ fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
     // SAFETY: as above.
     unsafe { a.free_page(state, q) };
     sleep(delay + 20);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(purged(), bytes, "the delay has doubled: still committed");
     sleep(delay);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(purged(), 2 * bytes, "purged after the doubled delay");
     // Taken back long after its purge: the delay was long enough.
     sleep(2 * delay + 20);
@@ -194,6 +194,6 @@ fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
     assert_eq!(a.inner.lock().delay_shift, 1, "a late reuse does not raise the delay");
     // Quiet for DELAY_DECAY doubled delays: back to the configured one.
     sleep(2 * delay * DELAY_DECAY + 20);
-    a.tick(state);
+    a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(a.inner.lock().delay_shift, 0);
 }

@@ -165,7 +165,14 @@ impl Heap {
         unsafe {
             debug_assert!((*page).used > 0, "a cached block of a page with none in use");
             debug_assert!(in_page(page, block.cast()) && (*page).info.heap.load(Ordering::Relaxed) == heap);
-            Heap::push(heap, page, block);
+            // As `push`, but the event is the page's alone (a page, not a
+            // cache), and no free's: the caller is in the midst of one.
+            (*block).next = link(page, (*page).free);
+            (*page).free = block;
+            (*page).used -= 1;
+            if (*page).used == 0 || (*page).in_full {
+                Heap::page_event_with(heap, page, true);
+            }
         }
     }
 

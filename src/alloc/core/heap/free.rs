@@ -224,6 +224,22 @@ pub(crate) unsafe fn free_to_sink(seg: *mut segment::SmallSegment, sink: *mut Pa
     }
 }
 
+/// A page of an exited thread's heap got its first remote free since its
+/// remote frees were last collected: the lifecycle collects them at its
+/// next tick, which the calling thread's heap is armed to reach.
+#[cold]
+#[inline(never)]
+fn orphan_freed() {
+    let Some(state) = State::try_get() else { return };
+    state.life.note_orphan_work();
+    let me = current();
+    if !me.is_null() {
+        // SAFETY: the calling thread's heap, between operations (a free's
+        // last step).
+        unsafe { Heap::arm(me, state) };
+    }
+}
+
 /// A block of another heap's page: push it on the page's `thread_free`; the
 /// first push onto an empty list also queues the page on its heap, once.
 #[cold]
@@ -237,6 +253,9 @@ pub(super) unsafe fn free_remote(page: *mut Page, block: *mut Block) {
         if (*page).remote.thread_free.push_by(block, |b, next| (*b).next = link(page, next)) {
             let heap = (*page).info.heap.load(Ordering::Relaxed);
             (*heap).remote_pages.0.push(page);
+            if (*heap).owned.load(Ordering::Relaxed) != OWNER_THREAD {
+                orphan_freed();
+            }
         }
     }
 }

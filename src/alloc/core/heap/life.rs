@@ -1,6 +1,6 @@
 //! Thread life: a thread's heap made or adopted at its first allocation,
-//! given up at its exit (empty pages back to the arena, the rest left for
-//! adoption), and the walk over every heap for statistics.
+//! given up at its exit (what it holds free back to the arena, the rest
+//! left for adoption), and the walk over every heap for statistics.
 
 use core::ptr;
 
@@ -23,36 +23,6 @@ impl Heap {
             }
         }
     }
-
-    /// Lets go of every empty page (thread exit, `collect`).
-    #[unsafe(link_section = ".text.hot.numaweave")]
-    pub(crate) unsafe fn release_empty_pages(heap: *mut Heap) {
-        // SAFETY: the heap is the caller's.
-        unsafe {
-            Heap::clear_direct(heap);
-            for class in 0..CLASSES {
-                if !(*Heap::cache_page(heap, class)).free.is_null() {
-                    Heap::flush_cache(heap, class, 0, false);
-                }
-                Heap::set_cache_src(heap, class, ptr::null_mut());
-            }
-            Heap::gather_remote(heap);
-            while !(*heap).pending.is_null() {
-                Heap::take_remote(heap, (*heap).pending, true);
-            }
-            for class in 0..CLASSES {
-                (*heap).kept_empty[class] = ptr::null_mut();
-                let mut p = (*heap).lists[class].head;
-                while !p.is_null() {
-                    let next = (*p).next;
-                    if (*p).used == 0 {
-                        (*heap).release_page(p);
-                    }
-                    p = next;
-                }
-            }
-        }
-    }
 }
 
 /// The calling thread's heap, made (or adopted) on first use, and whether it
@@ -65,15 +35,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
     let node = state.topology.current_node();
     let arena = state.home_arena(node);
     // Adopt a heap left by an exited thread of this node, else make one.
-    let heap = {
-        let mut g = arena.inner.lock();
-        let h = g.orphans;
-        if !h.is_null() {
-            // SAFETY: orphans are live heaps owned by nobody.
-            g.orphans = unsafe { (*h).next_orphan };
-        }
-        h
-    };
+    let heap = arena.adopt_orphan();
     let adopted = !heap.is_null();
     let heap = if heap.is_null() {
         let p = state.alloc_meta(core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
@@ -92,7 +54,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
             (&raw mut (*h).loan).write(Loan { page: ptr::null_mut(), class: 0, used0: 0 });
             (&raw mut (*h).next_all).write(ptr::null_mut());
             (&raw mut (*h).next_orphan).write(ptr::null_mut());
-            (&raw mut (*h).owned).write(AtomicU64::new(1));
+            (&raw mut (*h).owned).write(AtomicU64::new(OWNER_THREAD));
             (&raw mut (*h).policy).write(ptr::null());
             (&raw mut (*h).pending).write(ptr::null_mut());
             (&raw mut (*h).remote_pages).write(CachePadded(AtomicStack::new()));
@@ -100,6 +62,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
             (&raw mut (*h).cache_src).write([ptr::null_mut(); CLASSES]);
             (&raw mut (*h).cache_seen).write([0; CLASSES]);
             (&raw mut (*h).cache_filled_at).write([0; CLASSES]);
+            (&raw mut (*h).life).write(HeapLife::new());
             for class in 0..CLASSES {
                 let c = Heap::cache_page(h, class);
                 c.write(Page::empty());
@@ -115,17 +78,16 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
         }
         h
     } else {
-        // SAFETY: adopted: ours now. Its pages and their free lists come along;
-        // remote frees that arrived meanwhile are collected at the next refill.
+        // SAFETY: adopted (`adopt_orphan` made it the thread's): ours now.
+        // Its pages and their free lists come along; remote frees that
+        // arrived meanwhile are collected at the next refill.
         unsafe {
-            debug_assert!(!(*heap).is_owned() && (*heap).loan.page.is_null());
+            debug_assert!((*heap).is_owned() && (*heap).loan.page.is_null());
             debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
             debug_assert!(
                 (0..CLASSES).all(|c| (*Heap::cache_page(heap, c)).free.is_null() && (*heap).cache_src[c].is_null()),
                 "an orphan with cached blocks"
             );
-            (*heap).next_orphan = ptr::null_mut();
-            (*heap).owned.store(1, Ordering::Relaxed);
         }
         heap
     };
@@ -135,9 +97,14 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
     Some((heap, adopted))
 }
 
-/// Thread-exit destructor (pthread key): release empty pages, leave the heap
-/// for adoption. Allocations after this (from later destructors) make or
-/// adopt a heap again, and the key brings us back for it.
+/// Thread-exit destructor (pthread key): everything the heap holds free
+/// goes back (cached blocks, kept and empty pages, remote frees collected),
+/// and the heap, with the pages that still hold blocks, waits on its
+/// node's arena for a new thread to adopt it; blocks other threads free
+/// into those pages meanwhile are collected by the lifecycle
+/// (`lifecycle::reclaim_orphans`). Allocations after this (from later
+/// destructors) make or adopt a heap again, and the key brings us back for
+/// it.
 #[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     let heap = heap.cast::<Heap>();
@@ -148,19 +115,15 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     crate::os::tls::set(no_heap().cast());
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
     unsafe {
-        Heap::release_empty_pages(heap);
+        Heap::end_loan(heap);
+        Heap::give_back_free(heap);
         debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()) && (*heap).loan.page.is_null());
-        (*heap).owned.store(0, Ordering::Relaxed);
         // The thread's policy state goes with the thread.
         (*heap).policy = ptr::null();
-        let arena = state.home_arena((*heap).node);
-        {
-            let mut g = arena.inner.lock();
-            (*heap).next_orphan = g.orphans;
-            g.orphans = heap;
-        }
-        // What waited out its purge delay goes back now.
-        arena.tick(state);
+        state.home_arena((*heap).node).park_orphan(heap);
+        // What is due goes back now (the lifecycle's tick; what this exit
+        // gave back is due a delay from now, at another thread's slow path).
+        super::super::lifecycle::tick(state, crate::os::monotonic_ms());
     }
 }
 

@@ -32,9 +32,11 @@
 //! frees, gathering remote ones), `cache.rs` (the free cache), `pages.rs`
 //! (page lists, the direct slot's references, empty and idle pages),
 //! `loan.rs` (lent slots), `life.rs` (a thread's heap made, adopted, given
-//! up) and `links.rs` (free-list links, encoded in hardened builds).
+//! up), `decay.rs` (the heap's part in giving memory back) and `links.rs`
+//! (free-list links, encoded in hardened builds).
 
 mod cache;
+mod decay;
 mod free;
 mod life;
 mod links;
@@ -43,6 +45,7 @@ mod pages;
 mod pop;
 
 use cache::{CACHING, cache_room};
+use decay::{Beat, HeapLife};
 #[cfg(feature = "hardened")]
 pub(crate) use free::free_block;
 #[cfg(not(feature = "hardened"))]
@@ -221,7 +224,10 @@ pub(crate) struct Heap {
     /// Links: all heaps (registry), orphans of an arena.
     pub(crate) next_all: *mut Heap,
     pub(crate) next_orphan: *mut Heap,
-    /// Whether a live thread owns it.
+    /// Who owns it: [`OWNER_THREAD`] (a live thread), [`OWNER_NONE`] (an
+    /// exited thread's, waiting on its arena's orphan list) or
+    /// [`OWNER_RECLAIM`] (an orphan a thread is collecting). Changed under
+    /// the arena's lock while the heap is listed there.
     pub(crate) owned: AtomicU64,
     /// A word for the layer above: the owning thread's policy state, which
     /// the placement sets when a thread makes or adopts the heap and reads
@@ -266,7 +272,17 @@ pub(crate) struct Heap {
     /// Per class, the heap's `allocs` counter when its free cache last
     /// filled up (see `Heap::page_event`).
     cache_filled_at: [u64; CLASSES],
+    /// The heap's part in the memory lifecycle (`decay.rs`): last, away
+    /// from what the fast paths read.
+    pub(crate) life: HeapLife,
 }
+
+/// [`Heap::owned`]: an exited thread's heap, waiting for adoption.
+pub(crate) const OWNER_NONE: u64 = 0;
+/// [`Heap::owned`]: a live thread's heap.
+pub(crate) const OWNER_THREAD: u64 = 1;
+/// [`Heap::owned`]: an exited thread's heap a thread is collecting.
+pub(crate) const OWNER_RECLAIM: u64 = 2;
 
 /// What a refill may use: the caller's rule for where memory comes from.
 /// Implemented by the memory policies (`placement.rs`); the heap only asks.
@@ -314,7 +330,7 @@ pub(crate) fn current_or_none() -> *mut Heap {
 impl Heap {
     /// Whether a live thread owns the heap.
     pub(crate) fn is_owned(&self) -> bool {
-        self.owned.load(Ordering::Relaxed) != 0
+        self.owned.load(Ordering::Relaxed) == OWNER_THREAD
     }
 
     /// The heap's node and (allocs, frees, bytes allocated, bytes freed, remote frees).

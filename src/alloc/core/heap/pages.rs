@@ -19,7 +19,7 @@ pub(super) const IDLE_REFILLS: u32 = 256;
 
 impl Heap {
     /// A page got a block back while full, or became empty; or a class's
-    /// free cache filled up.
+    /// free cache filled up: the out-of-line end of a free (`push`).
     #[cold]
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(super) unsafe fn page_event(heap: *mut Heap, page: *mut Page) {
@@ -43,9 +43,14 @@ impl Heap {
                 if (*heap).cache_serves[class] && (*heap).direct[class] != page && !Heap::is_lent(heap, class) {
                     Heap::set_direct(heap, class, page);
                 }
-                return;
+            } else {
+                Heap::page_event_with(heap, page, true);
             }
-            Heap::page_event_with(heap, page, true)
+            // A free's last step: the heap is armed here while something
+            // is due (this event may have made it so).
+            if let Some(state) = State::try_get() {
+                Heap::arm(heap, state);
+            }
         }
     }
 
@@ -134,6 +139,7 @@ impl Heap {
             }
             let seg = segment_of((*page).info.start);
             debug_assert_eq!((*seg).kind, SegmentKind::Small);
+            bump(&self.life.page_bytes, (page_bytes(class) as u64).wrapping_neg());
             let arena = &state.arenas[usize::from((*seg).arena)];
             arena.free_page(state, page);
         }

@@ -174,7 +174,8 @@ impl Heap {
     /// The slow path: a page of the heap that `placement` accepts and that
     /// can serve (remote frees taken, blocks carved), else a fresh page from
     /// the arena it names, becomes the class's direct page and serves. Null
-    /// when no memory can be had.
+    /// when no memory can be had. The memory lifecycle's heartbeat first
+    /// (`decay.rs`): a quiet refill leaves the slot empty after serving.
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
@@ -185,6 +186,24 @@ impl Heap {
         state: &State,
         placement: &mut impl Placement,
     ) -> *mut u8 {
+        // SAFETY: the caller's heap, between operations on it (the
+        // heartbeat's) and after the refill (the rest).
+        unsafe {
+            let beat = Heap::heartbeat(heap, state);
+            let p = Heap::refill_now(heap, class, state, placement);
+            if beat != Beat::Busy {
+                Heap::after_beat(heap, class, beat);
+            }
+            p
+        }
+    }
+
+    /// [`refill`](Self::refill) past the heartbeat.
+    ///
+    /// # Safety
+    /// As [`refill`](Self::refill).
+    #[inline(always)]
+    unsafe fn refill_now(heap: *mut Heap, class: usize, state: &State, placement: &mut impl Placement) -> *mut u8 {
         // SAFETY: the heap is the calling thread's, so its slots, lists and
         // pages' owner-only fields are written by no other thread; every
         // page reached through them is live (a page leaves the heap only
@@ -336,6 +355,7 @@ impl Heap {
         let page = arena.alloc_page(state, class, heap, within)?.as_ptr();
         // SAFETY: a fresh page of ours.
         unsafe {
+            bump(&(*heap).life.page_bytes, page_bytes(class) as u64);
             debug_assert!((*page).used == 0 && (*page).carved == 0 && (*page).free.is_null());
             debug_assert_eq!(usize::from((*page).info.class), class);
             (*heap).push_front(page);

@@ -116,7 +116,7 @@ fn the_free_cache_serves_frees_newest_first_across_pages_and_gives_back_when_ful
             }
             assert!(cached(heap, class).len() <= room, "the cache holds at most its room");
             // At exit every block is back on its page, every page empty.
-            Heap::release_empty_pages(heap);
+            Heap::give_back_free(heap);
             assert!(cached(heap, class).is_empty());
             for &pg in &pages {
                 assert!(!listed(heap, class, pg as *mut Page), "an emptied page goes back");
@@ -164,7 +164,7 @@ fn a_burst_of_frees_goes_to_the_pages_until_the_cache_takes_from_them() {
             for b in taken {
                 free_small(b);
             }
-            Heap::release_empty_pages(heap);
+            Heap::give_back_free(heap);
         }
     });
 }
@@ -201,7 +201,7 @@ fn an_idle_free_cache_gives_its_blocks_back() {
             let b = alloc_via(heap, class, state, &mut Cached(node));
             assert_eq!((*heap).direct[class], Heap::cache_page(heap, class));
             free_small(b);
-            Heap::release_empty_pages(heap);
+            Heap::give_back_free(heap);
         }
     });
 }
@@ -237,7 +237,7 @@ fn a_policy_that_chooses_pages_gets_the_cached_blocks_back_first() {
             // (Nothing left in use: the next test to adopt this heap
             // finds its pages as fresh as a new heap's.)
             free_small(b);
-            Heap::release_empty_pages(heap);
+            Heap::give_back_free(heap);
         }
     });
 }
@@ -300,7 +300,7 @@ fn counters_count_every_block_and_byte_once() {
             })
             .join()
             .unwrap();
-            Heap::release_empty_pages(heap);
+            Heap::give_back_free(heap);
             let (_, c2) = (*heap).node_and_counters();
             assert_eq!(
                 (c2.0 - c0.0, c2.1 - c0.1, c2.2 - c0.2, c2.3 - c0.3, c2.4 - c0.4),
@@ -451,7 +451,7 @@ fn an_emptied_page_is_kept_once_then_released() {
         // SAFETY: this thread's heap and its blocks.
         unsafe {
             let (rest, first) = keep_an_emptied_page(state, heap, class);
-            Heap::release_empty_pages(heap);
+            Heap::give_back_free(heap);
             assert!((*heap).kept_empty[class].is_null());
             assert!(!listed(heap, class, first), "released to the arena");
             free_all(heap, &rest);
@@ -513,7 +513,7 @@ fn the_direct_page_stays_while_a_pair_loop_empties_it_and_is_kept_when_it_leaves
             Heap::clear_direct(heap);
             assert_eq!((*page).used, 0);
             assert_eq!((*heap).kept_empty[class], page, "emptied as it left the slot: kept");
-            Heap::release_empty_pages(heap);
+            Heap::give_back_free(heap);
             assert!(!listed(heap, class, page), "released to the arena");
         }
     });

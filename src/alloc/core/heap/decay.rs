@@ -1,0 +1,283 @@
+//! The heap's part in giving memory back (the process-wide part is
+//! `core/lifecycle.rs`): the heartbeat of its refills, which ticks the
+//! lifecycle when something is due; keeping a quiet thread within reach of
+//! its refills while something is; giving back what the heap holds free
+//! (its free caches' blocks, kept pages, collected remote frees, empty
+//! pages) when it has gone quiet, when asked to trim, and for an exited
+//! thread's heap, by whichever thread reclaims it.
+//!
+//! A thread's fast paths never look at a clock. What brings a thread that
+//! has gone quiet (a few calls a second, each served by the fast path) back
+//! to its refills is *arming*: while something is due, a slow path the
+//! thread takes (a refill, a page event of a free, a free into an exited
+//! thread's page) empties its direct slots, once per clock tick (4 ms), so
+//! that each class's next allocation refills. A refill among the first
+//! few the heap makes in a clock tick is *quiet*: it serves its block but
+//! leaves the slot empty while something is due, so the next allocation
+//! refills too, and the one after the due time ticks. A busy thread's
+//! refills of the class past the first few in the tick fill the slot as
+//! before: it pays a few refills per class per tick while something is
+//! due, and nothing on its fast paths.
+
+use core::ptr;
+
+use super::super::lifecycle;
+use super::*;
+
+/// Refills between two looks at the clock while the heap is busy (it looks
+/// at every refill while armed or quiet).
+const CLOCK_EVERY: u32 = 8;
+
+/// A heap that looks at the clock at most this many times in a clock tick
+/// (4 ms) is quiet: its refills leave their slots empty while something is
+/// due. A busy one passes it within the tick, and fills them.
+const QUIET_LOOKS: u32 = 4;
+
+/// The heap's lifecycle state, written by its owner (or its reclaimer);
+/// `page_bytes` is read by anyone for the statistics.
+pub(crate) struct HeapLife {
+    /// When (ms, coarse: 4 ms steps) the heap last looked at the clock,
+    /// and how many times it did in that clock tick.
+    last_look: u64,
+    looks: u32,
+    /// When the heap last emptied its direct slots for the lifecycle.
+    armed_at: u64,
+    /// Whether the next refill looks at the clock (armed, or quiet).
+    listen: bool,
+    /// When the heap last gave back what it holds free (quiet, or trimmed).
+    decayed_at: u64,
+    /// The trim epoch last seen (see `Lifecycle::request_trim`).
+    trim_seen: u64,
+    /// Bytes of the pages the heap holds.
+    pub(crate) page_bytes: AtomicU64,
+}
+
+impl HeapLife {
+    pub(super) const fn new() -> HeapLife {
+        HeapLife {
+            last_look: 0,
+            looks: 0,
+            armed_at: 0,
+            listen: false,
+            decayed_at: 0,
+            trim_seen: 0,
+            page_bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a refill's heartbeat found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Beat {
+    /// Nothing for the lifecycle, or not looked: fill the slot.
+    Busy,
+    /// Looked at the clock (at this time, ms) while something is due, in
+    /// the clock tick of the heap's last look: fill the slot, and arm.
+    Looked(u64),
+    /// The first look of the heap in this clock tick (at this time) while
+    /// something is due: leave the slot empty after serving, and arm.
+    Quiet(u64),
+}
+
+impl Heap {
+    /// At the start of a refill: a trim asked of every heap, a look at the
+    /// clock when something is due (or the heap listens), the lifecycle's
+    /// tick when it is time, the heap's own decay when it has gone quiet.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap, between operations on it.
+    #[inline]
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(super) unsafe fn heartbeat(heap: *mut Heap, state: &State) -> Beat {
+        // SAFETY: per the contract: the lifecycle fields are the owner's.
+        unsafe {
+            let life = &mut (*heap).life;
+            if life.trim_seen != state.life.trim_epoch() {
+                return Heap::heartbeat_slow(heap, state);
+            }
+            if !life.listen && (!state.life.pending() || !(*heap).refills.is_multiple_of(CLOCK_EVERY)) {
+                return Beat::Busy;
+            }
+            Heap::heartbeat_slow(heap, state)
+        }
+    }
+
+    /// [`heartbeat`](Self::heartbeat) past its first tests.
+    ///
+    /// # Safety
+    /// As [`heartbeat`](Self::heartbeat).
+    #[cold]
+    #[inline(never)]
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    unsafe fn heartbeat_slow(heap: *mut Heap, state: &State) -> Beat {
+        // SAFETY: per the contract.
+        unsafe {
+            let epoch = state.life.trim_epoch();
+            if (*heap).life.trim_seen != epoch {
+                (*heap).life.trim_seen = epoch;
+                Heap::trim(heap);
+            }
+            let now = crate::os::monotonic_ms();
+            let life = &mut (*heap).life;
+            let new_tick = now != life.last_look;
+            life.last_look = now;
+            life.looks = if new_tick { 1 } else { life.looks.saturating_add(1) };
+            let quiet = life.looks <= QUIET_LOOKS;
+            lifecycle::tick(state, now);
+            let delay = state.config.purge_delay_ms.max(1);
+            if new_tick && now.saturating_sub(life.decayed_at) >= delay {
+                // Quiet for a tick or more, and not given back for a delay:
+                // what the heap holds free goes back to its pages and
+                // arenas (and from them to the OS when due).
+                life.decayed_at = now;
+                Heap::give_back_free(heap);
+            }
+            let pending = state.life.pending();
+            let life = &mut (*heap).life;
+            life.listen = quiet && pending;
+            match (pending, quiet) {
+                (false, _) => Beat::Busy,
+                (true, false) => Beat::Looked(now),
+                (true, true) => Beat::Quiet(now),
+            }
+        }
+    }
+
+    /// After a refill of `class` served, what its heartbeat asked: a quiet
+    /// refill leaves the slot empty (the next allocation refills and looks
+    /// at the clock); both arm.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap; its refill is done.
+    #[cold]
+    #[inline(never)]
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(super) unsafe fn after_beat(heap: *mut Heap, class: usize, beat: Beat) {
+        // SAFETY: per the contract; a lent slot is the lender's to end.
+        unsafe {
+            match beat {
+                Beat::Busy => {}
+                Beat::Looked(now) => Heap::arm_at(heap, now),
+                Beat::Quiet(now) => {
+                    Heap::arm_at(heap, now);
+                    if !Heap::is_lent(heap, class) {
+                        Heap::set_direct(heap, class, empty_page());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Empties the heap's direct slots (but a lent one) while something is
+    /// due, at most once per clock tick: each class's next allocation
+    /// refills and so looks at the clock (see the module's docs). Called
+    /// where no operation on the heap is under way: after a refill served,
+    /// at the end of a free's page event, after a free into an exited
+    /// thread's page.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap, between operations on it.
+    #[inline]
+    pub(crate) unsafe fn arm(heap: *mut Heap, state: &State) {
+        if state.life.pending() {
+            // SAFETY: per the contract.
+            unsafe { Heap::arm_at(heap, crate::os::monotonic_ms()) }
+        }
+    }
+
+    /// [`arm`](Self::arm) at `now` (ms), something being due.
+    ///
+    /// # Safety
+    /// As [`arm`](Self::arm).
+    #[cold]
+    #[inline(never)]
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    unsafe fn arm_at(heap: *mut Heap, now: u64) {
+        // SAFETY: per the contract.
+        unsafe {
+            if (*heap).life.armed_at == now {
+                return;
+            }
+            (*heap).life.armed_at = now;
+            (*heap).life.listen = true;
+            for class in 0..CLASSES {
+                if !Heap::is_lent(heap, class) {
+                    Heap::set_direct(heap, class, empty_page());
+                    (*heap).cache_serves[class] = false;
+                }
+            }
+        }
+    }
+
+    /// Gives back what the heap holds free: its free caches' blocks to
+    /// their pages, its kept pages and every page left empty (remote frees
+    /// collected first) to their arenas. The direct slots are emptied (but
+    /// a lent one): the next allocation of each class refills.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap, between operations on it (or
+    /// an exited thread's, claimed).
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(crate) unsafe fn give_back_free(heap: *mut Heap) {
+        // SAFETY: per the contract.
+        unsafe {
+            for class in 0..CLASSES {
+                if !Heap::is_lent(heap, class) {
+                    Heap::set_direct(heap, class, empty_page());
+                    (*heap).cache_serves[class] = false;
+                }
+                if !(*Heap::cache_page(heap, class)).free.is_null() {
+                    Heap::flush_cache(heap, class, 0, false);
+                }
+                Heap::set_cache_src(heap, class, ptr::null_mut());
+            }
+            Heap::gather_remote(heap);
+            while !(*heap).pending.is_null() {
+                Heap::take_remote(heap, (*heap).pending, true);
+            }
+            for class in 0..CLASSES {
+                (*heap).kept_empty[class] = ptr::null_mut();
+                let mut p = (*heap).lists[class].head;
+                while !p.is_null() {
+                    let next = (*p).next;
+                    if (*p).used == 0 && (*heap).direct[class] != p {
+                        (*heap).release_page(p);
+                    }
+                    p = next;
+                }
+            }
+        }
+    }
+
+    /// Trims the calling thread's heap: what it holds free goes back (the
+    /// arenas then return it to the OS, see `lifecycle::trim`).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap, between operations on it.
+    pub(crate) unsafe fn trim(heap: *mut Heap) {
+        // SAFETY: per the contract.
+        unsafe {
+            Heap::give_back_free(heap);
+            (*heap).life.decayed_at = crate::os::monotonic_ms();
+        }
+    }
+
+    /// An exited thread's heap, claimed by the caller: the remote frees of
+    /// its pages collected, its empty pages given back.
+    ///
+    /// # Safety
+    /// `heap` is an exited thread's heap that the caller claimed (no other
+    /// thread adopts or collects it meanwhile).
+    pub(crate) unsafe fn collect_orphan(heap: *mut Heap) {
+        // SAFETY: per the contract: the heap is the caller's until let go.
+        unsafe {
+            debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
+            Heap::give_back_free(heap);
+        }
+    }
+
+    /// Bytes of the pages the heap holds.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.life.page_bytes.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,171 @@
+//! The memory lifecycle, process-wide: what is waiting to go back to the OS,
+//! and the tick that sends it; the heaps of exited threads, reclaimed; trim.
+//!
+//! There is no thread or timer of the allocator's own (one would make every
+//! single-threaded program multi-threaded: glibc's `__libc_single_threaded`
+//! false, stdio locking, `fork()` no longer safe in a signal handler). The
+//! work is done by the threads that allocate, on their slow paths, when it
+//! is due: [`Lifecycle::due`] holds the earliest time an arena has memory
+//! to purge, and a heap's refill looks at it (`heap/decay.rs`). A thread
+//! that keeps allocating reaches a refill often; one that has gone quiet
+//! (a few calls a second, each served by the fast path) is brought back to
+//! its refills while something is due, at no cost to the fast path: its
+//! direct slots are emptied, and each refill serves one block without
+//! filling the slot again until nothing is due (see `Heap::heartbeat`).
+//!
+//! An exited thread's heap waits on its arena for a new thread to adopt
+//! it; blocks of its pages that other threads free meanwhile go onto the
+//! pages' remote lists, which nobody would collect: the first such free of
+//! a page flags [`Lifecycle::note_orphan_work`], and the next tick claims
+//! each waiting heap with remote frees, collects them and gives its empty
+//! pages back ([`reclaim_orphans`]).
+
+use super::heap::Heap;
+use super::state::State;
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
+
+/// The process-wide part of the lifecycle, in [`State`].
+pub(crate) struct Lifecycle {
+    /// The earliest time (ms, `os::monotonic_ms`) some arena has memory due
+    /// to go back to the OS; 0: none.
+    due: AtomicU64,
+    /// Some exited thread's heap has remote frees waiting to be collected.
+    orphan_work: AtomicBool,
+    /// Bumped by [`trim`](crate::NumaAlloc::trim): a live heap that sees it
+    /// changed at its next slow path gives back what it holds free.
+    trim_epoch: AtomicU64,
+    /// Held by the one thread that ticks at a time (the others go on).
+    ticking: AtomicBool,
+}
+
+impl Lifecycle {
+    pub(crate) const fn new() -> Lifecycle {
+        Lifecycle {
+            due: AtomicU64::new(0),
+            orphan_work: AtomicBool::new(false),
+            trim_epoch: AtomicU64::new(0),
+            ticking: AtomicBool::new(false),
+        }
+    }
+
+    /// An arena has memory due at `at` (ms; 0: nothing).
+    pub(crate) fn note_due(&self, at: u64) {
+        if at == 0 {
+            return;
+        }
+        let mut cur = self.due.load(Ordering::Relaxed);
+        while cur == 0 || at < cur {
+            match self.due.compare_exchange_weak(cur, at, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// An exited thread's heap got a remote free to collect.
+    pub(crate) fn note_orphan_work(&self) {
+        if !self.orphan_work.load(Ordering::Relaxed) {
+            self.orphan_work.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether anything waits for a tick: memory due to be purged (now or
+    /// later), or exited threads' remote frees. A heap stays in reach of its
+    /// refills while this holds.
+    #[inline]
+    pub(crate) fn pending(&self) -> bool {
+        self.due.load(Ordering::Relaxed) != 0 || self.orphan_work.load(Ordering::Relaxed)
+    }
+
+    /// The trim epoch a heap compares with the one it last saw.
+    #[inline]
+    pub(crate) fn trim_epoch(&self) -> u64 {
+        self.trim_epoch.load(Ordering::Relaxed)
+    }
+
+    /// Asks every live heap to give back what it holds free at its next
+    /// slow path (its owner alone may touch it).
+    pub(crate) fn request_trim(&self) {
+        self.trim_epoch.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Does what is due at `now` (ms): exited threads' heaps reclaimed if they
+/// got remote frees, every arena's memory that waited out its delay
+/// purged. One thread at a time; a thread that finds another ticking goes
+/// on (the work is not its own).
+#[cold]
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+pub(crate) fn tick(state: &State, now: u64) {
+    let life = &state.life;
+    let due = life.due.load(Ordering::Relaxed);
+    let orphans = life.orphan_work.load(Ordering::Relaxed);
+    if !(orphans || (due != 0 && now >= due)) {
+        return;
+    }
+    if life.ticking.swap(true, Ordering::Acquire) {
+        return;
+    }
+    if orphans {
+        life.orphan_work.store(false, Ordering::Relaxed);
+        reclaim_orphans(state);
+    }
+    if life.due.load(Ordering::Relaxed) != 0 && now >= life.due.load(Ordering::Relaxed) {
+        // Each arena notes its next due time again as it purges (and so
+        // does any arena that frees meanwhile): the earliest stays.
+        life.due.store(0, Ordering::Relaxed);
+        for n in state.nodes().iter() {
+            if let Some(a) = state.arena(n) {
+                a.tick_at(state, now);
+            }
+        }
+    }
+    life.ticking.store(false, Ordering::Release);
+}
+
+/// Collects the remote frees of exited threads' heaps and gives their
+/// empty pages back. Each heap with remote frees waiting is claimed on its
+/// arena's list (so that no thread adopts it meanwhile: one that starts now
+/// adopts another or makes one), collected outside the lock, and let go.
+pub(crate) fn reclaim_orphans(state: &State) {
+    for n in state.nodes().iter() {
+        let Some(arena) = state.arena(n) else { continue };
+        let mut claimed = [core::ptr::null_mut::<Heap>(); RECLAIM_BATCH];
+        loop {
+            let k = arena.claim_orphans(&mut claimed);
+            for &h in &claimed[..k] {
+                // SAFETY: a claimed heap is owned by nobody else and reached
+                // by other threads only through its pages' remote lists
+                // (atomic) until released.
+                unsafe { Heap::collect_orphan(h) };
+                arena.release_orphan(h);
+            }
+            if k < RECLAIM_BATCH {
+                break;
+            }
+        }
+    }
+}
+
+/// Orphans claimed at once by [`reclaim_orphans`] (a stack array).
+const RECLAIM_BATCH: usize = 16;
+
+/// Gives back everything free: the calling thread's heap, exited threads'
+/// heaps, every arena's free pages, empty segments and cached mappings;
+/// other live heaps at their next slow path.
+pub(crate) fn trim(state: &State) {
+    let h = super::heap::current();
+    if !h.is_null() {
+        // SAFETY: the calling thread's heap.
+        unsafe { Heap::trim(h) };
+    }
+    state.life.request_trim();
+    state.life.orphan_work.store(false, Ordering::Relaxed);
+    reclaim_orphans(state);
+    for n in state.nodes().iter() {
+        if let Some(a) = state.arena(n) {
+            a.purge_now();
+        }
+    }
+}
