@@ -146,7 +146,7 @@ pub(super) unsafe fn free_if_ours(p: *mut u8) -> bool {
 /// As [`free_if_ours`].
 #[inline(always)]
 pub(super) unsafe fn free_if_small(p: *mut u8) -> bool {
-    if segmap::kind(p) != SMALL {
+    if segmap::near_kind(p) != SMALL {
         return false;
     }
     // SAFETY: a live small segment of ours holding `p`, so a live block of

@@ -35,7 +35,12 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
 fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     let guard = super::core::arena::guard_len();
     let (align, offset) = if align <= SEGMENT_SIZE { (SEGMENT_SIZE, 0) } else { (align, offset) };
-    let base = mem::map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()?;
+    let base = super::core::segmap::PLACER.map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()?;
+    if !super::core::segmap::can_mark(base.as_ptr()) {
+        // SAFETY: ours, unused.
+        let _ = unsafe { mem::unmap(base, total + guard) };
+        return None;
+    }
     if guard > 0 {
         // SAFETY: the last page of our fresh reservation, past the block's.
         let _ = unsafe { mem::protect_none(NonNull::new_unchecked(base.as_ptr().add(total)), guard) };

@@ -6,6 +6,7 @@
 //! its mappings in its own headers.
 
 use core::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{Error, Result};
 use crate::sets::{MAX_NODES, NodeSet};
@@ -184,7 +185,8 @@ pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>>
     NonNull::new(aligned as *mut u8).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
 }
 
-/// [`map_hugetlb`], bound with `policy`, committed now (each page touched:
+/// [`map_hugetlb`] (in `placer`'s range if given), bound with `policy`,
+/// committed now (each page touched:
 /// it comes from the pool reserved at `mmap`, so the touch cannot fail) and
 /// checked with `move_pages` to be on `node` (anywhere, with `None`): under a
 /// preferred policy a node whose pool is short is served from another's.
@@ -196,8 +198,12 @@ pub fn map_hugetlb_on(
     page: usize,
     policy: MemPolicy,
     node: Option<usize>,
+    placer: Option<&Placer>,
 ) -> Result<NonNull<u8>> {
-    let p = map_hugetlb(len, align, page)?;
+    let p = match placer {
+        Some(pl) => pl.map_hugetlb(len, align, page)?,
+        None => map_hugetlb(len, align, page)?,
+    };
     let fail = |e| {
         // SAFETY: the mapping made above; nothing points into it yet.
         let _ = unsafe { unmap(p, len) };
@@ -330,6 +336,154 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize, charge: Charge) -
     }
     // SAFETY: `aligned` lies inside the mapping, hence non-null.
     Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
+}
+
+/// Where a caller's mappings go: one range of the address space, by hint,
+/// so that a map of the range (the allocator's segment map) stays small.
+/// mimalloc places its segments by hint the same way, from 2 TiB; the
+/// kernel's own choices (executables, libraries, other mappings) lie near
+/// the top of the user address space. Each mapping claims the next aligned
+/// span of the range and asks for it with `MAP_FIXED_NOREPLACE` (which
+/// never replaces a mapping: a span someone holds fails, and the next is
+/// tried); the first span is at a random point of the range's first
+/// eighth. When a few spans in a row are taken, or the range is used up,
+/// the kernel chooses ([`map_aligned_at`]).
+///
+/// ```
+/// use numaweave::os::mem::{Charge, Placer};
+/// static PLACER: Placer = Placer::new(1 << 40, 1 << 43);
+/// let p = PLACER.map_aligned_at(1 << 20, 4 << 20, 0, Charge::Lazy).unwrap();
+/// assert_eq!(p.as_ptr() as usize % (4 << 20), 0);
+/// assert!(PLACER.contains(p.as_ptr()));
+/// // SAFETY: the mapping just made, unused.
+/// unsafe { numaweave::os::mem::unmap(p, 1 << 20).unwrap() };
+/// ```
+pub struct Placer {
+    start: usize,
+    end: usize,
+    /// The next span's start (0: not chosen yet).
+    next: AtomicUsize,
+}
+
+/// Spans a [`Placer`] tries before the kernel chooses.
+const PLACER_TRIES: usize = 8;
+
+impl Placer {
+    /// Mappings placed in `[start, end)` (page-aligned).
+    pub const fn new(start: usize, end: usize) -> Placer {
+        Placer { start, end, next: AtomicUsize::new(0) }
+    }
+
+    /// Whether `p` lies in the range.
+    #[inline]
+    pub fn contains(&self, p: *const u8) -> bool {
+        (p as usize).wrapping_sub(self.start) < self.end - self.start
+    }
+
+    /// Claims the next span for `len` bytes starting where `start + offset`
+    /// is a multiple of `align`: its start.
+    fn claim(&self, len: usize, align: usize, offset: usize) -> Option<usize> {
+        let mut cur = self.next.load(Ordering::Relaxed);
+        loop {
+            let from = if cur == 0 {
+                let eighth = ((self.end - self.start) / 8).max(1);
+                self.start + (super::random_u64().unwrap_or(0) as usize % eighth)
+            } else {
+                cur
+            };
+            let mut at = (from + offset).next_multiple_of(align) - offset;
+            if at < from || at.checked_add(len).is_none_or(|e| e > self.end) {
+                // Used up: round again from the start (what was unmapped
+                // since is free again).
+                at = (self.start + offset).next_multiple_of(align) - offset;
+            }
+            let next = (at + len).next_multiple_of(page_size());
+            match self.next.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(at),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// `map(at)` at the range's next spans, a few tries.
+    fn place(
+        &self,
+        len: usize,
+        align: usize,
+        offset: usize,
+        map: impl Fn(usize) -> Option<NonNull<u8>>,
+    ) -> Option<NonNull<u8>> {
+        if !offset.is_multiple_of(page_size()) || offset > len || len > self.end - self.start {
+            return None;
+        }
+        (0..PLACER_TRIES).find_map(|_| map(self.claim(len, align, offset)?))
+    }
+
+    /// [`map_aligned_at`], placed in the range if it can be.
+    pub fn map_aligned_at(&self, len: usize, align: usize, offset: usize, charge: Charge) -> Result<NonNull<u8>> {
+        let len = check_len(len)?;
+        if !align.is_power_of_two() {
+            return Err(Error::LayoutTooLarge { size: len, align });
+        }
+        let align = align.max(page_size());
+        let noreserve = if charge == Charge::Lazy { libc::MAP_NORESERVE } else { 0 };
+        let placed = self.place(len, align, offset, |at| {
+            // SAFETY: `MAP_FIXED_NOREPLACE` never replaces a mapping: the
+            // kernel maps the free span at `at` or fails.
+            unsafe { map_at(at, len, noreserve) }
+        });
+        match placed {
+            Some(p) => Ok(p),
+            None => map_aligned_at(len, align, offset, charge),
+        }
+    }
+
+    /// [`map_hugetlb`], placed in the range if it can be.
+    pub fn map_hugetlb(&self, len: usize, align: usize, page: usize) -> Result<NonNull<u8>> {
+        if !page.is_power_of_two() || len == 0 || !len.is_multiple_of(page) || !align.is_power_of_two() || align < page
+        {
+            return Err(Error::LayoutTooLarge { size: len, align });
+        }
+        let size_flag = (page.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT;
+        let placed = self.place(len, align, 0, |at| {
+            // SAFETY: as in `map_aligned_at`.
+            unsafe { map_at(at, len, libc::MAP_HUGETLB | size_flag) }
+        });
+        match placed {
+            Some(p) => Ok(p),
+            None => map_hugetlb(len, align, page),
+        }
+    }
+}
+
+/// Maps `len` bytes exactly at `at`, if no mapping is there
+/// (`MAP_FIXED_NOREPLACE`, Linux 4.17; on older kernels a mere hint, and a
+/// mapping put elsewhere is undone).
+///
+/// # Safety
+/// Never replaces a mapping; the caller owns what it gets.
+unsafe fn map_at(at: usize, len: usize, flags: i32) -> Option<NonNull<u8>> {
+    let _errno = super::KeepErrno::new();
+    // SAFETY: `MAP_FIXED_NOREPLACE` maps the free range at `at` or nothing.
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    if p as usize != at {
+        // SAFETY: the mapping the kernel just made elsewhere, unused.
+        unsafe { libc::munmap(p, len) };
+        return None;
+    }
+    NonNull::new(p.cast())
 }
 
 /// Makes `[ptr, ptr+len)` inaccessible (`mprotect(PROT_NONE)`): a guard

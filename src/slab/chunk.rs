@@ -230,7 +230,7 @@ impl Chunks {
     /// to be there: a node whose pool is short would otherwise be served
     /// from another node's pool.
     fn map_hugetlb(len: usize, slot: usize, phys: usize, page: usize) -> Result<NonNull<u8>> {
-        mem::map_hugetlb_on(len, slot.max(page), page, MemPolicy::Preferred(phys), Some(phys))
+        mem::map_hugetlb_on(len, slot.max(page), page, MemPolicy::Preferred(phys), Some(phys), None)
     }
 
     /// Gives back the slot at `p` (of `slot` bytes, of which the first

@@ -17,49 +17,106 @@
 //! unknown origin in its chunk is ours only at that offset, told from the
 //! mark alone (reading the header could race with the block's unmapping).
 //!
-//! The marks cover user addresses below 2^47: 32 MiB of zeroed static
-//! memory (`.bss`: address space only; the kernel commits a page of it
-//! when a segment in the 16 GiB it covers is first marked), at a fixed
-//! address, so that the check is a shift, a bound and one byte compared
-//! (`free` runs it on every call of a C program: a byte rather than a bit
-//! saves the word index, the bit index and the bit test, and holding the
-//! kind saves the header's load that the check would otherwise add).
+//! The allocator places its mappings between 1 TiB and 8 TiB, by hint
+//! ([`PLACER`], as mimalloc places its segments from 2 TiB), and the marks
+//! cover the addresses below 8 TiB: 2 MiB of zeroed static memory (`.bss`:
+//! address space only; the kernel commits a page of it when a segment in
+//! the 16 GiB it covers is first marked), at a fixed address, so that the
+//! check is a shift, a bound and one byte compared (`free` runs it on every
+//! call of a C program: a byte rather than a bit saves the word index, the
+//! bit index and the bit test, and holding the kind saves the header's load
+//! that the check would otherwise add). A mapping the kernel had to place
+//! elsewhere (the range taken) is marked in a second map of the whole user
+//! address space below 2^47, mapped when first needed (32 MiB of address
+//! space); C's `free` finds such blocks out of line. (A map of the whole
+//! address space in `.bss` made every process 32 MiB larger in virtual
+//! size: python3 could not start under `ulimit -v 50000`.)
+
+use core::ptr::{self, NonNull};
 
 use super::segment::{SEGMENT_SHIFT, SegmentKind, segment_of};
-use crate::sync::{AtomicU8, Ordering};
+use crate::os::mem::{self, Placer};
+use crate::sync::{AtomicPtr, AtomicU8, Ordering};
 
-const ADDR_BITS: u32 = 47;
-const CHUNKS: usize = 1 << (ADDR_BITS as usize - SEGMENT_SHIFT);
+/// Where the allocator's mappings go: 1 TiB to 8 TiB.
+pub(crate) static PLACER: Placer = Placer::new(1 << 40, 1 << NEAR_BITS);
+
+/// The marks cover addresses below 2^43 (8 TiB) in [`MAP`], the rest of
+/// the user address space (below 2^47) in [`FAR`].
+const NEAR_BITS: usize = 43;
+const CHUNKS: usize = 1 << (NEAR_BITS - SEGMENT_SHIFT);
+const ALL_CHUNKS: usize = 1 << (47 - SEGMENT_SHIFT);
 
 /// The marks (zeroed: nothing is ours until marked).
 static MAP: [AtomicU8; CHUNKS] = [const { AtomicU8::new(0) }; CHUNKS];
 
-/// Hardened builds: the marks of chunks that held a huge block freed since
-/// (a second free of its start is a double free, not a foreign pointer).
+/// The marks of chunks at or above 8 TiB, indexed as [`MAP`] (its first
+/// `CHUNKS` bytes unused): mapped when a mapping first lands there.
+static FAR: AtomicPtr<AtomicU8> = AtomicPtr::new(ptr::null_mut());
+
+/// [`FAR`], mapped now if `make` (null if it is not and cannot be).
+#[cold]
+#[inline(never)]
+fn far(make: bool) -> *mut AtomicU8 {
+    let f = FAR.load(Ordering::Acquire);
+    if !f.is_null() || !make {
+        return f;
+    }
+    let Ok(m) = mem::map(ALL_CHUNKS) else { return ptr::null_mut() };
+    let m = m.as_ptr().cast::<AtomicU8>();
+    match FAR.compare_exchange(ptr::null_mut(), m, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => m,
+        Err(other) => {
+            // SAFETY: the mapping just made, seen by no one.
+            let _ = unsafe { mem::unmap(NonNull::new_unchecked(m.cast()), ALL_CHUNKS) };
+            other
+        }
+    }
+}
+
+/// The mark of chunk `i` (below 2^47), if it has one to hold: `MAP`'s, or
+/// `FAR`'s (mapped now with `make`).
+#[inline(always)]
+fn entry(i: usize, make: bool) -> Option<&'static AtomicU8> {
+    if i < CHUNKS {
+        return Some(&MAP[i]);
+    }
+    if i >= ALL_CHUNKS {
+        return None;
+    }
+    let f = far(make);
+    // SAFETY: a mapping of `ALL_CHUNKS` zeroed bytes that is never unmapped
+    // once published; `i` is within it.
+    (!f.is_null()).then(|| unsafe { &*f.add(i) })
+}
+
+/// Hardened builds: the marks of chunks below 8 TiB that held a huge block
+/// freed since (a second free of its start is a double free, not a foreign
+/// pointer; above 8 TiB it is reported as a foreign one).
 #[cfg(feature = "hardened")]
 static FREED_HUGE: [AtomicU8; CHUNKS] = [const { AtomicU8::new(0) }; CHUNKS];
-
-/// The index of the chunk at `base` (a segment's header), if it is covered.
-#[inline(always)]
-fn slot(base: usize) -> Option<usize> {
-    let i = base >> SEGMENT_SHIFT;
-    (i < CHUNKS).then_some(i)
-}
 
 /// The bit of a huge block's mark; the low five bits are the log2 of the
 /// block's offset from its header. (Small and region marks have it clear.)
 const HUGE_MARK: u8 = 0x80;
 const _: () = assert!(SegmentKind::Small as u8 & HUGE_MARK == 0 && SegmentKind::Region as u8 & HUGE_MARK == 0);
 
-/// Marks the chunk at `base` (4 MiB aligned) as holding a live small
-/// segment or region (`kind`; its header written already).
+/// Whether the chunk at `base` can be marked: below 8 TiB, or the marks
+/// above are mapped (now, if need be). A mapping whose chunk cannot be is
+/// given up by the caller before anything is put in it.
+pub(crate) fn can_mark(base: *const u8) -> bool {
+    entry(base as usize >> SEGMENT_SHIFT, true).is_some()
+}
+
+/// Marks the chunk at `base` (4 MiB aligned, [`can_mark`]) as holding a
+/// live small segment or region (`kind`; its header written already).
 pub(crate) fn insert(base: *const u8, kind: SegmentKind) {
     debug_assert!(kind != SegmentKind::Huge, "a huge block is marked with its offset");
     mark(base, kind as u8);
 }
 
-/// Marks the chunk at `base` as holding a live huge block at `base +
-/// offset` (its header written already).
+/// Marks the chunk at `base` ([`can_mark`]) as holding a live huge block
+/// at `base + offset` (its header written already).
 pub(crate) fn insert_huge(base: *const u8, offset: usize) {
     debug_assert!(offset.is_power_of_two() && offset <= 1 << SEGMENT_SHIFT);
     mark(base, HUGE_MARK | offset.trailing_zeros() as u8);
@@ -89,11 +146,16 @@ pub(crate) fn is_huge_block(p: *const u8, mark: u8) -> bool {
 
 fn mark(base: *const u8, mark: u8) {
     debug_assert_eq!(base as usize & ((1 << SEGMENT_SHIFT) - 1), 0);
-    if let Some(i) = slot(base as usize) {
-        let old = MAP[i].swap(mark, Ordering::Relaxed);
-        debug_assert_eq!(old, 0, "a segment marked twice");
-        #[cfg(feature = "hardened")]
-        FREED_HUGE[i].store(0, Ordering::Relaxed);
+    let i = base as usize >> SEGMENT_SHIFT;
+    let Some(e) = entry(i, true) else {
+        debug_assert!(false, "a chunk marked that cannot be (can_mark)");
+        return;
+    };
+    let old = e.swap(mark, Ordering::Relaxed);
+    debug_assert_eq!(old, 0, "a segment marked twice");
+    #[cfg(feature = "hardened")]
+    if let Some(f) = FREED_HUGE.get(i) {
+        f.store(0, Ordering::Relaxed);
     }
 }
 
@@ -101,10 +163,13 @@ fn mark(base: *const u8, mark: u8) {
 /// remembers its mark.
 #[cfg(feature = "hardened")]
 pub(crate) fn remove_huge(base: *const u8) {
-    if let Some(i) = slot(base as usize) {
-        let old = MAP[i].swap(0, Ordering::Relaxed);
+    let i = base as usize >> SEGMENT_SHIFT;
+    if let Some(e) = entry(i, false) {
+        let old = e.swap(0, Ordering::Relaxed);
         debug_assert!(is_huge(old), "a huge block's chunk marked {old:#x}");
-        FREED_HUGE[i].store(old, Ordering::Relaxed);
+        if let Some(f) = FREED_HUGE.get(i) {
+            f.store(old, Ordering::Relaxed);
+        }
     }
 }
 
@@ -112,16 +177,16 @@ pub(crate) fn remove_huge(base: *const u8) {
 /// (rather than any other address of its chunk, which may be anyone's).
 #[cfg(feature = "hardened")]
 pub(crate) fn was_freed_huge(p: *const u8) -> bool {
-    slot(segment_of(p) as usize).is_some_and(|i| {
-        let m = FREED_HUGE[i].load(Ordering::Relaxed);
+    FREED_HUGE.get(segment_of(p) as usize >> SEGMENT_SHIFT).is_some_and(|f| {
+        let m = f.load(Ordering::Relaxed);
         m != 0 && is_huge_block(p, m)
     })
 }
 
 /// Unmarks the chunk at `base` (its segment is going away).
 pub(crate) fn remove(base: *const u8) {
-    if let Some(i) = slot(base as usize) {
-        let old = MAP[i].swap(0, Ordering::Relaxed);
+    if let Some(e) = entry(base as usize >> SEGMENT_SHIFT, false) {
+        let old = e.swap(0, Ordering::Relaxed);
         debug_assert_ne!(old, 0, "a segment unmarked twice");
     }
 }
@@ -150,7 +215,25 @@ pub(crate) fn owns(p: *const u8) -> bool {
 #[inline(always)]
 pub(crate) fn kind(p: *const u8) -> u8 {
     let i = opaque((p as usize).wrapping_sub(1) >> SEGMENT_SHIFT);
+    match MAP.get(i) {
+        Some(m) => m.load(Ordering::Relaxed),
+        None => far_kind(i),
+    }
+}
+
+/// [`kind`] of a pointer below 8 TiB only (0 above): C's `free` takes
+/// this on its straight path, the rest out of line.
+#[inline(always)]
+pub(crate) fn near_kind(p: *const u8) -> u8 {
+    let i = opaque((p as usize).wrapping_sub(1) >> SEGMENT_SHIFT);
     MAP.get(i).map_or(0, |m| m.load(Ordering::Relaxed))
+}
+
+/// [`kind`] of chunk `i`, at or above 8 TiB.
+#[cold]
+#[inline(never)]
+fn far_kind(i: usize) -> u8 {
+    entry(i, false).map_or(0, |m| m.load(Ordering::Relaxed))
 }
 
 /// `i`, which the compiler may no longer trace to the pointer it came
@@ -169,4 +252,59 @@ fn opaque(#[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))] mut i: usi
         core::arch::asm!("/* {0} */", inout(reg) i, options(pure, nomem, nostack, preserves_flags));
     }
     i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_placed_below_8_tib_and_others_are_marked_far() {
+        // A mapping placed for the allocator lands in its range, on a chunk
+        // boundary, and is found by the straight path's lookup.
+        let near = PLACER.map_aligned_at(1 << SEGMENT_SHIFT, 1 << SEGMENT_SHIFT, 0, mem::Charge::Lazy).unwrap();
+        assert!(PLACER.contains(near.as_ptr()), "placed at {:p}", near.as_ptr());
+        insert(near.as_ptr(), SegmentKind::Small);
+        // SAFETY: inside the mapping.
+        let inner = unsafe { near.as_ptr().add(4096) };
+        assert_eq!(near_kind(inner), SegmentKind::Small as u8);
+        assert_eq!(kind(inner), SegmentKind::Small as u8);
+        remove(near.as_ptr());
+        assert_eq!(kind(inner), 0);
+        // One the kernel placed (near the top of the address space): marked
+        // in the far map, invisible to the straight path, found by `kind`.
+        let far = mem::map_aligned(1 << SEGMENT_SHIFT, 1 << SEGMENT_SHIFT).unwrap();
+        assert!(far.as_ptr() as usize >= 1 << NEAR_BITS, "the kernel placed a mapping at {:p}", far.as_ptr());
+        assert!(can_mark(far.as_ptr()));
+        insert(far.as_ptr(), SegmentKind::Region);
+        // SAFETY: inside the mapping.
+        let inner = unsafe { far.as_ptr().add(4096) };
+        assert_eq!(near_kind(inner), 0);
+        assert_eq!(kind(inner), SegmentKind::Region as u8);
+        assert!(owns(inner));
+        remove(far.as_ptr());
+        assert!(!owns(inner));
+        // SAFETY: the test's own mappings, unmarked.
+        unsafe {
+            mem::unmap(near, 1 << SEGMENT_SHIFT).unwrap();
+            mem::unmap(far, 1 << SEGMENT_SHIFT).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_span_someone_holds_is_skipped() {
+        // Two spans at 16 TiB (above the allocator's range: nothing of the
+        // process is there); the first held by another placer's mapping.
+        let (s, span) = (1usize << 44, 4usize << 20);
+        let holder = Placer::new(s, s + span).map_aligned_at(span, span, 0, mem::Charge::Lazy).unwrap();
+        assert_eq!(holder.as_ptr() as usize, s);
+        let placer = Placer::new(s, s + 2 * span);
+        let got = placer.map_aligned_at(span, span, 0, mem::Charge::Lazy).unwrap();
+        assert_eq!(got.as_ptr() as usize, s + span, "the held span was skipped, the free one taken");
+        // SAFETY: the test's own mappings.
+        unsafe {
+            mem::unmap(holder, span).unwrap();
+            mem::unmap(got, span).unwrap();
+        }
+    }
 }

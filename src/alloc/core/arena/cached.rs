@@ -77,7 +77,11 @@ impl Arena {
                 return Some((base, l));
             }
             // Grown into a fresh segment-aligned range: the pages move along.
-            let grown = mem::map_aligned(len, SEGMENT_SIZE).ok().and_then(|to| {
+            let grown = segmap::PLACER.map_aligned_at(len, SEGMENT_SIZE, 0, mem::Charge::Lazy).ok().and_then(|to| {
+                if !segmap::can_mark(to.as_ptr()) {
+                    let _ = mem::unmap(to, len);
+                    return None;
+                }
                 mem::remap_to(base, l, len, to).ok().or_else(|| {
                     let _ = mem::unmap(to, len);
                     None

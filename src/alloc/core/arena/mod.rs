@@ -8,6 +8,7 @@
 use core::ptr::{self, NonNull};
 
 use super::heap::{Heap, OWNER_NONE, OWNER_RECLAIM, OWNER_THREAD};
+use super::segmap;
 use super::size_class::{class_size, page_slots};
 use super::state::{Mode, State};
 use crate::alloc::core::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment};
@@ -324,7 +325,12 @@ impl Arena {
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn map_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
         let guard = guard_len();
-        let base = mem::map_aligned(len + guard, SEGMENT_SIZE).ok()?;
+        let base = segmap::PLACER.map_aligned_at(len + guard, SEGMENT_SIZE, 0, mem::Charge::Lazy).ok()?;
+        if !segmap::can_mark(base.as_ptr()) {
+            // SAFETY: ours, unused.
+            let _ = unsafe { mem::unmap(base, len + guard) };
+            return None;
+        }
         let policy = self.policy(state);
         if policy != MemPolicy::Default
             // SAFETY: our fresh, segment-aligned mapping.
@@ -350,7 +356,21 @@ impl Arena {
     /// whole huge page.
     pub(crate) fn map_hugetlb_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
         debug_assert!(len <= SEGMENT_SIZE && len.is_multiple_of(mem::HUGE_PAGE));
-        mem::map_hugetlb_on(len, SEGMENT_SIZE, mem::HUGE_PAGE, self.policy(state), self.bind_to).ok()
+        let base = mem::map_hugetlb_on(
+            len,
+            SEGMENT_SIZE,
+            mem::HUGE_PAGE,
+            self.policy(state),
+            self.bind_to,
+            Some(&segmap::PLACER),
+        )
+        .ok()?;
+        if !segmap::can_mark(base.as_ptr()) {
+            // SAFETY: ours, unused.
+            let _ = unsafe { mem::unmap(base, len) };
+            return None;
+        }
+        Some(base)
     }
 
     /// Maps, binds and initialises a small segment; `None` when the OS has no
@@ -389,7 +409,7 @@ impl Arena {
             return None;
         }
         self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
-        crate::alloc::core::segmap::insert(base.as_ptr(), crate::alloc::core::segment::SegmentKind::Small);
+        segmap::insert(base.as_ptr(), crate::alloc::core::segment::SegmentKind::Small);
         // SAFETY: non-null mapping.
         Some(unsafe { NonNull::new_unchecked(seg) })
     }
