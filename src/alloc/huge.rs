@@ -7,6 +7,8 @@
 
 use core::ptr::{self, NonNull};
 
+use super::core::arena::Arena;
+use super::core::heap::Heap;
 use super::core::segment::{SEGMENT_SIZE, Segment, SegmentKind, segment_of};
 use super::core::state::State;
 use crate::os::{self, mem};
@@ -48,6 +50,26 @@ fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     Some(base)
 }
 
+/// A huge block's header: the segment header every kind begins with, and
+/// what the program last asked for (in the header's page, before the
+/// block at its offset of a page or more).
+#[repr(C)]
+struct HugeHeader {
+    seg: Segment,
+    /// The size last asked for (`alloc`, `realloc`): a `realloc` larger
+    /// than it is a growth, kept in a mapping with room (a buffer that grew
+    /// into a cached mapping does not shrink back to its size at its next
+    /// doubling), one below half the mapping a shrink, given back.
+    asked: usize,
+}
+
+const _: () = assert!(core::mem::size_of::<HugeHeader>() <= 4096);
+
+/// The header of the huge block at `p`.
+fn header(p: *const u8) -> *mut HugeHeader {
+    segment_of(p).cast()
+}
+
 /// Allocates a huge block on `node` (its arena; the home arena of a node
 /// without memory); null on failure. With `zero`, the block reads as zeroes
 /// (fresh mappings already do; reused ones are cleared).
@@ -79,10 +101,13 @@ fn alloc_in(state: &State, arena: &super::core::arena::Arena, size: usize, align
         // which is still a valid block.
         let _ = unsafe { mem::bind(base, total, policy, mem::BindFlags::NONE) };
     }
-    let h = base.as_ptr().cast::<Segment>();
+    let h = base.as_ptr().cast::<HugeHeader>();
     // SAFETY: the header page is the start of our mapping.
     unsafe {
-        ptr::write(h, Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total));
+        ptr::write(
+            h,
+            HugeHeader { seg: Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total), asked: size },
+        );
     }
     super::core::segmap::insert_huge(base.as_ptr(), off);
     let c = &arena.counters;
@@ -101,7 +126,7 @@ fn alloc_in(state: &State, arena: &super::core::arena::Arena, size: usize, align
         let p = base.as_ptr().add(off);
         #[cfg(feature = "hardened")]
         {
-            (*h).block = p;
+            (*h).seg.block = p;
         }
         if zero && !fresh {
             ptr::write_bytes(p, 0, size);
@@ -148,6 +173,13 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     let base = unsafe { NonNull::new_unchecked(base) };
     // Segment-aligned mappings can be reused for any huge block of this node.
     if (base.as_ptr() as usize).is_multiple_of(SEGMENT_SIZE) && a.keep_huge(state, base, len) {
+        // The mapping is due to go back after the purge delay: the freeing
+        // thread is armed to reach a tick (a free's last step).
+        let me = super::core::heap::current();
+        if !me.is_null() {
+            // SAFETY: the calling thread's heap, between operations on it.
+            unsafe { Heap::arm(me, state) };
+        }
         return;
     }
     c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
@@ -166,20 +198,36 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
 pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: usize) -> *mut u8 {
     let seg = segment_of(p);
     // SAFETY: per the contract the header is live.
-    let (base, len, arena) = unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena)) };
+    let (base, len, arena, asked) =
+        unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena), (*header(p)).asked) };
     let off = p as usize - base as usize;
     let Some(total) = map_len(off, new_size) else { return ptr::null_mut() };
     if super::core::arena::guard_len() > 0 {
         // A guard page ends the mapping: the caller moves the block.
         return ptr::null_mut();
     }
-    let c = &state.arenas[arena].counters;
+    let a = &state.arenas[arena];
+    let c = &a.counters;
     // SAFETY: `base` is the start of our whole mapping.
     let old = unsafe { NonNull::new_unchecked(base) };
-    let new_base = if total <= len && total >= len / 2 {
-        // Fits the mapping (a reused cached mapping often has room to grow).
+    if total <= len && (new_size >= asked || total >= len / 2) {
+        // Fits the mapping (a reused cached mapping often has room to grow),
+        // and is no shrink to below half of it.
+        // SAFETY: the live header.
+        unsafe { (*header(p)).asked = new_size };
         return p;
-    } else if total < len || align <= SEGMENT_SIZE {
+    }
+    if total > len
+        && align <= SEGMENT_SIZE
+        && let Some(b) = grow_into_cached(state, a, old, len, off, total)
+    {
+        // SAFETY: the new mapping's live header; the block at the same offset.
+        unsafe {
+            (*b.as_ptr().cast::<HugeHeader>()).asked = new_size;
+            return b.as_ptr().add(off);
+        }
+    }
+    let new_base = if total < len || align <= SEGMENT_SIZE {
         // In place: shrinking always works; growing when the range after it is free.
         // SAFETY: our whole mapping; it does not move.
         match unsafe { mem::remap(old, len, total, false) } {
@@ -212,12 +260,13 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     }
     // SAFETY: the header moved with the pages (it is their first page).
     unsafe {
-        let h = b.as_ptr().cast::<Segment>();
-        (*h).map_base = b.as_ptr();
-        (*h).map_len = total;
+        let h = b.as_ptr().cast::<HugeHeader>();
+        (*h).seg.map_base = b.as_ptr();
+        (*h).seg.map_len = total;
+        (*h).asked = new_size;
         #[cfg(feature = "hardened")]
         {
-            (*h).block = b.as_ptr().add(off);
+            (*h).seg.block = b.as_ptr().add(off);
         }
     }
     if total >= len {
@@ -229,6 +278,60 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     }
     // SAFETY: same offset inside the (possibly moved) mapping.
     unsafe { b.as_ptr().add(off) }
+}
+
+/// Grows the huge block whose mapping is `old` (`len` bytes, the block at
+/// `off`) into a cached mapping of the arena with room for `total` bytes,
+/// copying its bytes there: the cached mapping's pages are committed, where
+/// growing in place would fault every new page in (a copy of the old bytes
+/// costs less than faulting as many new ones in and zeroing them). A loop
+/// that grows a buffer by doubling, frees it and grows it again (a
+/// serializer's output) faulted 4,096 pages in a round for its 16 MiB,
+/// which the last round's mapping now serves. (Moving the pages there with
+/// `mremap` instead left the mapping in two parts, which a later `mremap`
+/// of both refuses.) The old mapping goes back to the cache. The new
+/// mapping's start, or `None` (the block untouched) when none fits.
+fn grow_into_cached(
+    state: &State,
+    a: &Arena,
+    old: NonNull<u8>,
+    len: usize,
+    off: usize,
+    total: usize,
+) -> Option<NonNull<u8>> {
+    let (to, l) = a.take_huge_to_grow(state, total)?;
+    let b = to.as_ptr();
+    // SAFETY: `to` is a cached mapping of ours of `l >= total > len` bytes,
+    // off the cache; `old` is our live block's whole mapping, whose header
+    // and bytes are copied before it is given up.
+    unsafe {
+        let h = b.cast::<HugeHeader>();
+        ptr::write(
+            h,
+            HugeHeader {
+                seg: Segment::new(SegmentKind::Huge, a.node, b, l),
+                asked: (*old.as_ptr().cast::<HugeHeader>()).asked,
+            },
+        );
+        #[cfg(feature = "hardened")]
+        {
+            (*h).seg.block = b.add(off);
+        }
+        ptr::copy_nonoverlapping(old.as_ptr().add(off), b.add(off), len - off);
+        super::core::segmap::remove(old.as_ptr());
+        super::core::segmap::insert_huge(b, off);
+    }
+    let c = &a.counters;
+    c.huge_bytes.fetch_add((l - len) as u64, Ordering::Relaxed);
+    // The old mapping, of the block no more, is cached or unmapped as a
+    // freed one is.
+    if !a.keep_huge(state, old, len) {
+        c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
+        c.purged.fetch_add(len as u64, Ordering::Relaxed);
+        // SAFETY: our mapping, unused now.
+        let _ = unsafe { mem::unmap(old, len) };
+    }
+    Some(to)
 }
 
 /// Usable size of the huge block whose header is `seg`.

@@ -36,6 +36,9 @@ pub(crate) struct Lifecycle {
     trim_epoch: AtomicU64,
     /// Held by the one thread that ticks at a time (the others go on).
     ticking: AtomicBool,
+    /// When (ms) exited threads' heaps were last reclaimed: at most once a
+    /// clock tick (4 ms), however many frees into them ask for it.
+    reclaimed_at: AtomicU64,
 }
 
 impl Lifecycle {
@@ -45,6 +48,7 @@ impl Lifecycle {
             orphan_work: AtomicBool::new(false),
             trim_epoch: AtomicU64::new(0),
             ticking: AtomicBool::new(false),
+            reclaimed_at: AtomicU64::new(0),
         }
     }
 
@@ -100,7 +104,7 @@ impl Lifecycle {
 pub(crate) fn tick(state: &State, now: u64) {
     let life = &state.life;
     let due = life.due.load(Ordering::Relaxed);
-    let orphans = life.orphan_work.load(Ordering::Relaxed);
+    let orphans = life.orphan_work.load(Ordering::Relaxed) && life.reclaimed_at.load(Ordering::Relaxed) != now;
     if !(orphans || (due != 0 && now >= due)) {
         return;
     }
@@ -108,6 +112,7 @@ pub(crate) fn tick(state: &State, now: u64) {
         return;
     }
     if orphans {
+        life.reclaimed_at.store(now, Ordering::Relaxed);
         life.orphan_work.store(false, Ordering::Relaxed);
         reclaim_orphans(state);
     }

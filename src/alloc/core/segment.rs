@@ -117,6 +117,9 @@ pub(crate) struct Page {
     pub(crate) in_full: bool,
     /// On the owning heap's pending list (see `heap.rs`).
     pub(crate) pending: bool,
+    /// Its free blocks' memory and its uncarved tail were given back to the
+    /// OS since it last served (see `Heap::purge_free_blocks`; owner only).
+    pub(crate) purged: bool,
     /// Links in the owning heap's class list (owner only).
     pub(crate) prev: *mut Page,
     pub(crate) next: *mut Page,
@@ -194,6 +197,7 @@ impl Page {
             carved: 0,
             in_full: false,
             pending: false,
+            purged: false,
             prev: ptr::null_mut(),
             next: ptr::null_mut(),
             pend_prev: ptr::null_mut(),

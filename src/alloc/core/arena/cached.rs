@@ -37,11 +37,29 @@ impl Arena {
     /// had.
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn take_huge(&self, state: &State, len: usize) -> Option<(NonNull<u8>, usize)> {
+        self.take_cached(state, len, 4, true)
+    }
+
+    /// A cached mapping a huge block growing to `len` bytes may move into
+    /// (`mremap` of its pages onto the mapping's start: the rest of the
+    /// mapping, already committed, needs no fault): the smallest of at least
+    /// `len` and at most 8 times that (a block that grows once tends to grow
+    /// again: a `Vec` doubling to the size it had last time), and its
+    /// length.
+    pub(crate) fn take_huge_to_grow(&self, state: &State, len: usize) -> Option<(NonNull<u8>, usize)> {
+        self.take_cached(state, len, 8, false)
+    }
+
+    /// The smallest cached mapping of at least `len` and at most `slack`
+    /// times that (or `len` plus a segment); else, with `grow` and a purge
+    /// delay, the largest smaller one grown to `len`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    fn take_cached(&self, state: &State, len: usize, slack: usize, grow: bool) -> Option<(NonNull<u8>, usize)> {
         if guard_len() > 0 {
             return None;
         }
         let mut g = self.inner.lock();
-        let fits = |l: usize| l >= len && (l <= len.saturating_mul(4) || l <= len + SEGMENT_SIZE);
+        let fits = |l: usize| l >= len && (l <= len.saturating_mul(slack) || l <= len + SEGMENT_SIZE);
         let mut best: *mut *mut Cached = ptr::null_mut();
         let mut largest_small: *mut *mut Cached = ptr::null_mut();
         let mut link: *mut *mut Cached = &mut g.cached;
@@ -57,7 +75,7 @@ impl Arena {
                 }
                 link = &mut (**link).next;
             }
-            let grow = best.is_null() && state.config.purge_delay_ms > 0 && !largest_small.is_null();
+            let grow = grow && best.is_null() && state.config.purge_delay_ms > 0 && !largest_small.is_null();
             let pick = if !best.is_null() {
                 best
             } else if grow {

@@ -242,11 +242,60 @@ impl Heap {
                     let next = (*p).next;
                     if (*p).used == 0 && (*heap).direct[class] != p {
                         (*heap).release_page(p);
+                    } else {
+                        Heap::purge_free_blocks(p);
                     }
                     p = next;
                 }
             }
         }
+    }
+
+    /// Gives back to the OS the memory of `page`'s free blocks (every whole
+    /// OS page of a block past the one that holds its link) and of its
+    /// uncarved tail (which a page made of a free page's slots may hold
+    /// resident from an earlier class), once until the page serves again:
+    /// a page that random frees left partly used, of a class the program
+    /// no longer asks for, does not keep its free blocks resident. Their
+    /// memory reads as zeroes when handed out again, faulted in on the
+    /// node its range is bound to. Not in hardened builds (the poison of
+    /// `NUMAWEAVE_CHECK=full` fills a free block).
+    ///
+    /// # Safety
+    /// `page` is a live page of the caller's heap (or of a claimed one).
+    #[cold]
+    unsafe fn purge_free_blocks(page: *mut Page) {
+        #[cfg(not(feature = "hardened"))]
+        // SAFETY: owner-only fields of a live page of the caller's; the
+        // ranges purged are free blocks' memory past their links, and the
+        // page's never handed out tail, which no one reads.
+        unsafe {
+            if (*page).purged {
+                return;
+            }
+            (*page).purged = true;
+            let os_page = crate::os::page_size();
+            let bs = (*page).info.block_size as usize;
+            let start = (*page).info.start as usize;
+            let end = start + usize::from((*page).info.slots) * segment::SLOT_SIZE;
+            let purge = |from: usize, to: usize| {
+                let (a, b) = (from.next_multiple_of(os_page), to & !(os_page - 1));
+                if a < b {
+                    let _ = crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(a as *mut u8), b - a);
+                }
+            };
+            purge(start + (*page).carved as usize * bs, end);
+            if bs > os_page {
+                let mut b = (*page).free;
+                while !b.is_null() {
+                    // (Past the link: the first word stays.)
+                    purge(b as usize + core::mem::size_of::<usize>(), b as usize + bs);
+                    b = next_of(page, b);
+                }
+            }
+        }
+        #[cfg(feature = "hardened")]
+        let _ = page;
     }
 
     /// Trims the calling thread's heap: what it holds free goes back (the

@@ -226,12 +226,16 @@ pub(crate) unsafe fn free_to_sink(seg: *mut segment::SmallSegment, sink: *mut Pa
 
 /// A page of an exited thread's heap got its first remote free since its
 /// remote frees were last collected: the lifecycle collects them at its
-/// next tick, which the calling thread's heap is armed to reach.
+/// next tick, which the freeing thread runs now (at most once a clock
+/// tick: a thread that only frees, as a consumer of a producer that has
+/// exited, has no refills of its own to run it), and which its heap is
+/// armed to reach again.
 #[cold]
 #[inline(never)]
 fn orphan_freed() {
     let Some(state) = State::try_get() else { return };
     state.life.note_orphan_work();
+    super::super::lifecycle::tick(state, crate::os::monotonic_ms());
     let me = current();
     if !me.is_null() {
         // SAFETY: the calling thread's heap, between operations (a free's

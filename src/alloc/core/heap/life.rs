@@ -79,8 +79,10 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
         h
     } else {
         // SAFETY: adopted (`adopt_orphan` made it the thread's): ours now.
-        // Its pages and their free lists come along; remote frees that
-        // arrived meanwhile are collected at the next refill.
+        // Its pages come along, their remote frees collected now and what
+        // is left free given back (a new thread's sizes may be none of the
+        // last one's: blocks of its classes would otherwise stay resident
+        // until it asks for them).
         unsafe {
             debug_assert!((*heap).is_owned() && (*heap).loan.page.is_null());
             debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
@@ -88,6 +90,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
                 (0..CLASSES).all(|c| (*Heap::cache_page(heap, c)).free.is_null() && (*heap).cache_src[c].is_null()),
                 "an orphan with cached blocks"
             );
+            Heap::give_back_free(heap);
         }
         heap
     };

@@ -376,6 +376,8 @@ impl Heap {
         // frees reach it only through `thread_free`, taken atomically.
         unsafe {
             debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap, "refilling from another heap's page");
+            // About to serve: what it frees from now on may be purged again.
+            (*page).purged = false;
             if (*page).free.is_null() && (*page).pending {
                 // The page is about to serve: not one to give back, even
                 // if these frees empty it.
