@@ -61,6 +61,11 @@ fn per_node_arenas_and_remote_frees_on_a_fake_topology() {
     let (again_tx, again_rx) = mpsc::channel::<()>();
     let owner = std::thread::spawn(move || {
         os::cpu::pin_current_thread(c1).unwrap();
+        // A thread's first 8 blocks of a class come from its node's shared
+        // heap (every free of them a remote one, collected there): these
+        // are held, so that the 2,000 below are the owner's own.
+        // SAFETY: valid layout.
+        let first: Vec<usize> = (0..8).map(|_| unsafe { A.alloc(small) } as usize).collect();
         // SAFETY: valid layout.
         let blocks: Vec<usize> = (0..2000).map(|_| unsafe { A.alloc(small) } as usize).collect();
         tx.send(blocks.clone()).unwrap();
@@ -70,7 +75,7 @@ fn per_node_arenas_and_remote_frees_on_a_fake_topology() {
         let reused: Vec<usize> = (0..2000).map(|_| unsafe { A.alloc(small) } as usize).collect();
         let old: std::collections::HashSet<usize> = blocks.into_iter().collect();
         let back = reused.iter().filter(|p| old.contains(p)).count();
-        for p in reused {
+        for p in reused.into_iter().chain(first) {
             // SAFETY: allocated above with `small`.
             unsafe { A.dealloc(p as *mut u8, small) };
         }

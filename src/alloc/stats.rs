@@ -51,8 +51,8 @@ pub struct NodeStats {
     /// Free memory still committed: free pages waiting out the purge delay
     /// and cached large mappings.
     pub free_resident: u64,
-    /// Bytes of the pages live threads' heaps hold (of heaps made on this
-    /// node), their free blocks included.
+    /// Bytes of the pages live threads' heaps and the node's shared heap
+    /// hold (of heaps made on this node), their free blocks included.
     pub in_heaps: u64,
     /// Bytes of the pages exited threads' heaps hold, waiting for adoption.
     pub orphaned: u64,
@@ -138,12 +138,12 @@ impl Stats {
         let (mut heaps, mut orphan_heaps) = (0, 0);
         for_each_heap(state, |h| {
             heaps += 1;
-            if !h.is_owned() {
+            if !h.is_owned() && !h.is_shared() {
                 orphan_heaps += 1;
             }
             let (n, c) = h.node_and_counters();
             let s = &mut per_node[n % MAX_NODES];
-            if h.is_owned() {
+            if h.is_owned() || h.is_shared() {
                 s.in_heaps += h.held_bytes();
             } else {
                 s.orphaned += h.held_bytes();

@@ -94,10 +94,12 @@ impl<T> SpinLock<T> {
 
     /// Takes the lock if it is free.
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        // (`then`, not `then_some`: a guard made before the test would be
+        // dropped when it fails, and release the lock its holder has.)
         self.locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(SpinGuard { lock: self })
+            .then(|| SpinGuard { lock: self })
     }
 }
 
@@ -124,5 +126,24 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
         self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_try_lock_leaves_the_lock_with_its_holder() {
+        let l = SpinLock::new(0u32);
+        let g = l.lock();
+        assert!(l.try_lock().is_none());
+        // Still held: a second try fails too, and the holder's guard is
+        // the one that lets go.
+        assert!(l.try_lock().is_none());
+        drop(g);
+        let g = l.try_lock().expect("free once the holder let go");
+        assert!(l.try_lock().is_none());
+        drop(g);
     }
 }

@@ -150,6 +150,15 @@ pub(crate) fn reclaim_orphans(state: &State) {
                 break;
             }
         }
+        // The node's shared heap: every free of its blocks is a remote one,
+        // collected when a thread next takes a block there, or here (if no
+        // thread holds it now: then that thread collects).
+        if let Some(g) = arena.shared.try_lock()
+            && !g.0.is_null()
+        {
+            // SAFETY: the shared heap, under its lock.
+            unsafe { Heap::give_back_free(g.0) };
+        }
     }
 }
 
@@ -168,6 +177,15 @@ pub(crate) fn trim(state: &State) {
     state.life.request_trim();
     state.life.orphan_work.store(false, Ordering::Relaxed);
     reclaim_orphans(state);
+    for n in state.nodes().iter() {
+        if let Some(a) = state.arena(n) {
+            let g = a.shared.lock();
+            if !g.0.is_null() {
+                // SAFETY: the shared heap, under its lock.
+                unsafe { Heap::trim(g.0) };
+            }
+        }
+    }
     for n in state.nodes().iter() {
         if let Some(a) = state.arena(n) {
             a.purge_now();

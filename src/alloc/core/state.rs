@@ -538,11 +538,13 @@ impl State {
 
 /// Every lock of the allocator core, in one fixed order (`ForkRank::Core`
 /// among the layers': the interleaving's and the slab caches' are taken
-/// before these). No code path holds two of them at once, so any order
-/// would do; this one is written down in ARCHITECTURE.md.
+/// before these): the arenas' `shared` locks first (a thread holding one
+/// takes the others: `heap/shared.rs`), then the rest, of which no code
+/// path holds two at once.
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
+    let shared = state.arenas.iter().map(|a| &a.shared as &dyn RawLock);
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
-    [&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock].into_iter().chain(arenas)
+    shared.chain([&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock]).chain(arenas)
 }
 
 /// The two raw operations the fork handlers need, over locks of any content.

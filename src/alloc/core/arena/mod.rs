@@ -84,8 +84,18 @@ pub(crate) struct Arena {
     /// Kernel node to bind to, or `None` (flat mode: first touch decides).
     pub(crate) bind_to: Option<usize>,
     pub(crate) inner: SpinLock<ArenaInner>,
+    /// The node's shared heap (null until a thread first takes a block of
+    /// it; see `heap/shared.rs`), and the lock it is used under: taken
+    /// before any other lock of the core.
+    pub(crate) shared: SpinLock<SharedHeap>,
     pub(crate) counters: ArenaCounters,
 }
+
+/// [`Arena::shared`]'s content.
+pub(crate) struct SharedHeap(pub(crate) *mut Heap);
+
+// SAFETY: the heap is used only under the lock around it.
+unsafe impl Send for SharedHeap {}
 
 impl Arena {
     pub(crate) const fn new(node: usize, bind_to: Option<usize>) -> Self {
@@ -104,6 +114,7 @@ impl Arena {
                 raised_at: 0,
                 early_at: 0,
             }),
+            shared: SpinLock::new(SharedHeap(ptr::null_mut())),
             counters: ArenaCounters {
                 reserved: AtomicU64::new(0),
                 purged: AtomicU64::new(0),

@@ -204,10 +204,28 @@ impl Heap {
     /// # Safety
     /// `heap` is a live heap; `page` a page descriptor with its `info.node`
     /// set; `class < CLASSES`.
+    ///
+    /// A class's free cache is written here, when the heap takes its first
+    /// page of the class (a heap's caches are 17 KiB, most of which a
+    /// thread using a few classes never touches).
     pub(crate) unsafe fn sink_for(heap: *mut Heap, page: *mut Page, class: usize) -> *mut Page {
-        // SAFETY: forwarded contract.
+        // SAFETY: forwarded contract; the caller is the heap's owner (it
+        // takes the page), so the cache is written by no other thread, and
+        // none reads it before a block of the page is handed out.
         unsafe {
-            if CACHING && usize::from((*page).info.node) == (*heap).node { Heap::cache_page(heap, class) } else { page }
+            if !CACHING || usize::from((*page).info.node) != (*heap).node {
+                return page;
+            }
+            let c = Heap::cache_page(heap, class);
+            if (*c).info.heap.load(Ordering::Relaxed).is_null() {
+                c.write(Page::empty());
+                (*c).used = cache_room(class);
+                (*c).info.heap = AtomicPtr::new(heap);
+                (*c).info.block_size = size_class::class_size(class) as u32;
+                (*c).info.class = class as u8;
+                (*c).info.node = (*heap).node as u8;
+            }
+            c
         }
     }
 

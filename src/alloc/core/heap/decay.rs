@@ -50,6 +50,11 @@ pub(crate) struct HeapLife {
     trim_seen: u64,
     /// Bytes of the pages the heap holds.
     pub(crate) page_bytes: AtomicU64,
+    /// Unit tests of the heap's pages and free caches: the lifecycle
+    /// leaves this heap's slots alone (other tests' frees, in the same
+    /// process, make work due at any time).
+    #[cfg(test)]
+    pub(super) steady: bool,
 }
 
 impl HeapLife {
@@ -62,6 +67,8 @@ impl HeapLife {
             decayed_at: 0,
             trim_seen: 0,
             page_bytes: AtomicU64::new(0),
+            #[cfg(test)]
+            steady: false,
         }
     }
 }
@@ -92,6 +99,10 @@ impl Heap {
         // SAFETY: per the contract: the lifecycle fields are the owner's.
         unsafe {
             let life = &mut (*heap).life;
+            #[cfg(test)]
+            if life.steady {
+                return Beat::Busy;
+            }
             if life.trim_seen != state.life.trim_epoch() {
                 return Heap::heartbeat_slow(heap, state);
             }
@@ -179,6 +190,11 @@ impl Heap {
     /// `heap` is the calling thread's heap, between operations on it.
     #[inline]
     pub(crate) unsafe fn arm(heap: *mut Heap, state: &State) {
+        #[cfg(test)]
+        // SAFETY: per the contract.
+        if unsafe { (*heap).life.steady } {
+            return;
+        }
         if state.life.pending() {
             // SAFETY: per the contract.
             unsafe { Heap::arm_at(heap, crate::os::monotonic_ms()) }

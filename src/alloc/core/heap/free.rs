@@ -217,6 +217,15 @@ pub(crate) unsafe fn free_to_sink(seg: *mut segment::SmallSegment, sink: *mut Pa
                 Heap::is_cache(heap, sink) || sink == segment::page_of(seg, p),
                 "a slot's sink is its page or its owner's free cache"
             );
+            debug_assert!(
+                (*heap).owned.load(Ordering::Relaxed) == OWNER_THREAD,
+                "a local free into a heap no thread owns"
+            );
+            debug_assert!(
+                (*segment::page_of(seg, p)).info.heap.load(Ordering::Relaxed) == heap,
+                "a local free of another heap's block (sink {sink:p}, page {:p})",
+                segment::page_of(seg, p)
+            );
             Heap::free_local(heap, sink, p.cast::<Block>());
         } else {
             free_remote(segment::page_of(seg, p), p.cast::<Block>());

@@ -38,45 +38,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
     let heap = arena.adopt_orphan();
     let adopted = !heap.is_null();
     let heap = if heap.is_null() {
-        let p = state.alloc_meta(core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
-        let h = p.as_ptr().cast::<Heap>();
-        // SAFETY: fresh, suitably aligned metadata memory.
-        unsafe {
-            // Field by field, in place: the free caches make the heap
-            // 18 KiB, more than a value on a small thread's stack should be.
-            (&raw mut (*h).direct).write([empty_page(); CLASSES]);
-            (&raw mut (*h).counters).write(HeapCounters::new());
-            (&raw mut (*h).lists).write([PageList { head: ptr::null_mut(), tail: ptr::null_mut() }; CLASSES]);
-            (&raw mut (*h).kept_empty).write([ptr::null_mut(); CLASSES]);
-            (&raw mut (*h).refills).write(0);
-            (&raw mut (*h).last_refill).write([0; CLASSES]);
-            (&raw mut (*h).node).write(arena.node);
-            (&raw mut (*h).loan).write(Loan { page: ptr::null_mut(), class: 0, used0: 0 });
-            (&raw mut (*h).next_all).write(ptr::null_mut());
-            (&raw mut (*h).next_orphan).write(ptr::null_mut());
-            (&raw mut (*h).owned).write(AtomicU64::new(OWNER_THREAD));
-            (&raw mut (*h).policy).write(ptr::null());
-            (&raw mut (*h).pending).write(ptr::null_mut());
-            (&raw mut (*h).remote_pages).write(CachePadded(AtomicStack::new()));
-            (&raw mut (*h).cache_serves).write([false; CLASSES]);
-            (&raw mut (*h).cache_src).write([ptr::null_mut(); CLASSES]);
-            (&raw mut (*h).cache_seen).write([0; CLASSES]);
-            (&raw mut (*h).cache_filled_at).write([0; CLASSES]);
-            (&raw mut (*h).life).write(HeapLife::new());
-            for class in 0..CLASSES {
-                let c = Heap::cache_page(h, class);
-                c.write(Page::empty());
-                (*c).used = cache_room(class);
-                (*c).info.heap = AtomicPtr::new(h);
-                (*c).info.block_size = size_class::class_size(class) as u32;
-                (*c).info.class = class as u8;
-                (*c).info.node = arena.node as u8;
-            }
-            let mut all = state.heaps.lock();
-            (*h).next_all = *all;
-            *all = h;
-        }
-        h
+        Heap::make(state, arena.node, OWNER_THREAD)?
     } else {
         // SAFETY: adopted (`adopt_orphan` made it the thread's): ours now.
         // Its pages come along, their remote frees collected now and what
@@ -91,6 +53,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
                 "an orphan with cached blocks"
             );
             Heap::give_back_free(heap);
+            (*heap).sparse = [0; CLASSES];
         }
         heap
     };
@@ -98,6 +61,49 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
     // Ask for `thread_exit` at thread exit.
     state.exit_key.set(heap.cast());
     Some((heap, adopted))
+}
+
+impl Heap {
+    /// A new heap on `node`'s arena, owned as `owner` says, listed for the
+    /// statistics; `None` when the OS refuses the memory for its
+    /// descriptor.
+    #[cold]
+    pub(crate) fn make(state: &State, node: usize, owner: u64) -> Option<*mut Heap> {
+        let p = state.alloc_meta(core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
+        let h = p.as_ptr().cast::<Heap>();
+        // SAFETY: fresh, suitably aligned metadata memory.
+        unsafe {
+            // Field by field, in place: the free caches make the heap
+            // 18 KiB, more than a value on a small thread's stack should be.
+            (&raw mut (*h).direct).write([empty_page(); CLASSES]);
+            (&raw mut (*h).counters).write(HeapCounters::new());
+            (&raw mut (*h).lists).write([PageList { head: ptr::null_mut(), tail: ptr::null_mut() }; CLASSES]);
+            (&raw mut (*h).kept_empty).write([ptr::null_mut(); CLASSES]);
+            (&raw mut (*h).refills).write(0);
+            (&raw mut (*h).last_refill).write([0; CLASSES]);
+            (&raw mut (*h).node).write(node);
+            (&raw mut (*h).loan).write(Loan { page: ptr::null_mut(), class: 0, used0: 0 });
+            (&raw mut (*h).next_all).write(ptr::null_mut());
+            (&raw mut (*h).next_orphan).write(ptr::null_mut());
+            (&raw mut (*h).owned).write(AtomicU64::new(owner));
+            (&raw mut (*h).policy).write(ptr::null());
+            (&raw mut (*h).pending).write(ptr::null_mut());
+            (&raw mut (*h).remote_pages).write(CachePadded(AtomicStack::new()));
+            (&raw mut (*h).cache_serves).write([false; CLASSES]);
+            (&raw mut (*h).cache_src).write([ptr::null_mut(); CLASSES]);
+            (&raw mut (*h).cache_seen).write([0; CLASSES]);
+            (&raw mut (*h).cache_filled_at).write([0; CLASSES]);
+            (&raw mut (*h).sparse).write([0; CLASSES]);
+            (&raw mut (*h).life).write(HeapLife::new());
+            // (The free caches are written when the heap takes its first
+            // page of their class, `Heap::sink_for`: the metadata chunk's
+            // fresh memory reads as zeroes, an empty cache of no heap.)
+            let mut all = state.heaps.lock();
+            (*h).next_all = *all;
+            *all = h;
+        }
+        Some(h)
+    }
 }
 
 /// Thread-exit destructor (pthread key): everything the heap holds free

@@ -32,8 +32,9 @@
 //! frees, gathering remote ones), `cache.rs` (the free cache), `pages.rs`
 //! (page lists, the direct slot's references, empty and idle pages),
 //! `loan.rs` (lent slots), `life.rs` (a thread's heap made, adopted, given
-//! up), `decay.rs` (the heap's part in giving memory back) and `links.rs`
-//! (free-list links, encoded in hardened builds).
+//! up), `decay.rs` (the heap's part in giving memory back), `shared.rs`
+//! (a thread's first blocks of a class from its node's shared heap) and
+//! `links.rs` (free-list links, encoded in hardened builds).
 
 mod cache;
 mod decay;
@@ -43,6 +44,7 @@ mod links;
 mod loan;
 mod pages;
 mod pop;
+mod shared;
 
 use cache::{CACHING, cache_room};
 use decay::{Beat, HeapLife};
@@ -272,6 +274,9 @@ pub(crate) struct Heap {
     /// Per class, the heap's `allocs` counter when its free cache last
     /// filled up (see `Heap::page_event`).
     cache_filled_at: [u64; CLASSES],
+    /// Per class, the blocks taken from the node's shared heap
+    /// (`shared.rs`).
+    sparse: [u8; CLASSES],
     /// The heap's part in the memory lifecycle (`decay.rs`): last, away
     /// from what the fast paths read.
     pub(crate) life: HeapLife,
@@ -283,6 +288,9 @@ pub(crate) const OWNER_NONE: u64 = 0;
 pub(crate) const OWNER_THREAD: u64 = 1;
 /// [`Heap::owned`]: an exited thread's heap a thread is collecting.
 pub(crate) const OWNER_RECLAIM: u64 = 2;
+/// [`Heap::owned`]: a node's shared heap (`shared.rs`), used under its
+/// arena's `shared` lock.
+pub(crate) const OWNER_SHARED: u64 = 3;
 
 /// What a refill may use: the caller's rule for where memory comes from.
 /// Implemented by the memory policies (`placement.rs`); the heap only asks.
@@ -331,6 +339,11 @@ impl Heap {
     /// Whether a live thread owns the heap.
     pub(crate) fn is_owned(&self) -> bool {
         self.owned.load(Ordering::Relaxed) == OWNER_THREAD
+    }
+
+    /// Whether it is a node's shared heap.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.owned.load(Ordering::Relaxed) == OWNER_SHARED
     }
 
     /// The heap's node and (allocs, frees, bytes allocated, bytes freed, remote frees).

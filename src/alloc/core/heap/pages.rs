@@ -131,6 +131,10 @@ impl Heap {
         // refers to it.
         unsafe {
             debug_assert_eq!((*page).used, 0, "releasing a page with live blocks");
+            debug_assert!(
+                core::ptr::eq((*page).info.heap.load(Ordering::Relaxed), self),
+                "releasing another heap's page"
+            );
             debug_assert!(!(*page).pending && (*page).remote.thread_free.is_empty());
             self.unlink(page);
             let class = usize::from((*page).info.class);
@@ -155,6 +159,7 @@ impl Heap {
         // contract).
         unsafe {
             debug_assert!((*page).prev.is_null() && (*page).next.is_null(), "page already on a list");
+            debug_assert!(core::ptr::eq((*page).info.heap.load(Ordering::Relaxed), self), "another heap's page listed");
             let class = usize::from((*page).info.class);
             let head = self.lists[class].head;
             debug_assert_ne!(head, page);
@@ -177,6 +182,7 @@ impl Heap {
         // SAFETY: as in `push_front`.
         unsafe {
             debug_assert!((*page).prev.is_null() && (*page).next.is_null(), "page already on a list");
+            debug_assert!(core::ptr::eq((*page).info.heap.load(Ordering::Relaxed), self), "another heap's page listed");
             let class = usize::from((*page).info.class);
             let tail = self.lists[class].tail;
             debug_assert_ne!(tail, page);

@@ -75,6 +75,10 @@ impl Heap {
                     || (in_page(page, block.cast()) && usize::from((*page).info.class) == class),
                 "a direct page of another class, or a free list that left its page"
             );
+            debug_assert!(
+                Heap::is_lent(heap, class) || (*page).info.heap.load(Ordering::Relaxed) == heap,
+                "a direct page of another heap"
+            );
             #[cfg(feature = "hardened")]
             if LOOK_FULL && crate::hardened::full_now() {
                 return Heap::pop_full(heap, page, block, class).as_ptr();
@@ -190,7 +194,13 @@ impl Heap {
         // heartbeat's) and after the refill (the rest).
         unsafe {
             let beat = Heap::heartbeat(heap, state);
-            let p = Heap::refill_now(heap, class, state, placement);
+            let mut p = ptr::null_mut();
+            if Heap::sparse(heap, class, placement) {
+                p = Heap::alloc_shared(heap, class, state);
+            }
+            if p.is_null() {
+                p = Heap::refill_now(heap, class, state, placement);
+            }
             if beat != Beat::Busy {
                 Heap::after_beat(heap, class, beat);
             }

@@ -248,10 +248,78 @@ fn on_fresh_heap(f: impl FnOnce(&'static State, *mut Heap) + Send + 'static) {
     std::thread::spawn(move || {
         let state = State::get(&crate::alloc::Config::new());
         let (heap, _) = init_current(state).unwrap();
+        // Every class past its first blocks from the node's shared heap
+        // (`shared.rs`, tested on its own below), and no lifecycle arming
+        // (`decay.rs`): these tests look at the heap's own pages and slots.
+        // SAFETY: this thread's heap.
+        unsafe {
+            (*heap).sparse = [super::shared::SPARSE_BLOCKS; CLASSES];
+            (*heap).life.steady = true;
+        }
         f(state, heap);
     })
     .join()
     .unwrap();
+}
+
+/// A thread's first blocks of a class come from the node's shared heap,
+/// blocks of several threads side by side in its pages, freed remotely
+/// (collected by the next thread that takes a block there); past
+/// `SPARSE_BLOCKS` the class gets a page of the thread's own. (Two threads
+/// at once: a thread that starts after another exited adopts its heap,
+/// and with it a page of the class.)
+#[test]
+#[cfg(not(feature = "hardened"))]
+fn a_threads_first_blocks_of_a_class_are_the_nodes_shared_heaps() {
+    // (The test harness has threads: the shared heap serves.)
+    let class = class_of(3000);
+    let n = usize::from(super::shared::SPARSE_BLOCKS);
+    let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let run = move |both: std::sync::Arc<std::sync::Barrier>| {
+        std::thread::spawn(move || {
+            let state = State::get(&crate::alloc::Config::new());
+            let (heap, _) = init_current(state).unwrap();
+            let node = state.home_arena(0).node;
+            // Both threads have made their heaps before either goes on.
+            both.wait();
+            // SAFETY: this thread's heap; blocks of it, written, not freed
+            // until both threads hold theirs.
+            let blocks = unsafe {
+                if (*heap).lists[class].head.is_null() {
+                    let blocks: Vec<*mut u8> =
+                        (0..n + 3).map(|_| alloc_via(heap, class, state, &mut Cached(node))).collect();
+                    let owners: Vec<*mut Heap> =
+                        blocks.iter().map(|&b| (*page_of_block(b)).info.heap.load(Ordering::Relaxed)).collect();
+                    assert!(owners[..n].iter().all(|&o| o != heap && (*o).is_shared()), "the first blocks are shared");
+                    assert!(owners[n..].iter().all(|&o| o == heap), "then the thread's own page serves");
+                    for &b in &blocks {
+                        b.write_bytes(0xa5, class_size(class));
+                    }
+                    blocks.iter().map(|&b| b as usize).collect()
+                } else {
+                    // (An adopted heap with a page of the class: nothing here to test.)
+                    Vec::new()
+                }
+            };
+            both.wait();
+            blocks
+        })
+    };
+    let (a, b) = (run(both.clone()), run(both));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    // (Other tests' exited threads leave heaps without pages of the class,
+    // as exits give back what is free: both threads take shared blocks.)
+    assert!(!a.is_empty() && !b.is_empty(), "a heap with a page of the class was adopted");
+    // The two threads' shared blocks are all distinct.
+    let mut all: Vec<usize> = a[..n].iter().chain(&b[..n]).copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 2 * n, "a block handed to two threads");
+    for p in a.into_iter().chain(b) {
+        // SAFETY: live blocks, freed once, from another thread than their
+        // allocating one (remote frees, for the shared heap's too).
+        unsafe { free_small(p as *mut u8) };
+    }
 }
 
 /// The per-class counters sum to the exact counts and bytes: blocks of

@@ -1,0 +1,109 @@
+//! A thread's first blocks of a class, from its node's shared heap.
+//!
+//! A thread that holds a few blocks of many classes (a connection's
+//! buffers, a request's strings) would otherwise take a page for each, and
+//! touch at least an OS page of each: 1,000 threads holding 64 blocks of
+//! 16 B to 2 KiB (66 KiB live) took 166 KiB each, where glibc's shared
+//! arenas take 75. So in a process with threads, a heap's first
+//! [`SPARSE_BLOCKS`] blocks of a class it has no page of come from a heap
+//! its node's threads share ([`OWNER_SHARED`]), under the arena's `shared`
+//! lock: their blocks lie together in its pages. Every free of such a block
+//! is a remote free (the shared heap is no thread's), collected by the
+//! next thread that takes a block of the class there, or by the
+//! lifecycle's reclaim (`lifecycle::reclaim_orphans`). A class used more
+//! than that gets pages of the thread's own, as before: the fast path is
+//! untouched, and a thread's first blocks of each class are slow-path
+//! allocations (a lock and a pop).
+
+use super::*;
+
+/// Blocks of a class a heap takes from its node's shared heap before it
+/// takes a page of its own for it.
+pub(super) const SPARSE_BLOCKS: u8 = 8;
+
+/// Whether heaps take their first blocks from the shared heap. Not in
+/// hardened builds: a block freed once goes back to the shared heap, whose
+/// page may then serve another class, and a second free of it is reported
+/// as a double free of a block of that class; a thread's own pages keep
+/// the report exact.
+const SHARING: bool = cfg!(not(feature = "hardened"));
+
+/// The shared heap's placement: any of its pages, fresh ones from its node.
+struct Home(usize);
+
+impl Placement for Home {
+    fn accepts(&mut self, _: usize) -> bool {
+        true
+    }
+    fn fresh(&mut self) -> (usize, Option<NodeSet>) {
+        (self.0, None)
+    }
+    fn took(&mut self, _: usize) {}
+}
+
+impl Heap {
+    /// Whether the refill of `class` takes its block from the node's shared
+    /// heap: a heap of a thread of a process with threads, under a placement
+    /// of its own node's pages (`Local`'s: the one the free cache serves),
+    /// with no page of the class, and fewer than [`SPARSE_BLOCKS`] blocks of
+    /// it taken so far.
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    #[inline]
+    pub(super) unsafe fn sparse(heap: *mut Heap, class: usize, placement: &mut impl Placement) -> bool {
+        // SAFETY: owner-only fields of the caller's heap.
+        unsafe {
+            SHARING
+                && (*heap).sparse[class] < SPARSE_BLOCKS
+                && (*heap).lists[class].head.is_null()
+                && (*heap).direct[class] == empty_page()
+                && (*heap).owned.load(Ordering::Relaxed) == OWNER_THREAD
+                && placement.cache_serves((*heap).node)
+                && !crate::os::thread::single_threaded()
+        }
+    }
+
+    /// A block of `class` from the shared heap of `heap`'s node (made on
+    /// first use), counted against the class's [`SPARSE_BLOCKS`]; null when
+    /// no memory can be had (the caller refills its own page then).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap, between operations on it.
+    #[cold]
+    #[inline(never)]
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(super) unsafe fn alloc_shared(heap: *mut Heap, class: usize, state: &State) -> *mut u8 {
+        // SAFETY: the caller's heap; the shared heap is used under its
+        // arena's `shared` lock alone (no thread's TLS slot names it, so
+        // no fast path reaches it), which is what its owner-only fields
+        // need.
+        unsafe {
+            let node = (*heap).node;
+            let arena = state.node_arena(node);
+            let mut g = arena.shared.lock();
+            if g.0.is_null() {
+                match Heap::make(state, arena.node, OWNER_SHARED) {
+                    Some(h) => g.0 = h,
+                    None => return ptr::null_mut(),
+                }
+            }
+            let sh = g.0;
+            let mut p = Heap::pop(sh, class);
+            if p.is_null() {
+                p = Heap::refill(sh, class, state, &mut Home(arena.node));
+            }
+            if !p.is_null() {
+                let seg = segment_of(p).cast::<segment::SmallSegment>();
+                let pg = segment::page_of(seg, p);
+                debug_assert!((*pg).info.heap.load(Ordering::Relaxed) == sh, "a shared block of another heap's page");
+                debug_assert_eq!(usize::from((*pg).info.class), class);
+            }
+            drop(g);
+            if !p.is_null() {
+                (*heap).sparse[class] += 1;
+            }
+            p
+        }
+    }
+}
