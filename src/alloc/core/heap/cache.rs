@@ -218,6 +218,7 @@ impl Heap {
             }
             let c = Heap::cache_page(heap, class);
             if (*c).info.heap.load(Ordering::Relaxed).is_null() {
+                debug_assert!((*c).free.is_null(), "a free cache of no heap holds blocks");
                 c.write(Page::empty());
                 (*c).used = cache_room(class);
                 (*c).info.heap = AtomicPtr::new(heap);

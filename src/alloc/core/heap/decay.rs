@@ -9,15 +9,18 @@
 //! A thread's fast paths never look at a clock. What brings a thread that
 //! has gone quiet (a few calls a second, each served by the fast path) back
 //! to its refills is *arming*: while something is due, a slow path the
-//! thread takes (a refill, a page event of a free, a free into an exited
-//! thread's page) empties its direct slots, once per clock tick (4 ms), so
-//! that each class's next allocation refills. A refill among the first
-//! few the heap makes in a clock tick is *quiet*: it serves its block but
-//! leaves the slot empty while something is due, so the next allocation
-//! refills too, and the one after the due time ticks. A busy thread's
-//! refills of the class past the first few in the tick fill the slot as
-//! before: it pays a few refills per class per tick while something is
-//! due, and nothing on its fast paths.
+//! thread takes (a refill that looked at the clock, a page event of a
+//! free, a free into an exited thread's or the shared heap's page) empties
+//! its direct slots, once per clock tick (4 ms), so that each class's next
+//! allocation refills. While something is due, a refill fills the class's
+//! slot again only once the class has refilled more than [`BUSY_REFILLS`]
+//! times in the clock tick: a busy class. A quiet class's refill serves its
+//! block and leaves the slot empty, so its next allocation refills too, and
+//! the one after the due time ticks. A busy thread pays a few refills per
+//! class per tick while something is due, and nothing on its fast paths;
+//! a thread that went quiet right after it was busy, with slots still
+//! filled, is brought back by its frees' page events and its other slow
+//! paths.
 
 use core::ptr;
 
@@ -28,21 +31,28 @@ use super::*;
 /// at every refill while armed or quiet).
 const CLOCK_EVERY: u32 = 8;
 
-/// A heap that looks at the clock at most this many times in a clock tick
-/// (4 ms) is quiet: its refills leave their slots empty while something is
-/// due. A busy one passes it within the tick, and fills them.
-const QUIET_LOOKS: u32 = 4;
+/// A class that refills more than this many times in a clock tick is busy:
+/// its refill fills the slot while something is due. (A rule on the
+/// heap's refills, all classes together, filled the slots of a quiet
+/// program whose calls each make a burst of allocations, as reading a
+/// small file does; one on the time since the class's last refill, those
+/// of a program that went quiet within a tick of its last burst: their
+/// freed memory was never purged.)
+const BUSY_REFILLS: u8 = 8;
 
 /// The heap's lifecycle state, written by its owner (or its reclaimer);
 /// `page_bytes` is read by anyone for the statistics.
 pub(crate) struct HeapLife {
-    /// When (ms, coarse: 4 ms steps) the heap last looked at the clock,
-    /// and how many times it did in that clock tick.
+    /// When (ms, coarse: 4 ms steps) the heap last looked at the clock.
     last_look: u64,
-    looks: u32,
+    /// Per class, the clock tick (ms, wrapping) of its last refill while the
+    /// heap looked at the clock, and its refills in that tick.
+    class_at: [u32; CLASSES],
+    class_refills: [u8; CLASSES],
     /// When the heap last emptied its direct slots for the lifecycle.
     armed_at: u64,
-    /// Whether the next refill looks at the clock (armed, or quiet).
+    /// Whether the next refill looks at the clock (armed, or a class of it
+    /// found quiet at the last look).
     listen: bool,
     /// When the heap last gave back what it holds free (quiet, or trimmed).
     decayed_at: u64,
@@ -61,7 +71,8 @@ impl HeapLife {
     pub(super) const fn new() -> HeapLife {
         HeapLife {
             last_look: 0,
-            looks: 0,
+            class_at: [0; CLASSES],
+            class_refills: [0; CLASSES],
             armed_at: 0,
             listen: false,
             decayed_at: 0,
@@ -78,12 +89,9 @@ impl HeapLife {
 pub(super) enum Beat {
     /// Nothing for the lifecycle, or not looked: fill the slot.
     Busy,
-    /// Looked at the clock (at this time, ms) while something is due, in
-    /// the clock tick of the heap's last look: fill the slot, and arm.
+    /// Looked at the clock (at this time, ms) while something is due: arm,
+    /// and fill the slot only if the class is busy.
     Looked(u64),
-    /// The first look of the heap in this clock tick (at this time) while
-    /// something is due: leave the slot empty after serving, and arm.
-    Quiet(u64),
 }
 
 impl Heap {
@@ -132,31 +140,25 @@ impl Heap {
             let life = &mut (*heap).life;
             let new_tick = now != life.last_look;
             life.last_look = now;
-            life.looks = if new_tick { 1 } else { life.looks.saturating_add(1) };
-            let quiet = life.looks <= QUIET_LOOKS;
             lifecycle::tick(state, now);
             let delay = state.config.purge_delay_ms.max(1);
-            if new_tick && now.saturating_sub(life.decayed_at) >= delay {
-                // Quiet for a tick or more, and not given back for a delay:
-                // what the heap holds free goes back to its pages and
-                // arenas (and from them to the OS when due).
+            if life.listen && new_tick && now.saturating_sub(life.decayed_at) >= delay {
+                // Quiet (a class of it was), and not given back for a delay: what
+                // the heap holds free goes back to its pages and arenas (and
+                // from them to the OS when due).
                 life.decayed_at = now;
                 Heap::give_back_free(heap);
             }
-            let pending = state.life.pending();
-            let life = &mut (*heap).life;
-            life.listen = quiet && pending;
-            match (pending, quiet) {
-                (false, _) => Beat::Busy,
-                (true, false) => Beat::Looked(now),
-                (true, true) => Beat::Quiet(now),
-            }
+            // (Set again by `after_beat` if the class proves quiet.)
+            (*heap).life.listen = false;
+            if state.life.pending() { Beat::Looked(now) } else { Beat::Busy }
         }
     }
 
-    /// After a refill of `class` served, what its heartbeat asked: a quiet
-    /// refill leaves the slot empty (the next allocation refills and looks
-    /// at the clock); both arm.
+    /// After a refill of `class` served, what its heartbeat asked: arm, and
+    /// leave the slot empty unless the class is busy (more than
+    /// [`BUSY_REFILLS`] refills in this tick: see the module's docs); the
+    /// heap listens on while a class of it is quiet.
     ///
     /// # Safety
     /// `heap` is the calling thread's heap; its refill is done.
@@ -164,16 +166,21 @@ impl Heap {
     #[inline(never)]
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(super) unsafe fn after_beat(heap: *mut Heap, class: usize, beat: Beat) {
+        let Beat::Looked(now) = beat else { return };
         // SAFETY: per the contract; a lent slot is the lender's to end.
         unsafe {
-            match beat {
-                Beat::Busy => {}
-                Beat::Looked(now) => Heap::arm_at(heap, now),
-                Beat::Quiet(now) => {
-                    Heap::arm_at(heap, now);
-                    if !Heap::is_lent(heap, class) {
-                        Heap::set_direct(heap, class, empty_page());
-                    }
+            let life = &mut (*heap).life;
+            if life.class_at[class] != now as u32 {
+                life.class_at[class] = now as u32;
+                life.class_refills[class] = 0;
+            }
+            life.class_refills[class] = life.class_refills[class].saturating_add(1);
+            let busy = life.class_refills[class] > BUSY_REFILLS;
+            Heap::arm_at(heap, now);
+            if !busy {
+                (*heap).life.listen = true;
+                if !Heap::is_lent(heap, class) {
+                    Heap::set_direct(heap, class, empty_page());
                 }
             }
         }
@@ -216,6 +223,10 @@ impl Heap {
             }
             (*heap).life.armed_at = now;
             (*heap).life.listen = true;
+            // Busy is counted again from here: a thread that frees a burst
+            // and goes quiet within the tick of its last allocations
+            // would otherwise find those classes busy still.
+            (*heap).life.class_refills = [0; CLASSES];
             for class in 0..CLASSES {
                 if !Heap::is_lent(heap, class) {
                     Heap::set_direct(heap, class, empty_page());
