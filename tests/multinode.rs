@@ -139,6 +139,7 @@ fn main() {
         ("cpuset_mems_narrowed_while_allocating", cpuset_mems_narrowed_while_allocating),
         ("numaalloc_blocks_land_on_the_threads_node", numaalloc_blocks_land_on_the_threads_node),
         ("numaalloc_remote_frees_return_home", numaalloc_remote_frees_return_home),
+        ("purged_pages_come_back_on_their_node", purged_pages_come_back_on_their_node),
         ("numaalloc_falls_back_by_distance_when_a_node_is_full", numaalloc_falls_back_by_distance_when_a_node_is_full),
         ("slab_objects_land_on_the_cache_node", slab_objects_land_on_the_cache_node),
         ("policy_interleave_pages_follow_the_cursor", policy_interleave_pages_follow_the_cursor),
@@ -653,6 +654,94 @@ fn numaalloc_blocks_land_on_the_threads_node(t: &Topology, layout: Option<&Guest
         .join()
         .unwrap();
     }
+    Outcome::Pass
+}
+
+/// Memory given back to the kernel (`MADV_DONTNEED` by a trim, as the purge
+/// delay does) and faulted in again when its blocks are handed out again
+/// lands on the node its range is bound to: under `Local` on each node
+/// with CPUs (small blocks and a huge block, in the same mappings as
+/// before the purge), and under an interleave (I/O buffers, each on the
+/// node the cursor names).
+fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let small = Layout::from_size_align(8000, 8).unwrap();
+    let huge = Layout::from_size_align(4 << 20, 8).unwrap();
+    for node in t.cpu_nodes().iter() {
+        let (cpu, phys) = (first_cpu(t, node), t.physical_node(node));
+        std::thread::spawn(move || {
+            os::cpu::pin_current_thread(cpu).unwrap();
+            // SAFETY: valid layouts; blocks freed with them.
+            unsafe {
+                let first: Vec<usize> = (0..512).map(|_| A.alloc(small) as usize).collect();
+                let big = A.alloc(huge);
+                for &b in &first {
+                    (b as *mut u8).write_bytes(1, small.size());
+                }
+                big.write_bytes(1, huge.size());
+                for &b in &first {
+                    A.dealloc(b as *mut u8, small);
+                }
+                A.dealloc(big, huge);
+                let back = A.trim();
+                assert!(back > 0, "nothing was given back");
+                let again: Vec<*mut u8> = (0..512).map(|_| A.alloc(small)).collect();
+                let big = A.alloc(huge);
+                let reused = again.iter().filter(|&&b| first.contains(&(b as usize))).count();
+                for &b in &again {
+                    let got = touch_and_locate(b, small.size());
+                    assert!(got.iter().all(|&g| g == Some(phys)), "a purged block of cpu {cpu}: pages on {got:?}");
+                }
+                let got = touch_and_locate(big, huge.size());
+                assert!(got.iter().all(|&g| g == Some(phys)), "a purged huge block of cpu {cpu}: pages on {got:?}");
+                for b in again {
+                    A.dealloc(b, small);
+                }
+                A.dealloc(big, huge);
+                println!(
+                    "\n  cpu {cpu}: {} KiB purged, {reused} of 512 blocks handed out again, every page on node {node}",
+                    back >> 10
+                );
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    let nodes = t.memory_nodes().intersection(&t.allowed_nodes());
+    if nodes.len() < 2 {
+        return Outcome::Pass;
+    }
+    let policy = Interleave::new(nodes, Granularity::Count(2)).unwrap();
+    let topo = t.clone();
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(first_cpu(&topo, topo.cpu_nodes().first().unwrap())).unwrap();
+        let l = Layout::from_size_align(64 << 10, 4096).unwrap();
+        let round = |what: &str| {
+            let model = Cursor::new(&policy);
+            let mut raw: Vec<*mut u8> = Vec::with_capacity(48);
+            {
+                let _g = numaweave::with_policy(Policy::Interleave(policy)).unwrap();
+                for _ in 0..48 {
+                    // SAFETY: a valid layout; freed below.
+                    raw.push(unsafe { A.alloc(l) });
+                }
+            }
+            for (i, &p) in raw.iter().enumerate() {
+                let want = topo.physical_node(model.next(l.size()));
+                let got = touch_and_locate(p, l.size());
+                assert!(got.iter().all(|&n| n == Some(want)), "{what} buffer {i}: pages on {got:?}, want {want}");
+            }
+            for p in raw {
+                // SAFETY: allocated above with `l`.
+                unsafe { A.dealloc(p, l) };
+            }
+        };
+        round("interleaved");
+        let back = A.trim();
+        round("purged and interleaved again");
+        println!("\n  interleave over {nodes}: {} KiB purged, 48 buffers again, every page on its node", back >> 10);
+    })
+    .join()
+    .unwrap();
     Outcome::Pass
 }
 

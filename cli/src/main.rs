@@ -237,10 +237,10 @@ fn topology(m: &ArgMatches) -> ExitCode {
 /// Per-node bytes of one process by kind of memory, like `numastat -p`.
 #[derive(Default)]
 struct Usage {
-    nodes: std::collections::BTreeMap<usize, [u64; 5]>,
+    nodes: std::collections::BTreeMap<usize, [u64; 6]>,
 }
 
-const KINDS: [&str; 5] = ["Huge", "Heap", "Stack", "Anonymous", "File"];
+const KINDS: [&str; 6] = ["Huge", "Heap", "Stack", "Anonymous", "File", "numaweave"];
 
 impl Usage {
     /// Adds one line of `/proc/PID/numa_maps`.
@@ -251,7 +251,12 @@ impl Usage {
             .find_map(|w| w.strip_prefix("kernelpagesize_kB="))
             .and_then(|v| v.parse().ok())
             .map_or(4096, |kb: u64| kb * 1024);
-        let kind = if words.contains(&"huge") {
+        // The allocator's own mappings (`numaweave::alloc::PLACED`), of
+        // any kind: what libnumaweave holds, resident, per node.
+        let start = words.first().and_then(|a| usize::from_str_radix(a, 16).ok());
+        let kind = if start.is_some_and(|a| numaweave::alloc::PLACED.contains(&a)) {
+            5
+        } else if words.contains(&"huge") {
             0
         } else if words.contains(&"heap") {
             1
@@ -281,7 +286,7 @@ fn numastat(pid: u32) -> ExitCode {
     let mut u = Usage::default();
     maps.lines().for_each(|l| u.add_line(l));
     if u.nodes.is_empty() {
-        u.nodes.insert(0, [0; 5]);
+        u.nodes.insert(0, [0; 6]);
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!("\nPer-node process memory usage (in MiB) for PID {pid} ({})", name.trim());
@@ -326,8 +331,9 @@ mod tests {
         u.add_line(
             "7d000000 default file=/anon_hugepage\\040(deleted) huge anon=1 dirty=1 N0=1 kernelpagesize_kB=2048",
         );
-        assert_eq!(u.nodes[&0], [2 << 20, 8192, 0, 0, 5 * 4096]);
-        assert_eq!(u.nodes[&1], [0, 4096, 4096, 512 * 4096, 0]);
+        u.add_line("13b00000000 bind:1 anon=64 dirty=64 N1=64 kernelpagesize_kB=4");
+        assert_eq!(u.nodes[&0], [2 << 20, 8192, 0, 0, 5 * 4096, 0]);
+        assert_eq!(u.nodes[&1], [0, 4096, 4096, 512 * 4096, 0, 64 * 4096]);
     }
 
     #[test]

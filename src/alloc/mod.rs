@@ -72,6 +72,18 @@ pub use handle::{ColdHandle, InterleaveHandle, NodeHandle};
 pub use huge::MAX_ALIGN;
 pub use placement::{PolicyGuard, with_policy};
 pub use size_class::SMALL_MAX;
+
+/// Where the allocator places its mappings (segments, large blocks,
+/// regions) when the address space lets it: 1 TiB to 8 TiB, so that a map
+/// of them stays small. A tool reading `/proc/PID/numa_maps` tells the
+/// allocator's memory by it (`numaweave numastat`).
+///
+/// ```
+/// let p = Box::new([0u8; 100]);
+/// // (The test harness's allocator is the system's: its blocks lie elsewhere.)
+/// assert!(!numaweave::alloc::PLACED.contains(&(&*p as *const _ as usize)));
+/// ```
+pub const PLACED: ::core::ops::Range<usize> = segmap::PLACED;
 pub use state::{Config, Mode};
 
 use crate::error::{Error, Result};

@@ -39,7 +39,10 @@ use crate::os::mem::{self, Placer};
 use crate::sync::{AtomicPtr, AtomicU8, Ordering};
 
 /// Where the allocator's mappings go: 1 TiB to 8 TiB.
-pub(crate) static PLACER: Placer = Placer::new(1 << 40, 1 << NEAR_BITS);
+pub(crate) static PLACER: Placer = Placer::new(PLACED.start, PLACED.end);
+
+/// The address range of [`PLACER`].
+pub(crate) const PLACED: core::ops::Range<usize> = (1 << 40)..(1 << NEAR_BITS);
 
 /// The marks cover addresses below 2^43 (8 TiB) in [`MAP`], the rest of
 /// the user address space (below 2^47) in [`FAR`].

@@ -196,7 +196,12 @@ impl Heap {
             let beat = Heap::heartbeat(heap, state);
             let mut p = ptr::null_mut();
             if Heap::sparse(heap, class, placement) {
-                p = Heap::alloc_shared(heap, class, state);
+                // (The node the placement would take a fresh page from: the
+                // thread's, under `Local`.)
+                let (node, within) = placement.fresh();
+                if within.is_none_or(|w| w.contains(node)) {
+                    p = Heap::alloc_shared(heap, class, state, node);
+                }
             }
             if p.is_null() {
                 p = Heap::refill_now(heap, class, state, placement);

@@ -64,22 +64,22 @@ impl Heap {
         }
     }
 
-    /// A block of `class` from the shared heap of `heap`'s node (made on
-    /// first use), counted against the class's [`SPARSE_BLOCKS`]; null when
-    /// no memory can be had (the caller refills its own page then).
+    /// A block of `class` from the shared heap of `node` (the placement's
+    /// node for a fresh page; made on first use), counted against the
+    /// class's [`SPARSE_BLOCKS`]; null when no memory can be had (the
+    /// caller refills its own page then).
     ///
     /// # Safety
     /// `heap` is the calling thread's heap, between operations on it.
     #[cold]
     #[inline(never)]
     #[unsafe(link_section = ".text.hot.numaweave")]
-    pub(super) unsafe fn alloc_shared(heap: *mut Heap, class: usize, state: &State) -> *mut u8 {
+    pub(super) unsafe fn alloc_shared(heap: *mut Heap, class: usize, state: &State, node: usize) -> *mut u8 {
         // SAFETY: the caller's heap; the shared heap is used under its
         // arena's `shared` lock alone (no thread's TLS slot names it, so
         // no fast path reaches it), which is what its owner-only fields
         // need.
         unsafe {
-            let node = (*heap).node;
             let arena = state.node_arena(node);
             let mut g = arena.shared.lock();
             if g.0.is_null() {
