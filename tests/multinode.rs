@@ -758,6 +758,11 @@ fn numaalloc_remote_frees_return_home(t: &Topology, _: Option<&Guest>) -> Outcom
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let owner = std::thread::spawn(move || {
         os::cpu::pin_current_thread(home_cpu).unwrap();
+        // A thread's first 8 blocks of a class come from its node's shared
+        // heap (their remote frees collected there, later): held, so that
+        // the 1000 below are the owner's own.
+        // SAFETY: valid layout.
+        let first: Vec<usize> = (0..8).map(|_| unsafe { A.alloc(l) } as usize).collect();
         // SAFETY: valid layout.
         let blocks: Vec<usize> = (0..1000).map(|_| unsafe { A.alloc(l) } as usize).collect();
         tx.send(blocks.clone()).unwrap();
@@ -766,7 +771,7 @@ fn numaalloc_remote_frees_return_home(t: &Topology, _: Option<&Guest>) -> Outcom
         let again: Vec<usize> = (0..1000).map(|_| unsafe { A.alloc(l) } as usize).collect();
         let old: HashSet<usize> = blocks.into_iter().collect();
         let reused = again.iter().filter(|p| old.contains(p)).count();
-        for p in again {
+        for p in again.into_iter().chain(first) {
             // SAFETY: allocated above with `l`.
             unsafe { A.dealloc(p as *mut u8, l) };
         }

@@ -202,9 +202,11 @@ fn fork_prepare() {
     interleave::lock_spaces_for_fork();
     SPARE.lock_raw();
     LOWER_TIER.hold_for_fork();
+    KEY.hold_for_fork();
 }
 
 fn fork_release() {
+    KEY.release_after_fork();
     LOWER_TIER.release_after_fork();
     // SAFETY: both taken by `fork_prepare` on this thread (or, in the
     // child, the thread it was copied from).
@@ -230,8 +232,9 @@ fn spare_interleaver(state: &State) -> Option<*mut ThreadInterleaver> {
 }
 
 /// The key whose destructor drops a thread's default interleaver.
+static KEY: InitCell<Option<ExitKey>> = InitCell::new();
+
 fn exit_key() -> Option<&'static ExitKey> {
-    static KEY: InitCell<Option<ExitKey>> = InitCell::new();
     KEY.get_or_init(|| ExitKey::new(drop_default_interleaver).ok()).as_ref()
 }
 

@@ -5,6 +5,64 @@
 //! The allocator needs the first two before it has a heap: neither
 //! allocates through it (glibc keeps the first 32 keys' values inside the
 //! thread descriptor, and its `pthread_atfork` list is glibc's own memory).
+//!
+//! # Lock table
+//!
+//! Every lock, lazily initialised global and once-cell of the crate, in the
+//! order `fork()` takes them (and a thread may take them: one holding a lock
+//! takes only locks below it; within a rank, a layer's own order). Before
+//! `fork()` of a process that has had a second thread, the handlers take
+//! every line marked *held*, top to bottom; after it, in the parent and the
+//! child, they release them bottom to top. A process that never had a
+//! second thread takes none: a signal handler may fork it while the thread
+//! it interrupted holds any of them, and glibc's malloc does the same. The
+//! test below fails when a `SpinLock`, `Mutex`, `InitCell`, `OnceLock`,
+//! `Once` or `ReadOnce` of `src/` is missing here (by its file and name).
+//!
+//! ```text
+//! rank        lock (file name)                  kind      fork   taken by, and why
+//! ---------   --------------------------------  --------  -----  ---------------------------------------------
+//! (glibc)     stdio list lock (_IO_list_lock)   recursive held   fflush(NULL) holds it as it takes each FILE's
+//!                                                                lock, and a FILE's holder may malloc (getline):
+//!                                                                taken before every allocator lock, as glibc's
+//!                                                                fork takes it before its malloc's (bug 19431)
+//! Slab        slab/stats.rs REGISTRY            Mutex     held   cache creation, slabinfo, shrink_all; held first
+//!                                                                so that the caches it lists stay alive
+//!             slab/cache.rs slabs               Mutex     held   per cache and node: carving slabs (maps chunks,
+//!                                                                runs constructors and registrars, allocates)
+//!             slab/magazine.rs lists            SpinLock  held   per cache and node: the depot; never with slabs
+//!             slab/cache.rs SLAB_RANGES         Mutex     held   debug and hardened builds: the slab ranges,
+//!                                                                under slabs
+//!             slab/stats.rs FORK                Once      -      registers the rank's handlers, under REGISTRY's
+//!                                                                first use; nothing is held across a call
+//! Interleave  alloc/interleave/space.rs SPACES  SpinLock  held   the handles' spaces (a handle's creation, drop)
+//!             alloc/interleave/space.rs locks   SpinLock  held   per space and node: carving (maps regions from
+//!                                                                the arenas: the Core rank below)
+//!             alloc/placement.rs SPARE          SpinLock  held   exited threads' interleavers; a leaf
+//!             alloc/placement.rs LOWER_TIER     InitCell  held   the lower tier per node, made once from the
+//!                                                                topology (a child would wait on a half-made one)
+//!             alloc/placement.rs KEY            InitCell  held   the exit key of default interleavers, made once
+//!             alloc/placement.rs ONCE           Once      -      registers the rank's handlers
+//! Core        alloc/core/arena/mod.rs shared    SpinLock  held   per arena: its shared heap (heap/shared.rs);
+//!                                                                taken before the rest of the core's locks, which
+//!                                                                its holder takes (pages, metadata)
+//!             alloc/core/state.rs meta          SpinLock  held   heap descriptors' metadata chunk
+//!             alloc/core/state.rs heaps         SpinLock  held   the list of every heap (creation, statistics)
+//!             alloc/core/arena/mod.rs inner     SpinLock  held   per arena: segments, free slots, orphans, cached
+//!                                                                mappings, purges; alone
+//!             alloc/core/state.rs STATE         InitCell  held   the allocator's state, made by the first
+//!                                                                allocation
+//!             topology/mod.rs GLOBAL            InitCell  held   the process's topology, read once (the state's
+//!                                                                start-up reads it)
+//!             topology/perf.rs MACHINE          InitCell  held   memory-performance tables, read lazily
+//! (none)      alloc/stats.rs ONCE               Once      -      registers the statistics' printer at exit
+//!             os/thread.rs INSTALLED            Once      -      installs the one pthread_atfork pair
+//!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock
+//!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
+//!             uring.rs table                    Mutex     -      a ring's registered-buffer table (feature
+//!                                                                io-uring): not held across fork; a child cannot
+//!                                                                use its parent's rings' registrations anyway
+//! ```
 
 use std::sync::Once;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -264,4 +322,58 @@ pub fn at_exit(f: extern "C" fn()) -> Result<()> {
         return Err(Error::Os { call: "atexit", errno: libc::ENOMEM });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every lock and once-cell of `src/` is in the lock table above.
+    #[test]
+    fn the_lock_table_lists_every_lock() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let table: String =
+            include_str!("thread.rs").lines().take_while(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
+        let kinds = ["SpinLock<", "Mutex<", "InitCell<", "OnceLock<", "Once ", "Once;", "ReadOnce "];
+        let mut missing = Vec::new();
+        let mut seen = 0;
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let path = e.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let rel = path.strip_prefix(&root).unwrap().to_str().unwrap().to_string();
+                // The primitives themselves, and the tests' own locks.
+                if !rel.ends_with(".rs") || rel.starts_with("sync/") || rel.ends_with("tests.rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let body = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+                for line in body.lines() {
+                    let l = line.trim_start();
+                    if l.starts_with("//") || l.starts_with("use ") || l.starts_with("impl") {
+                        continue;
+                    }
+                    // A static or a field: `NAME: Kind<...` (arrays too).
+                    let Some((lhs, rhs)) = l.split_once(": ") else { continue };
+                    let rhs = rhs
+                        .trim_start_matches('[')
+                        .trim_start_matches("std::sync::")
+                        .trim_start_matches("crate::sync::");
+                    let rhs = rhs.trim_start_matches("super::");
+                    if !kinds.iter().any(|k| rhs.starts_with(k) || format!("{rhs} ").starts_with(k)) {
+                        continue;
+                    }
+                    let name = lhs.split_whitespace().last().unwrap();
+                    seen += 1;
+                    if !table.contains(&format!("{rel} {name} ")) {
+                        missing.push(format!("{rel} {name}"));
+                    }
+                }
+            }
+        }
+        assert!(seen >= 20, "only {seen} locks found: the scan is broken");
+        assert!(missing.is_empty(), "not in os/thread.rs's lock table: {missing:?}");
+    }
 }

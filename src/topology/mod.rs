@@ -107,6 +107,27 @@ pub struct Topology {
     perf: Option<std::sync::Arc<perf::MemoryPerformance>>,
 }
 
+/// [`Topology::global`]'s value.
+#[cfg(not(loom))]
+static GLOBAL: InitCell<Topology> = InitCell::new();
+// Under loom, `InitCell` holds loom atomics, which can live in no
+// process-wide static; the models exercise `InitCell` directly.
+#[cfg(loom)]
+static GLOBAL: std::sync::OnceLock<Topology> = std::sync::OnceLock::new();
+
+/// `fork()` handlers' part (the allocator core's, `ForkRank::Core`): no
+/// child inherits the process topology half read.
+#[cfg(not(loom))]
+pub(crate) fn global_hold_for_fork() {
+    GLOBAL.hold_for_fork();
+}
+
+/// After `fork()`: see [`global_hold_for_fork`].
+#[cfg(not(loom))]
+pub(crate) fn global_release_after_fork() {
+    GLOBAL.release_after_fork();
+}
+
 impl Topology {
     fn empty(source: Source) -> Self {
         Self {
@@ -137,12 +158,6 @@ impl Topology {
     /// for `NUMAWEAVE_TOPOLOGY`). Never fails: if discovery itself fails, the
     /// result is a single node 0 with every CPU, reported once on stderr.
     pub fn global() -> &'static Topology {
-        #[cfg(not(loom))]
-        static GLOBAL: InitCell<Topology> = InitCell::new();
-        // Under loom, `InitCell` holds loom atomics, which can live in no
-        // process-wide static; the models exercise `InitCell` directly.
-        #[cfg(loom)]
-        static GLOBAL: std::sync::OnceLock<Topology> = std::sync::OnceLock::new();
         GLOBAL.get_or_init(from_env)
     }
 

@@ -569,8 +569,12 @@ fn fork_prepare() {
     if let Some(s) = State::try_get() {
         fork_locks(s).for_each(|l| l.take());
     }
-    // Last: the memory-performance tables, read lazily by policies (no
-    // lock is taken while they are read).
+    // The once-cells (see the lock table in `os/thread.rs`): the state
+    // (an initialisation another thread is running is waited out), the
+    // topology its start-up reads, the memory-performance tables read
+    // lazily by policies (no lock is taken while they are read).
+    STATE.hold_for_fork();
+    crate::topology::global_hold_for_fork();
     crate::topology::perf_hold_for_fork();
 }
 
@@ -579,9 +583,11 @@ fn fork_prepare() {
 /// forking thread).
 fn fork_release() {
     crate::topology::perf_release_after_fork();
+    crate::topology::global_release_after_fork();
+    STATE.release_after_fork();
     if let Some(s) = State::try_get() {
         // SAFETY: `fork_prepare` took every one of them on this (or, in the
-        // child, the copied) thread.
+        // child, the copied) thread (the state, ready then, is ready now).
         fork_locks(s).rev().for_each(|l| unsafe { l.release() });
     }
 }
