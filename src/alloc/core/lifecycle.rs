@@ -18,7 +18,10 @@
 //! pages' remote lists, which nobody would collect: the first such free of
 //! a page flags [`Lifecycle::note_orphan_work`], and the next tick claims
 //! each waiting heap with remote frees, collects them and gives its empty
-//! pages back ([`reclaim_orphans`]).
+//! pages back ([`reclaim_orphans`]). The free blocks of its pages still in
+//! use stay resident for a delay (the next thread of the node most likely
+//! adopts the heap and takes them again); a tick after that purges them if
+//! no thread did ([`Lifecycle::note_orphans_due`]).
 
 use super::heap::Heap;
 use super::state::State;
@@ -31,6 +34,9 @@ pub(crate) struct Lifecycle {
     due: AtomicU64,
     /// Some exited thread's heap has remote frees waiting to be collected.
     orphan_work: AtomicBool,
+    /// The earliest time (ms) an exited thread's heap has kept its free
+    /// blocks for a delay (`HeapLife::kept_since`); 0: none.
+    orphans_due: AtomicU64,
     /// Bumped by [`trim`](crate::NumaAlloc::trim): a live heap that sees it
     /// changed at its next slow path gives back what it holds free.
     trim_epoch: AtomicU64,
@@ -46,6 +52,7 @@ impl Lifecycle {
         Lifecycle {
             due: AtomicU64::new(0),
             orphan_work: AtomicBool::new(false),
+            orphans_due: AtomicU64::new(0),
             trim_epoch: AtomicU64::new(0),
             ticking: AtomicBool::new(false),
             reclaimed_at: AtomicU64::new(0),
@@ -66,6 +73,17 @@ impl Lifecycle {
         }
     }
 
+    /// An exited thread's heap keeps free blocks until `at` (ms).
+    pub(crate) fn note_orphans_due(&self, at: u64) {
+        let mut cur = self.orphans_due.load(Ordering::Relaxed);
+        while cur == 0 || at < cur {
+            match self.orphans_due.compare_exchange_weak(cur, at, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
     /// An exited thread's heap got a remote free to collect.
     pub(crate) fn note_orphan_work(&self) {
         if !self.orphan_work.load(Ordering::Relaxed) {
@@ -78,7 +96,9 @@ impl Lifecycle {
     /// refills while this holds.
     #[inline]
     pub(crate) fn pending(&self) -> bool {
-        self.due.load(Ordering::Relaxed) != 0 || self.orphan_work.load(Ordering::Relaxed)
+        self.due.load(Ordering::Relaxed) != 0
+            || self.orphan_work.load(Ordering::Relaxed)
+            || self.orphans_due.load(Ordering::Relaxed) != 0
     }
 
     /// The trim epoch a heap compares with the one it last saw.
@@ -104,17 +124,22 @@ impl Lifecycle {
 pub(crate) fn tick(state: &State, now: u64) {
     let life = &state.life;
     let due = life.due.load(Ordering::Relaxed);
+    let kept = life.orphans_due.load(Ordering::Relaxed);
+    let kept = kept != 0 && now >= kept;
     let orphans = life.orphan_work.load(Ordering::Relaxed) && life.reclaimed_at.load(Ordering::Relaxed) != now;
-    if !(orphans || (due != 0 && now >= due)) {
+    if !(orphans || kept || (due != 0 && now >= due)) {
         return;
     }
     if life.ticking.swap(true, Ordering::Acquire) {
         return;
     }
-    if orphans {
+    if orphans || kept {
         life.reclaimed_at.store(now, Ordering::Relaxed);
         life.orphan_work.store(false, Ordering::Relaxed);
-        reclaim_orphans(state);
+        if kept {
+            life.orphans_due.store(0, Ordering::Relaxed);
+        }
+        reclaim_orphans(state, now, kept);
     }
     if life.due.load(Ordering::Relaxed) != 0 && now >= life.due.load(Ordering::Relaxed) {
         // Each arena notes its next due time again as it purges (and so
@@ -133,17 +158,27 @@ pub(crate) fn tick(state: &State, now: u64) {
 /// empty pages back. Each heap with remote frees waiting is claimed on its
 /// arena's list (so that no thread adopts it meanwhile: one that starts now
 /// adopts another or makes one), collected outside the lock, and let go.
-pub(crate) fn reclaim_orphans(state: &State) {
+pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
+    let delay = state.config.purge_delay_ms;
+    // Heaps whose kept blocks waited out the delay by now.
+    let kept_due = kept.then(|| now.saturating_sub(delay).max(1));
     for n in state.nodes().iter() {
         let Some(arena) = state.arena(n) else { continue };
         let mut claimed = [core::ptr::null_mut::<Heap>(); RECLAIM_BATCH];
         loop {
-            let k = arena.claim_orphans(&mut claimed);
+            let k = arena.claim_orphans(&mut claimed, kept_due);
             for &h in &claimed[..k] {
                 // SAFETY: a claimed heap is owned by nobody else and reached
                 // by other threads only through its pages' remote lists
                 // (atomic) until released.
-                unsafe { Heap::collect_orphan(h) };
+                unsafe {
+                    Heap::collect_orphan(h, now, delay);
+                    // Kept blocks not yet due: a later tick's.
+                    let since = (*h).life.kept_since;
+                    if since != 0 {
+                        state.life.note_orphans_due(since + delay);
+                    }
+                }
                 arena.release_orphan(h);
             }
             if k < RECLAIM_BATCH {
@@ -176,7 +211,9 @@ pub(crate) fn trim(state: &State) {
     }
     state.life.request_trim();
     state.life.orphan_work.store(false, Ordering::Relaxed);
-    reclaim_orphans(state);
+    state.life.orphans_due.store(0, Ordering::Relaxed);
+    // Every kept block is due now: a trim gives back everything free.
+    reclaim_orphans(state, u64::MAX, true);
     for n in state.nodes().iter() {
         if let Some(a) = state.arena(n) {
             let g = a.shared.lock();

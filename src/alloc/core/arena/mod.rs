@@ -178,17 +178,21 @@ impl Arena {
     }
 
     /// Claims up to `out.len()` of the heaps waiting on this arena whose
-    /// pages got remote frees ([`OWNER_RECLAIM`]: not adopted meanwhile);
-    /// returns how many it put in `out`. Each is let go with
-    /// [`release_orphan`](Self::release_orphan).
-    pub(crate) fn claim_orphans(&self, out: &mut [*mut Heap]) -> usize {
+    /// pages got remote frees, or (with `kept_due`) whose kept free blocks
+    /// are due: kept since `kept_due` or before ([`OWNER_RECLAIM`]: not
+    /// adopted meanwhile); returns how many it put in `out`. Each is let go
+    /// with [`release_orphan`](Self::release_orphan).
+    pub(crate) fn claim_orphans(&self, out: &mut [*mut Heap], kept_due: Option<u64>) -> usize {
         let g = self.inner.lock();
         let mut k = 0;
         let mut h = g.orphans;
-        // SAFETY: as in `adopt_orphan`.
+        // SAFETY: as in `adopt_orphan`; `kept_since` of an unowned heap was
+        // last written by an owner before it let go under this lock.
         unsafe {
             while !h.is_null() && k < out.len() {
-                if (*h).owned.load(Ordering::Relaxed) == OWNER_NONE && !(*h).remote_pages.0.is_empty() {
+                let kept = (*h).life.kept_since;
+                let due = kept_due.is_some_and(|d| kept != 0 && kept <= d);
+                if (*h).owned.load(Ordering::Relaxed) == OWNER_NONE && (due || !(*h).remote_pages.0.is_empty()) {
                     (*h).owned.store(OWNER_RECLAIM, Ordering::Relaxed);
                     out[k] = h;
                     k += 1;

@@ -40,6 +40,16 @@ const CLOCK_EVERY: u32 = 8;
 /// freed memory was never purged.)
 const BUSY_REFILLS: u8 = 8;
 
+/// A class that refilled at least this many times per purge delay since
+/// the heap's last decay is in use: the decay leaves it alone (a steady
+/// loop keeps its pages; only classes gone quiet give back).
+const DECAY_BUSY_REFILLS: u64 = 8;
+
+/// A set of size classes, one bit each.
+pub(crate) type ClassSet = u128;
+pub(crate) const ALL_CLASSES: ClassSet = ClassSet::MAX;
+const _: () = assert!(CLASSES <= ClassSet::BITS as usize);
+
 /// The heap's lifecycle state, written by its owner (or its reclaimer);
 /// `page_bytes` is read by anyone for the statistics.
 pub(crate) struct HeapLife {
@@ -58,6 +68,15 @@ pub(crate) struct HeapLife {
     decayed_at: u64,
     /// The trim epoch last seen (see `Lifecycle::request_trim`).
     trim_seen: u64,
+    /// Per class, its refills since the heap's last decay (saturating).
+    pub(super) window_refills: [u16; CLASSES],
+    /// An exited thread's heap: when (ms) its thread exited, leaving the
+    /// free blocks of its pages in use resident (for the next thread of the
+    /// node, which most likely adopts it); 0 when none are kept. The
+    /// lifecycle purges them once they waited out the delay
+    /// (`lifecycle::reclaim_orphans`). Written by the heap's owner (the
+    /// exiting thread, a claimer, an adopter) only.
+    pub(crate) kept_since: u64,
     /// Bytes of the pages the heap holds.
     pub(crate) page_bytes: AtomicU64,
     /// Unit tests of the heap's pages and free caches: the lifecycle
@@ -77,6 +96,8 @@ impl HeapLife {
             listen: false,
             decayed_at: 0,
             trim_seen: 0,
+            window_refills: [0; CLASSES],
+            kept_since: 0,
             page_bytes: AtomicU64::new(0),
             #[cfg(test)]
             steady: false,
@@ -143,11 +164,21 @@ impl Heap {
             lifecycle::tick(state, now);
             let delay = state.config.purge_delay_ms.max(1);
             if life.listen && new_tick && now.saturating_sub(life.decayed_at) >= delay {
-                // Quiet (a class of it was), and not given back for a delay: what
-                // the heap holds free goes back to its pages and arenas (and
-                // from them to the OS when due).
+                // Quiet (a class of it was), and not given back for a delay:
+                // what the quiet classes hold free goes back to their pages
+                // and arenas (and from them to the OS when due). A class
+                // still in use keeps its pages: purging them would only
+                // have them faulted in again.
+                let elapsed = now.saturating_sub(life.decayed_at);
+                let mut quiet: ClassSet = 0;
+                for (class, n) in life.window_refills.iter_mut().enumerate() {
+                    if u64::from(*n) * delay < DECAY_BUSY_REFILLS * elapsed {
+                        quiet |= 1 << class;
+                    }
+                    *n = 0;
+                }
                 life.decayed_at = now;
-                Heap::give_back_free(heap);
+                Heap::give_back_free_as(heap, true, quiet);
             }
             // (Set again by `after_beat` if the class proves quiet.)
             (*heap).life.listen = false;
@@ -246,9 +277,25 @@ impl Heap {
     /// an exited thread's, claimed).
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) unsafe fn give_back_free(heap: *mut Heap) {
+        // SAFETY: forwarded contract.
+        unsafe { Heap::give_back_free_as(heap, true, ALL_CLASSES) }
+    }
+
+    /// [`give_back_free`](Self::give_back_free) for the classes in
+    /// `classes` (remote frees are collected for all); with `purge_blocks`
+    /// false the free blocks of pages still in use stay resident (a thread
+    /// that exits or adopts: the next thread of the node most likely takes
+    /// those pages again; the lifecycle purges them once they waited out
+    /// the delay).
+    ///
+    /// # Safety
+    /// As for `give_back_free`.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    pub(crate) unsafe fn give_back_free_as(heap: *mut Heap, purge_blocks: bool, classes: ClassSet) {
+        let given = |class: usize| classes & (1 << class) != 0;
         // SAFETY: per the contract.
         unsafe {
-            for class in 0..CLASSES {
+            for class in (0..CLASSES).filter(|&c| given(c)) {
                 if !Heap::is_lent(heap, class) {
                     Heap::set_direct(heap, class, empty_page());
                     (*heap).cache_serves[class] = false;
@@ -262,14 +309,14 @@ impl Heap {
             while !(*heap).pending.is_null() {
                 Heap::take_remote(heap, (*heap).pending, true);
             }
-            for class in 0..CLASSES {
+            for class in (0..CLASSES).filter(|&c| given(c)) {
                 (*heap).kept_empty[class] = ptr::null_mut();
                 let mut p = (*heap).lists[class].head;
                 while !p.is_null() {
                     let next = (*p).next;
                     if (*p).used == 0 && (*heap).direct[class] != p {
                         (*heap).release_page(p);
-                    } else {
+                    } else if purge_blocks {
                         Heap::purge_free_blocks(p);
                     }
                     p = next;
@@ -344,11 +391,16 @@ impl Heap {
     /// # Safety
     /// `heap` is an exited thread's heap that the caller claimed (no other
     /// thread adopts or collects it meanwhile).
-    pub(crate) unsafe fn collect_orphan(heap: *mut Heap) {
+    pub(crate) unsafe fn collect_orphan(heap: *mut Heap, now: u64, delay: u64) {
         // SAFETY: per the contract: the heap is the caller's until let go.
         unsafe {
             debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
-            Heap::give_back_free(heap);
+            let kept = (*heap).life.kept_since;
+            let purge = kept == 0 || now.saturating_sub(kept) >= delay;
+            Heap::give_back_free_as(heap, purge, ALL_CLASSES);
+            if purge {
+                (*heap).life.kept_since = 0;
+            }
         }
     }
 

@@ -52,7 +52,11 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
                 (0..CLASSES).all(|c| (*Heap::cache_page(heap, c)).free.is_null() && (*heap).cache_src[c].is_null()),
                 "an orphan with cached blocks"
             );
-            Heap::give_back_free(heap);
+            // The exited thread's blocks in pages still in use stay
+            // resident: this thread most likely takes them again, and its
+            // own decay gives back what it leaves free.
+            Heap::give_back_free_as(heap, false, super::decay::ALL_CLASSES);
+            (*heap).life.kept_since = 0;
             (*heap).sparse = [0; CLASSES];
         }
         heap
@@ -106,10 +110,11 @@ impl Heap {
     }
 }
 
-/// Thread-exit destructor (pthread key): everything the heap holds free
-/// goes back (cached blocks, kept and empty pages, remote frees collected),
-/// and the heap, with the pages that still hold blocks, waits on its
-/// node's arena for a new thread to adopt it; blocks other threads free
+/// Thread-exit destructor (pthread key): what the heap holds free goes
+/// back (cached blocks, kept and empty pages, remote frees collected; the
+/// free blocks of pages in use a delay later), and the heap, with the pages
+/// that still hold blocks, waits on its node's arena for a new thread to
+/// adopt it; blocks other threads free
 /// into those pages meanwhile are collected by the lifecycle
 /// (`lifecycle::reclaim_orphans`). Allocations after this (from later
 /// destructors) make or adopt a heap again, and the key brings us back for
@@ -125,14 +130,21 @@ pub(crate) extern "C" fn thread_exit(heap: *mut libc::c_void) {
     // SAFETY: the heap was this thread's; nobody else uses it until adopted.
     unsafe {
         Heap::end_loan(heap);
-        Heap::give_back_free(heap);
+        // Free blocks of pages still in use stay resident for the next
+        // thread of the node (threads that come and go would otherwise
+        // fault them in again, one page at a time); they go back once they
+        // waited out the delay, if no thread adopts the heap first.
+        Heap::give_back_free_as(heap, false, super::decay::ALL_CLASSES);
         debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()) && (*heap).loan.page.is_null());
+        let now = crate::os::monotonic_ms();
+        (*heap).life.kept_since = now.max(1);
         // The thread's policy state goes with the thread.
         (*heap).policy = ptr::null();
         state.home_arena((*heap).node).park_orphan(heap);
+        state.life.note_orphans_due(now + state.config.purge_delay_ms);
         // What is due goes back now (the lifecycle's tick; what this exit
         // gave back is due a delay from now, at another thread's slow path).
-        super::super::lifecycle::tick(state, crate::os::monotonic_ms());
+        super::super::lifecycle::tick(state, now);
     }
 }
 

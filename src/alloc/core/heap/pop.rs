@@ -232,6 +232,8 @@ impl Heap {
             let now = (*heap).refills.wrapping_add(1);
             (*heap).refills = now;
             (*heap).last_refill[class] = now;
+            let w = &mut (*heap).life.window_refills[class];
+            *w = w.saturating_add(1);
             if now.is_multiple_of(EXPIRE_EVERY) {
                 Heap::expire_kept(heap, now);
             }
