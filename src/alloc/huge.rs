@@ -349,7 +349,7 @@ mod tests {
     use super::*;
 
     fn state() -> &'static State {
-        State::get(&crate::alloc::Config::new())
+        crate::alloc::config::state()
     }
 
     #[test]

@@ -50,6 +50,7 @@
 
 #[cfg(feature = "hardened")]
 mod checked;
+mod config;
 pub(crate) mod core;
 mod free;
 mod handle;
@@ -71,6 +72,7 @@ pub use checked::report_misuse;
 pub use handle::{ColdHandle, InterleaveHandle, NodeHandle};
 pub use huge::MAX_ALIGN;
 pub use placement::{PolicyGuard, with_policy};
+use placement::Where;
 pub use size_class::SMALL_MAX;
 
 /// Where the allocator places its mappings (segments, large blocks,
@@ -84,7 +86,8 @@ pub use size_class::SMALL_MAX;
 /// assert!(!numaweave::alloc::PLACED.contains(&(&*p as *const _ as usize)));
 /// ```
 pub const PLACED: ::core::ops::Range<usize> = segmap::PLACED;
-pub use state::{Config, Mode};
+pub use config::Config;
+pub use state::Mode;
 
 use crate::error::{Error, Result};
 #[cfg(feature = "hardened")]
@@ -114,8 +117,12 @@ impl NumaAlloc {
         Self { config }
     }
 
+    #[inline]
     fn state(&self) -> &'static State {
-        State::get(&self.config)
+        match State::try_get() {
+            Some(s) => s,
+            None => config::start(&self.config),
+        }
     }
 
     /// The mode in force (after resolving [`Mode::Auto`]).
@@ -430,13 +437,12 @@ impl NumaAlloc {
     #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn alloc_slow(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
         let state = self.state();
-        let class = class_for(size, align);
         // Under a thread interleave, I/O buffers (page-aligned blocks of a
         // page and more, and blocks beyond the size classes) come from its
         // regions turn by turn: through the pool it lends the heap when a
         // page alignment is enough, else directly. See `placement.rs`.
-        let p = match (class, placement::interleaver(state, class.map_or(size, class_size))) {
-            (Some(c), Some(il)) if align >= region::UNIT => {
+        let p = match placement::place(state, class_for(size, align), size, align) {
+            Where::Turn(c, il) => {
                 let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
                 if align > region::UNIT {
                     il.alloc_block(size, align)
@@ -449,15 +455,15 @@ impl NumaAlloc {
                     }
                 }
             }
-            (Some(c), _) => {
+            Where::Class(c) => {
                 let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
                 // SAFETY: the calling thread's heap; the block holds `size` bytes.
                 unsafe { alloc_class::<true>(heap, c) }
             }
-            (None, Some(il)) if interleave::region_serves(size, align) => il.alloc_block(size, align),
+            Where::Region(il) => il.alloc_block(size, align),
             // Fresh huge mappings are zero already: zeroed inside if reused.
-            (None, _) => {
-                let p = huge::alloc_on(state, placement::large_node(state, size), size, align, zero);
+            Where::Node(node) => {
+                let p = huge::alloc_on(state, node, size, align, zero);
                 #[cfg(feature = "hardened")]
                 // SAFETY: a block just handed out.
                 unsafe {

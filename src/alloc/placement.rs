@@ -1,6 +1,10 @@
 //! Memory policies applied to [`NumaAlloc`](super::NumaAlloc): the process
-//! default (`Config::policy`, `NUMAWEAVE_POLICY`), a scoped per-thread policy
-//! ([`with_policy`]), and what each means for the allocator.
+//! default (one [`SizeRules`], a plain policy its one-rule case:
+//! `Config::policy`, `Config::policy_rules`, `NUMAWEAVE_POLICY`), a scoped
+//! per-thread policy ([`with_policy`]), and what each means for the
+//! allocator. The core names no policy: this layer turns them into the
+//! core's [`Placement`] (which pages serve a refill, where a fresh one comes
+//! from) and, for the facade's slow path, into a [`Where`] ([`place`]).
 //!
 //! The fast path never looks at a policy. When a heap's direct page runs dry,
 //! [`refill`] turns the thread's policy into a [`Placement`]: which of the
@@ -31,15 +35,16 @@ use core::marker::PhantomData;
 use core::ptr;
 
 use super::core::heap::{self, Heap, Placement, page_bytes};
+use super::core::size_class::class_size;
 use super::core::segment::Segment;
 use super::core::state::{Mode, State};
 use super::interleave::{self, ThreadInterleaver};
 use crate::error::Result;
 use crate::os::file;
 use crate::os::thread::{self, ExitKey, ForkRank};
-use crate::policy::{Interleave, Policy};
+use crate::policy::{Interleave, Policy, SizeRules};
 use crate::sync::{InitCell, SpinLock};
-use crate::topology::{MAX_NODES, NodeSet};
+use crate::topology::{MAX_NODES, NodeSet, Topology};
 
 /// A policy as the allocator applies it. `Copy`: the interleaver lives as
 /// long as whatever installed it (a guard, or the thread for the process
@@ -51,7 +56,7 @@ pub(crate) enum Active {
     Preferred(usize),
     Interleave(*const ThreadInterleaver),
     LowerTier,
-    /// The process default by size (`State::rules`), with the thread's
+    /// The process default by size (more than one rule), with the thread's
     /// interleaver for its interleave rule (null if it has none).
     Rules(*const ThreadInterleaver),
 }
@@ -113,6 +118,53 @@ fn to_active(p: &Policy, il: Option<*const ThreadInterleaver>) -> Active {
     }
 }
 
+/// The process default placement, validated against the allocator's
+/// topology.
+struct Default {
+    rules: SizeRules,
+    /// `false`: policies switched off (`NUMAWEAVE_POLICY=none`), the slow
+    /// path never looks them up.
+    policies: bool,
+}
+
+/// The process default, set inside the state's start-up (`config::start`):
+/// whoever sees the state sees it. (Not held across fork: it is made only
+/// while `STATE`, which fork holds, is being made.)
+static DEFAULT: InitCell<Default> = InitCell::new();
+
+/// What a process without a default set uses (only before the state exists).
+static LOCAL: Default = Default { rules: SizeRules::single(Policy::Local), policies: true };
+
+#[inline]
+fn default() -> &'static Default {
+    DEFAULT.get().unwrap_or(&LOCAL)
+}
+
+/// Sets the process default: `rules` if `topology` can serve them, else
+/// local (reported); `policies` false switches policies off. Called once,
+/// from the state's start-up; out of line and not in the hot text.
+#[cold]
+#[inline(never)]
+pub(crate) fn set_default(rules: SizeRules, policies: bool, topology: &Topology) {
+    let rules = match rules.as_single() {
+        Some(Policy::Local) => rules,
+        _ => match rules.validate(topology) {
+            Ok(()) => rules,
+            Err(e) => {
+                file::report(format_args!("numaweave: default policy {rules}: {e}; using local"));
+                SizeRules::single(Policy::Local)
+            }
+        },
+    };
+    DEFAULT.get_or_init(|| Default { rules, policies });
+}
+
+/// The process default's interleave: the one policy's, or the interleave
+/// rule's.
+pub(crate) fn default_interleave() -> Option<&'static Interleave> {
+    default().rules.interleave()
+}
+
 impl ThreadPolicy {
     /// The policy in force: the thread's own, else the process default (an
     /// interleave gets the thread's own interleaver, made now if need be).
@@ -121,13 +173,15 @@ impl ThreadPolicy {
         if let Some(a) = self.scoped.get() {
             return a;
         }
-        if let Some(r) = &state.rules {
-            let il = r.interleave().and_then(|i| self.default_interleaver(state, i)).unwrap_or(ptr::null());
-            return Active::Rules(il);
-        }
-        match &state.default_policy {
-            Policy::Interleave(i) => to_active(&state.default_policy, self.default_interleaver(state, i)),
-            p => to_active(p, None),
+        let rules = &default().rules;
+        let il = || rules.interleave().and_then(|i| self.default_interleaver(state, i));
+        match rules.as_single() {
+            Some(Policy::Interleave(_)) => match il() {
+                Some(il) => Active::Interleave(il),
+                None => Active::Local,
+            },
+            Some(p) => to_active(&p, None),
+            None => Active::Rules(il().unwrap_or(ptr::null())),
         }
     }
 
@@ -288,46 +342,74 @@ pub(crate) fn thread_interleaver() -> *const ThreadInterleaver {
 /// (its size class's, for blocks the classes serve): the policy looked up
 /// if need be; under rules by size, only where the size's rule is the
 /// interleave. For an allocation that does not go through a heap refill.
-pub(crate) fn interleaver(state: &'static State, size: usize) -> Option<&'static ThreadInterleaver> {
-    if !state.policies {
+fn interleaver_for(t: &ThreadPolicy, size: usize) -> Option<&'static ThreadInterleaver> {
+    if t.rules.get() && !matches!(default().rules.policy_for(size), Policy::Interleave(_)) {
         return None;
+    }
+    // SAFETY: the interleaver outlives the policy that installed it, and
+    // this thread's use of it.
+    unsafe { t.il.get().as_ref() }
+}
+
+/// Where a block goes, as the facade's slow path asks ([`place`]).
+pub(crate) enum Where {
+    /// A block of the class from the calling thread's heap (a refill, if it
+    /// needs one, asks the policy for a page: [`refill`]).
+    Class(usize),
+    /// A block of the class (a page class, page-aligned) that follows the
+    /// interleaver's turns: an I/O buffer.
+    Turn(usize, &'static ThreadInterleaver),
+    /// A block beyond the classes carved from the interleaver's regions.
+    Region(&'static ThreadInterleaver),
+    /// A block beyond the classes, a mapping of its own on this node.
+    Node(usize),
+}
+
+/// Which node (or interleaver) serves a block of `size` bytes aligned to
+/// `align` (`class`: its size class, if the classes serve it), under the
+/// calling thread's policy: the one place the facade's slow path asks,
+/// once per allocation. Under an interleave, I/O buffers (page-aligned
+/// blocks of a page and more, and blocks beyond the size classes) follow
+/// its turns; under rules by size, the rule of the block's size (its
+/// class's size, for blocks the classes serve) decides.
+#[unsafe(link_section = ".text.hot.numaweave")]
+pub(crate) fn place(state: &'static State, class: Option<usize>, size: usize, align: usize) -> Where {
+    if !default().policies {
+        return match class {
+            Some(c) => Where::Class(c),
+            None => Where::Node(state.current_arena().node),
+        };
     }
     THREAD.with(|t| {
         if !t.resolved.get() {
             t.set_active(t.active(state));
         }
-        if t.rules.get() && !state.rules.is_some_and(|r| matches!(r.policy_for(size), Policy::Interleave(_))) {
-            return None;
+        match class {
+            Some(c) => match interleaver_for(t, class_size(c)) {
+                Some(il) if align >= super::region::UNIT => Where::Turn(c, il),
+                _ => Where::Class(c),
+            },
+            None => match interleaver_for(t, size) {
+                Some(il) if interleave::region_serves(size, align) => Where::Region(il),
+                Some(il) => Where::Node(il.pick_node(size)),
+                None => {
+                    let active = match t.active(state) {
+                        Active::Rules(il) => rule_active(size, il),
+                        a => a,
+                    };
+                    Where::Node(active.node(state))
+                }
+            },
         }
-        // SAFETY: the interleaver outlives the policy that installed it, and
-        // this thread's use of it.
-        unsafe { t.il.get().as_ref() }
     })
 }
 
 /// The policy in force under rules by size for a block of `size` bytes:
 /// its rule's (the interleave rule with the thread's interleaver `il`).
-fn rule_active(state: &State, size: usize, il: *const ThreadInterleaver) -> Active {
-    match state.rules.map(|r| r.policy_for(size)) {
-        Some(p @ Policy::Interleave(_)) => to_active(&p, (!il.is_null()).then_some(il)),
-        Some(p) => to_active(&p, None),
-        None => Active::Local,
-    }
-}
-
-/// The node a block that no heap page serves (a huge mapping) goes to.
-pub(crate) fn large_node(state: &'static State, size: usize) -> usize {
-    if !state.policies {
-        return state.current_arena().node;
-    }
-    let active = match THREAD.with(|t| t.active(state)) {
-        Active::Rules(il) => rule_active(state, size, il),
-        a => a,
-    };
-    match active {
-        // SAFETY: the interleaver outlives the policy that installed it.
-        Active::Interleave(il) => unsafe { (*il).pick_node(size) },
-        a => a.node(state),
+fn rule_active(size: usize, il: *const ThreadInterleaver) -> Active {
+    match default().rules.policy_for(size) {
+        p @ Policy::Interleave(_) => to_active(&p, (!il.is_null()).then_some(il)),
+        p => to_active(&p, None),
     }
 }
 
@@ -341,7 +423,9 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
         return Some(h);
     }
     let (h, adopted) = heap::init_current(state)?;
-    state.settle();
+    if state.settle() {
+        show_default(state);
+    }
     if state.config.show_stats {
         super::stats::show_at_exit();
     }
@@ -355,6 +439,19 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
         t.mixed.set(adopted);
     });
     Some(h)
+}
+
+/// The verbose start-up line of this layer: the default placement, and the
+/// weights `weights=auto` worked out. Out of line (formatting code).
+#[cold]
+#[inline(never)]
+fn show_default(state: &State) {
+    let d = default();
+    let off = if d.policies { "" } else { " (policies off)" };
+    file::write_stderr(format_args!("numaweave: policy {}{off}\n", d.rules));
+    if let Some(w) = default_interleave().and_then(|i| i.auto_weights_by_node(&state.topology)) {
+        file::write_stderr(format_args!("numaweave: {w}\n"));
+    }
 }
 
 /// The policy state of the thread that owns `heap`, the calling one. In the
@@ -394,7 +491,7 @@ fn this_thread_policy() -> &'static ThreadPolicy {
 #[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     let Some(state) = State::try_get() else { return ptr::null_mut() };
-    if !state.policies {
+    if !default().policies {
         // SAFETY: the caller's heap.
         return unsafe { Heap::refill(heap, class, state, &mut AnyPage { t: None, state }) };
     }
@@ -442,7 +539,7 @@ unsafe fn refill_by_size(heap: *mut Heap, class: usize, state: &'static State, t
     // SAFETY: the caller's heap; the interleaver outlives the policy that
     // installed it.
     unsafe {
-        match rule_active(state, super::core::size_class::class_size(class), t.il.get()) {
+        match rule_active(class_size(class), t.il.get()) {
             Active::Interleave(il) if class >= super::core::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
             Active::Interleave(il) => Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class }),
             Active::Local if state.mode != Mode::PerNode => {
@@ -677,8 +774,8 @@ fn install(t: &ThreadPolicy, active: Active) {
 /// // The previous policy again.
 /// ```
 pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
-    let state = State::get(&super::core::state::Config::new());
-    if !state.policies {
+    let state = super::config::state();
+    if !default().policies {
         return Err(crate::Error::InvalidPolicy { reason: "memory policies are switched off (NUMAWEAVE_POLICY=none)" });
     }
     policy.validate(&state.topology)?;

@@ -607,7 +607,7 @@ mod tests {
     /// the owner's lists bounded, dirty memory purged.
     #[test]
     fn carving_freeing_and_reuse() {
-        let state = State::get(&crate::alloc::Config::new());
+        let state = crate::alloc::config::state();
         let node = state.current_arena().node;
         let owner = 0x1000;
         let r = map(state, node, 1 << 20, owner, Huge::Off).unwrap();

@@ -10,16 +10,19 @@ use crate::topology::Topology;
 /// Most rules in a [`SizeRules`].
 pub const MAX_RULES: usize = 4;
 
-/// Rules by size: a process default that routes blocks to a policy by their
-/// size, so an unmodified program keeps its small objects local and spreads
+/// Rules by size: the process default, which routes blocks to a policy by
+/// their size (one policy for every size is its one-rule case,
+/// [`single`](Self::single)), so an unmodified program keeps its small objects local and spreads
 /// its big buffers over DRAM and CXL (`NUMAWEAVE_POLICY`, `numaweave run
 /// --policy`, [`Config::policy_rules`](crate::Config::policy_rules)).
 ///
 /// ```text
+/// local
 /// <64K:local;>=64K:interleave:0-3:bytes=2M:weights=auto
 /// <4K:local;<1M:tier:lower;>=1M:interleave:0-1:bytes=2M
 /// ```
 ///
+/// One policy's text (`local`, `bind:1`) is the one rule for every size.
 /// Rules are separated by `;`, in ascending order of size, each a bound and a
 /// policy: `<B` takes the sizes from the previous rule's bound up to `B`,
 /// `>=B` every size from `B` on (it is the last rule, and `B` is the
@@ -56,6 +59,29 @@ impl SizeRules {
     /// No rules: not a valid default by itself ([`push`](Self::push) adds).
     pub const fn new() -> Self {
         Self { len: 0, from: [0; MAX_RULES], policy: [Policy::Local; MAX_RULES] }
+    }
+
+    /// One policy for every size: the one-rule case, what
+    /// [`Config::policy`](crate::Config::policy) sets.
+    ///
+    /// ```
+    /// use numaweave::policy::{Policy, SizeRules};
+    /// let r = SizeRules::single(Policy::Preferred(0));
+    /// assert_eq!(r.policy_for(1 << 30), Policy::Preferred(0));
+    /// assert_eq!(r.as_single(), Some(Policy::Preferred(0)));
+    /// assert_eq!(r.to_string().parse::<SizeRules>().unwrap(), r);
+    /// ```
+    pub const fn single(policy: Policy) -> Self {
+        let mut r = Self::new();
+        r.len = 1;
+        r.policy[0] = policy;
+        r
+    }
+
+    /// The policy of every size, when there is one rule.
+    #[inline]
+    pub fn as_single(&self) -> Option<Policy> {
+        (self.len == 1).then_some(self.policy[0])
     }
 
     /// Whether `text` is in the rules' text form (a `;` or a leading `<` or
@@ -142,9 +168,13 @@ impl Default for SizeRules {
 impl core::str::FromStr for SizeRules {
     type Err = Error;
 
-    /// Parses the text form (the type's docs). Allocates nothing: the allocator
-    /// parses `NUMAWEAVE_POLICY` during its own start-up.
+    /// Parses the text form (the type's docs): rules, or one policy. Allocates
+    /// nothing: the allocator parses `NUMAWEAVE_POLICY` during its own
+    /// start-up.
     fn from_str(s: &str) -> Result<Self> {
+        if !Self::is_rules_text(s) {
+            return s.trim().parse::<Policy>().map(Self::single);
+        }
         let bad = |reason| Error::InvalidPolicy { reason };
         let mut rules = SizeRules::new();
         let mut open_end = false;
@@ -199,6 +229,9 @@ impl fmt::Display for Size {
 impl fmt::Display for SizeRules {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = usize::from(self.len);
+        if n == 1 {
+            return write!(f, "{}", self.policy[0]);
+        }
         for k in 0..n {
             if k > 0 {
                 f.write_str(";")?;
@@ -233,9 +266,11 @@ mod tests {
 
     #[test]
     fn bad_rules_are_typed_errors() {
+        assert_eq!("local".parse::<SizeRules>().unwrap(), SizeRules::single(Policy::Local));
+        assert_eq!(SizeRules::single(Policy::Local).to_string(), "local");
         for s in [
             "",
-            "local",
+            "bogus",
             "<64K:local",
             ">=64K:local",
             "<64K:local;>=32K:bind:0",

@@ -5,7 +5,7 @@ use super::*;
 use crate::alloc::core::size_class::{SMALL_MAX, class_of};
 
 fn state() -> &'static State {
-    State::get(&crate::alloc::Config::new())
+    crate::alloc::config::state()
 }
 
 /// An arena of its own (flat: no binding), apart from the process's.

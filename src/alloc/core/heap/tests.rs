@@ -246,7 +246,7 @@ fn a_policy_that_chooses_pages_gets_the_cached_blocks_back_first() {
 /// have one already, made by other tests of this binary).
 fn on_fresh_heap(f: impl FnOnce(&'static State, *mut Heap) + Send + 'static) {
     std::thread::spawn(move || {
-        let state = State::get(&crate::alloc::Config::new());
+        let state = crate::alloc::config::state();
         let (heap, _) = init_current(state).unwrap();
         // Every class past its first blocks from the node's shared heap
         // (`shared.rs`, tested on its own below), and no lifecycle arming
@@ -277,7 +277,7 @@ fn a_threads_first_blocks_of_a_class_are_the_nodes_shared_heaps() {
     let both = std::sync::Arc::new(std::sync::Barrier::new(2));
     let run = move |both: std::sync::Arc<std::sync::Barrier>| {
         std::thread::spawn(move || {
-            let state = State::get(&crate::alloc::Config::new());
+            let state = crate::alloc::config::state();
             let (heap, _) = init_current(state).unwrap();
             let node = state.home_arena(0).node;
             // Both threads have made their heaps before either goes on.
