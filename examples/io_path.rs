@@ -455,7 +455,7 @@ fn uring_worker(
     stop: &AtomicBool,
 ) {
     use io_uring::{opcode, types};
-    use numaweave::uring::NodeRing;
+    use numaweave::io::uring::NodeRing;
 
     let len = per_req * BLOCK;
     let node = node.unwrap_or_else(|| Topology::global().current_node());
@@ -501,7 +501,7 @@ mod net {
 
     use numaweave::slab::DmaPool;
     use numaweave::topology::Topology;
-    use numaweave::uring::NodeRing;
+    use numaweave::io::uring::NodeRing;
 
     /// The stream's period: a prime, so that no buffer size lines up with it.
     const PERIOD: usize = 65_521;

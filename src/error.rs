@@ -183,6 +183,12 @@ pub enum Error {
         /// Bytes the region would have pinned.
         asked: usize,
     },
+    /// An io_uring ring or buffer ring asked with sizes the kernel does not
+    /// take (`io` layer, feature `io-uring`).
+    InvalidRing {
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A completion handed to a provided-buffer ring names a buffer the
     /// ring has not lent to the kernel (a completion taken twice, or one of
     /// another buffer group): taking it would alias a buffer in use.
@@ -240,6 +246,7 @@ impl fmt::Display for Error {
                 "pinning {asked} more bytes on node {node} would pass RLIMIT_MEMLOCK ({limit} bytes, {pinned} pinned); \
                  raise it with `ulimit -l` or systemd's LimitMEMLOCK="
             ),
+            Error::InvalidRing { reason } => write!(f, "invalid io_uring ring: {reason}"),
             Error::BufferNotLent { group, bid } => {
                 write!(f, "buffer {bid} of buffer group {group} is not lent to the kernel (a completion taken twice?)")
             }

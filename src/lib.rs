@@ -73,8 +73,7 @@ pub use alloc::stats;
 pub mod sync;
 pub mod topology;
 pub mod units;
-#[cfg(all(feature = "io-uring", not(loom)))]
-pub mod uring;
+pub mod io;
 
 #[cfg(not(loom))]
 pub use alloc::{ColdHandle, Config, InterleaveHandle, Mode, NodeHandle, NumaAlloc, PolicyGuard, with_policy};

@@ -918,7 +918,7 @@ fn uring_rings_per_node_read_and_write_fixed_on_their_node(t: &Topology, _: Opti
     use std::os::fd::AsRawFd;
 
     use io_uring::{opcode, types};
-    use numaweave::uring::NodeRing;
+    use numaweave::io::uring::NodeRing;
 
     const SIZE: usize = 4096;
     let run = |ring: &NodeRing, e: io_uring::squeue::Entry| {
@@ -1409,7 +1409,7 @@ fn hmat_matrix_and_auto_weights_of_each_socket(t: &Topology, layout: Option<&Gue
     let all = t.memory_nodes();
     for i in t.cpu_nodes().iter() {
         let row: Vec<u32> = all.iter().map(|tgt| hmat_default(l.cpu_nodes, i, tgt).0).collect();
-        let want = topology::reduce_weights(&row);
+        let want = numaweave::policy::reduce_weights(&row);
         let got = t.interleave_weights(i, all);
         assert_eq!(got.of(all), want[..all.len()].to_vec(), "weights of socket {i}");
         println!("\n  socket {i}: bandwidth {row:?} MB/s -> weights {:?} ({})", got.of(all), got.source);

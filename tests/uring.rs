@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use io_uring::{opcode, types};
 use numaweave::Error;
-use numaweave::uring::{FixedBuffers, NodeRing};
+use numaweave::io::uring::{FixedBuffers, NodeRing};
 
 /// The memlock test lowers the process's limit: the tests run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -186,7 +186,7 @@ fn a_buffer_ring_receives_a_tcp_stream_recycling_its_buffers() {
 fn an_empty_buffer_ring_refuses_with_enobufs_until_a_buffer_comes_back() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(ring) = ring() else { return };
-    assert!(matches!(ring.buf_ring(1, 3), Err(Error::InvalidCache { .. })), "3 entries is no power of two");
+    assert!(matches!(ring.buf_ring(1, 3), Err(Error::InvalidRing { .. })), "3 entries is no power of two");
     let group = ring.buf_ring(1, 2).unwrap();
     assert_eq!(ring.buf_ring(1, 2).err().and_then(|e| e.errno()), Some(libc::EEXIST), "a group taken");
     let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();

@@ -63,7 +63,7 @@ pub(crate) const REUSE_MAX: usize = 256;
 pub(crate) const DIRTY_MAX: usize = 512;
 
 #[repr(C)]
-pub(crate) struct Region {
+pub(crate) struct NodeRegion {
     pub(crate) seg: Segment,
     /// Live blocks (references), and whether its space has let go of it.
     live: RetireCount,
@@ -90,7 +90,7 @@ pub(crate) struct Region {
     credit: Cell<usize>,
     owner_freed: Cell<usize>,
     /// The owner's: the next region of its space on the same node.
-    pub(crate) next_owned: Cell<*mut Region>,
+    pub(crate) next_owned: Cell<*mut NodeRegion>,
     /// The owner's reuse lists (blocks still marked in use, holding no
     /// reference), and their units.
     reuse_units: Cell<usize>,
@@ -98,7 +98,7 @@ pub(crate) struct Region {
 }
 
 /// Units the header takes.
-const FIRST: usize = core::mem::size_of::<Region>().div_ceil(UNIT);
+const FIRST: usize = core::mem::size_of::<NodeRegion>().div_ceil(UNIT);
 const _: () = assert!(FIRST == 1 && UNITS.is_multiple_of(64));
 
 /// `x` rounded up to `a`, a power of two.
@@ -119,7 +119,7 @@ pub(crate) fn units_for(size: usize) -> usize {
 /// mapping of the node when there is one. `references` blocks are charged up
 /// front (an exclusive space's credit), `owner` is its interleaver's address
 /// (0 for a shared space); `huge` says which pages (see `Config::huge`).
-pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, huge: Huge) -> Option<NonNull<Region>> {
+pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, huge: Huge) -> Option<NonNull<NodeRegion>> {
     let arena = state.node_arena(node);
     if huge == Huge::Thp && !THP_ASKED.load(Ordering::Relaxed) {
         THP_ASKED.store(true, Ordering::Relaxed);
@@ -155,7 +155,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, h
         }
     };
     debug_assert_eq!(base.as_ptr() as usize % SEGMENT_SIZE, 0);
-    let r = base.as_ptr().cast::<Region>();
+    let r = base.as_ptr().cast::<NodeRegion>();
     // SAFETY: the header fits its units; a fresh mapping is zeroed, a reused
     // one (a dead region or a huge block's mapping) is cleared.
     unsafe {
@@ -184,7 +184,7 @@ pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, h
     NonNull::new(r)
 }
 
-impl Region {
+impl NodeRegion {
     /// Carves a block of `units` units whose start is a multiple of `align`
     /// units (a power of two): at the top when it fits there (`turn`: the
     /// cursor turn it belongs to; a turn's first block starts on
@@ -503,7 +503,7 @@ impl Region {
 /// # Safety
 /// The caller is `r`'s carver (and owner, if it has one), calls this once,
 /// and touches `r` no more.
-pub(crate) unsafe fn retire(r: NonNull<Region>) {
+pub(crate) unsafe fn retire(r: NonNull<NodeRegion>) {
     let r = r.as_ptr();
     // SAFETY: the caller is `r`'s carver (and owner, if any), retires it once
     // and touches it no more: no one else writes its carver-only fields, and
@@ -540,7 +540,7 @@ pub(crate) unsafe fn retire(r: NonNull<Region>) {
 /// # Safety
 /// `p` is a live block of region `seg`, given up by the caller.
 pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
-    let r = seg.cast::<Region>();
+    let r = seg.cast::<NodeRegion>();
     // SAFETY: per the contract the region is live until our release.
     unsafe {
         let reg = &*r;
@@ -566,7 +566,7 @@ pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
 ///
 /// # Safety
 /// Retired with no live block: nobody else can reach `r`.
-unsafe fn unmap(r: *mut Region) {
+unsafe fn unmap(r: *mut NodeRegion) {
     // SAFETY: per the contract the header is ours.
     let (node, base, len, hugetlb) =
         unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len, (*r).seg.hugetlb) };
@@ -595,7 +595,7 @@ unsafe fn unmap(r: *mut Region) {
 pub(crate) unsafe fn usable_size(seg: *mut Segment, p: *const u8) -> usize {
     // SAFETY: `p` is a live block of region `seg` (the caller's word), so the
     // region header is live.
-    unsafe { (*seg.cast::<Region>()).block_size(p) }
+    unsafe { (*seg.cast::<NodeRegion>()).block_size(p) }
 }
 
 #[cfg(test)]

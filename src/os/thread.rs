@@ -54,14 +54,14 @@
 //!                                                                allocation
 //!             topology/mod.rs GLOBAL            InitCell  held   the process's topology, read once (the state's
 //!                                                                start-up reads it)
-//!             topology/perf.rs MACHINE          InitCell  held   memory-performance tables, read lazily
+//!             topology/perf/machine.rs MACHINE  InitCell  held   memory-performance tables, read lazily
 //! (none)      alloc/placement.rs DEFAULT        InitCell  -      the default placement, made only inside STATE's
 //!                                                                making (which fork holds): never half made
 //!             alloc/stats.rs ONCE               Once      -      registers the statistics' printer at exit
 //!             os/thread.rs INSTALLED            Once      -      installs the one pthread_atfork pair
 //!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock
 //!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
-//!             uring.rs table                    Mutex     -      a ring's registered-buffer table (feature
+//!             io/uring.rs table                 Mutex     -      a ring's registered-buffer table (feature
 //!                                                                io-uring): not held across fork; a child cannot
 //!                                                                use its parent's rings' registrations anyway
 //! ```

@@ -60,15 +60,17 @@
 
 mod cursor;
 mod rules;
+mod weights;
 
 use core::fmt;
 
 pub use cursor::{Cursor, MAX_ROUND, Pick};
 pub use rules::{MAX_RULES, SizeRules};
+pub use weights::{AutoWeights, WeightSource, reduce_weights};
 
 use crate::error::{Error, Result};
 use crate::os::mem::Huge;
-use crate::topology::{MAX_NODES, NodeSet, Topology, WeightSource};
+use crate::topology::{MAX_NODES, NodeSet, Topology};
 
 /// How long an interleave stays on one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

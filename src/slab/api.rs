@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::cache::{Core, Ctor, Home, OnEmpty, Spec};
 use super::magazine::MAG_MAX;
 use super::register::Registrar;
-use super::stats::{CacheStats, register};
+use super::stats::{CacheStats, register_cache};
 use super::thread::{self, Start};
 use crate::error::{DeviceKind, Error, Result};
 use crate::os::mem::Huge;
@@ -278,7 +278,7 @@ impl<K> CacheBuilder<K> {
             lock: self.lock,
             registrar: self.registrar,
         };
-        register(|index| Core::new(spec, index, topo))
+        register_cache(|index| Core::new(spec, index, topo))
     }
 }
 

@@ -250,7 +250,7 @@ struct Registry {
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry { caches: Vec::new(), held: Vec::new() });
 
 /// Makes a cache in a free slot and lists it.
-pub(crate) fn register(make: impl FnOnce(usize) -> crate::Result<Core>) -> crate::Result<Arc<Core>> {
+pub(crate) fn register_cache(make: impl FnOnce(usize) -> crate::Result<Core>) -> crate::Result<Arc<Core>> {
     static FORK: Once = Once::new();
     FORK.call_once(|| {
         if let Err(e) = at_fork(ForkRank::Slab, fork_prepare, fork_release) {

@@ -25,7 +25,7 @@ use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
 use super::heap::Heap;
-use super::region::{REGION_ALIGN_MAX, REGION_MAX, Region, UNIT, units_for};
+use super::region::{REGION_ALIGN_MAX, REGION_MAX, NodeRegion, UNIT, units_for};
 use super::segment::{Block, Segment};
 use super::size_class::{PAGE_CLASS, class_size};
 use super::state::State;
@@ -71,11 +71,11 @@ pub(crate) struct ThreadInterleaver {
     pool: pool::Pool,
     /// `weights=auto`: the policy, and the node each cursor's weights were
     /// derived for.
-    auto: Option<AutoWeights>,
+    auto: Option<AutoState>,
 }
 
 /// A thread interleaver's `weights=auto` state.
-struct AutoWeights {
+struct AutoState {
     policy: Interleave,
     topology: &'static Topology,
     cursor_from: Cell<usize>,
@@ -106,7 +106,7 @@ impl ThreadInterleaver {
         let topology = &state.topology;
         let node = if i.has_auto_weights() { topology.current_node() } else { 0 };
         let (placed, pages) = cursors_for(i, topology, node);
-        let auto = i.has_auto_weights().then(|| AutoWeights {
+        let auto = i.has_auto_weights().then(|| AutoState {
             policy: *i,
             topology,
             cursor_from: Cell::new(node),
@@ -257,14 +257,14 @@ impl ThreadInterleaver {
     /// # Safety
     /// Called on the interleaver's thread; `r` is one of its space's regions
     /// (owned by it) and `p` a live block of `r`, given up.
-    pub(crate) unsafe fn free_own(&self, r: &Region, p: *mut u8) {
+    pub(crate) unsafe fn free_own(&self, r: &NodeRegion, p: *mut u8) {
         let units = r.block_size(p) / UNIT;
         debug_assert!(units > 0, "free of a pointer that is no region block");
         // SAFETY: on the interleaver's thread, `r` one of its space's regions
         // owned by it and `p` a live block of `r` given up (the caller's word):
         // what `put_back` and `owner_free` ask.
         unsafe {
-            if !self.pool.put_back(r as *const Region as *mut Region, p, units) {
+            if !self.pool.put_back(r as *const NodeRegion as *mut NodeRegion, p, units) {
                 r.owner_free(p, units);
             }
         }
@@ -518,7 +518,7 @@ impl SharedInterleaver {
         // `weights=auto`: the weights of the node of the thread making it.
         let (placed, _) = i.weights_for(&state.topology, state.topology.current_node());
         let il = Box::new(Self { cursor: Cursor::new(&placed), space: SharedSpace::new(turn_align(i, huge), huge) });
-        il.space.register();
+        il.space.list_for_fork();
         il
     }
 }
@@ -533,7 +533,7 @@ impl SharedInterleaver {
 #[inline]
 pub(crate) unsafe fn free(seg: *mut Segment, p: *mut u8, il: *const ThreadInterleaver) {
     // SAFETY: per the contract the region is live.
-    let r = unsafe { &*seg.cast::<Region>() };
+    let r = unsafe { &*seg.cast::<NodeRegion>() };
     if r.owned_by(il as usize) {
         // SAFETY: owned by `il`, which is this thread's.
         unsafe { (*il).free_own(r, p) };

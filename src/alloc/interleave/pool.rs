@@ -19,7 +19,7 @@ use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
 use crate::alloc::core::segment::{Block, Page};
-use crate::alloc::region::Region;
+use crate::alloc::region::NodeRegion;
 
 /// Most bytes carved for a pool at once (carving writes each block's first
 /// word).
@@ -35,7 +35,7 @@ pub(crate) struct Pool {
     /// The page's `used` at the fill: the fast path counts what it takes.
     used0: Cell<u32>,
     /// The region its blocks are of, and their length in units.
-    pub(crate) region: Cell<*mut Region>,
+    pub(crate) region: Cell<*mut NodeRegion>,
     pub(crate) units: Cell<usize>,
     /// Whether the filled blocks were carved (`stride` bytes apart, the
     /// region's top `top0` before) or one block the thread had freed.
@@ -78,7 +78,7 @@ impl Pool {
     /// No pool is open; the blocks are the caller's, free.
     pub(crate) unsafe fn open(
         &self,
-        r: *mut Region,
+        r: *mut NodeRegion,
         list: *mut Block,
         n: usize,
         units: usize,
@@ -148,12 +148,12 @@ impl Pool {
     /// # Safety
     /// Called on the pool's thread; `p` is a live block of `r`, given up.
     #[inline(always)]
-    pub(crate) unsafe fn put_back(&self, r: *mut Region, p: *mut u8, units: usize) -> bool {
+    pub(crate) unsafe fn put_back(&self, r: *mut NodeRegion, p: *mut u8, units: usize) -> bool {
         let left = self.allowance.get();
         if self.filled.get() == 0 || left == 0 || self.region.get() != r || self.units.get() != units {
             return false;
         }
-        debug_assert_eq!(crate::alloc::core::segment::segment_of(p).cast::<Region>(), r);
+        debug_assert_eq!(crate::alloc::core::segment::segment_of(p).cast::<NodeRegion>(), r);
         self.allowance.set(left - 1);
         let page = self.page.get();
         let b = p.cast::<Block>();

@@ -13,7 +13,7 @@ use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
 use crate::alloc::core::state::State;
-use crate::alloc::region::{self, REGION_ALIGN_MAX, Region, UNIT, units_for};
+use crate::alloc::region::{self, REGION_ALIGN_MAX, NodeRegion, UNIT, units_for};
 use crate::os::mem::Huge;
 use crate::sync::{AtomicPtr, Ordering, SpinLock};
 use crate::topology::MAX_NODES;
@@ -31,11 +31,11 @@ fn turn_units(turn_align: usize) -> usize {
 
 /// See the module docs.
 pub(crate) struct ThreadSpace {
-    current: [Cell<*mut Region>; MAX_NODES],
+    current: [Cell<*mut NodeRegion>; MAX_NODES],
     /// Per node, the space's other regions (linked through
-    /// `Region::next_owned`): full when they stopped being current, they get
+    /// `NodeRegion::next_owned`): full when they stopped being current, they get
     /// room back as their blocks are freed.
-    others: [Cell<*mut Region>; MAX_NODES],
+    others: [Cell<*mut NodeRegion>; MAX_NODES],
     turn_units: usize,
     /// The owning interleaver's address, written into its regions (set when
     /// the interleaver has its final address, before it carves).
@@ -63,7 +63,7 @@ impl ThreadSpace {
 
     /// The current region for `node` (null: none yet).
     #[inline(always)]
-    pub(crate) fn region(&self, node: usize) -> *mut Region {
+    pub(crate) fn region(&self, node: usize) -> *mut NodeRegion {
         self.current[node].get()
     }
 
@@ -115,7 +115,7 @@ impl ThreadSpace {
     fn next_region(&self, node: usize, units: usize, align: usize) -> bool {
         let cur = self.current[node].get();
         let mut link = &self.others[node];
-        let mut found: *mut Region = ptr::null_mut();
+        let mut found: *mut NodeRegion = ptr::null_mut();
         loop {
             let r = link.get();
             if r.is_null() {
@@ -179,7 +179,7 @@ impl Drop for ThreadSpace {
 
 /// See the module docs.
 pub(crate) struct SharedSpace {
-    current: [AtomicPtr<Region>; MAX_NODES],
+    current: [AtomicPtr<NodeRegion>; MAX_NODES],
     locks: [SpinLock<()>; MAX_NODES],
     turn_units: usize,
     /// The pages for its regions (the policy's, else the process's).
@@ -250,7 +250,7 @@ impl SharedSpace {
 
     /// Lists the space for the `fork()` handlers, at its final address
     /// (boxed: it stays there until dropped, which unlists it).
-    pub(crate) fn register(&self) {
+    pub(crate) fn list_for_fork(&self) {
         let mut l = SPACES.lock();
         self.next.store(l.0, Ordering::Relaxed);
         l.0 = ptr::from_ref(self).cast_mut();

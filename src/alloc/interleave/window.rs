@@ -9,7 +9,7 @@
 use core::cell::Cell;
 use core::ptr;
 
-use crate::alloc::region::Region;
+use crate::alloc::region::NodeRegion;
 use crate::policy::Pick;
 
 pub(crate) struct Window {
@@ -22,7 +22,7 @@ pub(crate) struct Window {
     /// had left then. 0: closed.
     limit: Cell<u64>,
     /// The turn's node and that node's current region.
-    region: Cell<*mut Region>,
+    region: Cell<*mut NodeRegion>,
     node: Cell<usize>,
     /// The turn, and whether none of its blocks was carved yet (its first
     /// one starts on the space's turn alignment).
@@ -50,7 +50,7 @@ impl Window {
     /// `r`, its node's current region; `fresh`: none of the turn's blocks
     /// was carved yet.
     #[inline(always)]
-    pub(crate) fn open(&self, r: *mut Region, pick: Pick, left: u64, fresh: bool) {
+    pub(crate) fn open(&self, r: *mut NodeRegion, pick: Pick, left: u64, fresh: bool) {
         debug_assert!(!r.is_null() && left > 0);
         self.region.set(r);
         self.node.set(pick.node);
@@ -111,7 +111,7 @@ impl Window {
 
     /// The turn's node and region.
     #[inline(always)]
-    pub(crate) fn place(&self) -> (usize, *mut Region) {
+    pub(crate) fn place(&self) -> (usize, *mut NodeRegion) {
         (self.node.get(), self.region.get())
     }
 

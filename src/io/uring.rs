@@ -33,7 +33,7 @@
 //! ```no_run
 //! use std::os::fd::AsRawFd;
 //! use io_uring::{opcode, types};
-//! use numaweave::uring::NodeRing;
+//! use numaweave::io::uring::NodeRing;
 //!
 //! let ring = NodeRing::new(0, 4096, 64).unwrap();
 //! let file = std::fs::File::open("/etc/hostname").unwrap();
@@ -59,7 +59,8 @@ use io_uring::IoUring;
 use io_uring::squeue::Entry;
 
 use crate::error::{Error, Result};
-use crate::os::mem::memlock_limit;
+use crate::os::mem::{Mapping, MemPolicy, memlock_limit};
+use crate::topology::Topology;
 use crate::slab::{DmaBuf, DmaPool, Refusal, Region, Registrar};
 
 /// Bytes pinned by every [`FixedBuffers`] of the process.
@@ -460,7 +461,7 @@ const TAIL_OFFSET: usize = 14;
 /// ```no_run
 /// use std::io::Write;
 /// use std::os::fd::AsRawFd;
-/// use numaweave::uring::NodeRing;
+/// use numaweave::io::uring::NodeRing;
 ///
 /// let ring = NodeRing::new(0, 4096, 64).unwrap();
 /// let group = ring.buf_ring(7, 16).unwrap();
@@ -475,9 +476,8 @@ const TAIL_OFFSET: usize = 14;
 pub struct BufRing<'a> {
     owner: &'a NodeRing,
     bgid: u16,
-    /// The ring's entries: one slot of `mem_pool`.
-    mem: NonNull<u8>,
-    mem_pool: DmaPool,
+    /// The ring's entries, bound to the ring's node.
+    mem: Mapping,
     /// Buffer by id, from the owner's pool.
     bufs: Box<[NonNull<u8>]>,
     /// Whether the kernel holds each buffer (in the ring, not taken).
@@ -485,6 +485,22 @@ pub struct BufRing<'a> {
     /// The next tail to publish; entries below it are the kernel's.
     tail: Cell<u16>,
     _not_send_sync: PhantomData<*mut u8>,
+}
+
+/// Buffers of a pool taken for a buffer ring that is not made yet: given
+/// back if the making fails (null slots, not filled, are skipped).
+struct Lent<'p> {
+    pool: &'p DmaPool,
+    bufs: Vec<*mut u8>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        let taken: Vec<NonNull<u8>> = self.bufs.iter().filter_map(|&p| NonNull::new(p)).collect();
+        // SAFETY: buffers of `pool` from its `alloc_bulk`, not lent to the
+        // kernel (the ring was not registered), each given back once.
+        unsafe { self.pool.free_bulk(&taken) };
+    }
 }
 
 /// A buffer the kernel filled, taken from a [`BufRing`] by
@@ -538,55 +554,38 @@ impl NodeRing {
     /// taken); nothing is kept.
     pub fn buf_ring(&self, bgid: u16, entries: u16) -> Result<BufRing<'_>> {
         if !entries.is_power_of_two() || entries > 1 << 15 {
-            return Err(Error::InvalidCache { reason: "a buffer ring's entries are a power of two up to 32768" });
+            return Err(Error::InvalidRing { reason: "a buffer ring's entries are a power of two up to 32768" });
         }
         let n = usize::from(entries);
-        // The entries on the node: page-aligned, as the kernel asks of
-        // memory it maps for the ring.
-        let bytes = (n * BUF_ENTRY).max(4096);
-        let mem_pool = DmaPool::builder("uring_buf_ring", bytes).node(self.node).build()?;
-        let mut one = [core::ptr::null_mut(); 1];
-        mem_pool.alloc_bulk(&mut one)?;
-        let mem = NonNull::new(one[0]).expect("alloc_bulk fills its slots");
-        let undo_mem = |pool: &DmaPool| {
-            // SAFETY: `mem` is the pool's, given back once, and the kernel
-            // does not hold it (not registered, or unregistered before).
-            unsafe { pool.free_bulk(&[mem]) }
-        };
-        let mut raw = vec![core::ptr::null_mut(); n];
-        if let Err(e) = self.pool.alloc_bulk(&mut raw) {
-            undo_mem(&mem_pool);
+        // The entries on the node, in a mapping of their own: page-aligned,
+        // as the kernel asks of memory it maps for the ring (unmapped when
+        // dropped, so every early return below gives it back).
+        let bytes = (n * BUF_ENTRY).max(crate::os::page_size());
+        let mem = Mapping::map(bytes).map_err(|_| Error::NodeOutOfMemory { node: self.node })?;
+        mem.bind(MemPolicy::Preferred(Topology::global().physical_node(self.node)))?;
+        let mut bufs = Lent { pool: &self.pool, bufs: vec![core::ptr::null_mut(); n] };
+        if let Err(e) = self.pool.alloc_bulk(&mut bufs.bufs) {
+            // All or none: none taken, whatever the slots hold.
+            bufs.bufs.clear();
             return Err(e);
         }
-        let bufs: Box<[NonNull<u8>]> = raw.into_iter().map(|p| NonNull::new(p).expect("alloc_bulk fills")).collect();
-        let undo_bufs = |bufs: &[NonNull<u8>]| {
-            // SAFETY: buffers of the owner's pool from `alloc_bulk`, each
-            // given back once, not lent to the kernel any more.
-            unsafe { self.pool.free_bulk(bufs) }
-        };
-        if let Err((limit, pinned)) = pin(bytes as u64) {
-            undo_bufs(&bufs);
-            undo_mem(&mem_pool);
-            return Err(Error::MemlockLimit { node: self.node, limit, pinned, asked: bytes });
-        }
-        // SAFETY: `mem` is a live slot of `bytes` bytes of `mem_pool`; the
+        pin(bytes as u64).map_err(|(limit, pinned)| Error::MemlockLimit { node: self.node, limit, pinned, asked: bytes })?;
+        // SAFETY: `mem` is a fresh writable mapping of `bytes` bytes; the
         // tail must read 0 when the kernel first looks.
         unsafe { mem.as_ptr().write_bytes(0, bytes) };
-        // SAFETY: `mem` holds `entries` entries, is page-aligned (its pool's
-        // slots are aligned to their power-of-two size, at least 4 KiB) and
-        // stays mapped until `BufRing::drop` unregisters the group first.
+        // SAFETY: `mem` holds `entries` entries, is page-aligned and stays
+        // mapped until `BufRing::drop` unregisters the group first.
         let reg = unsafe { self.ring.submitter().register_buf_ring_with_flags(mem.as_ptr() as u64, entries, bgid, 0) };
         if let Err(e) = reg {
             unpin(bytes as u64);
-            undo_bufs(&bufs);
-            undo_mem(&mem_pool);
             return Err(io_error("io_uring_register(IORING_REGISTER_PBUF_RING, Linux 5.19)", &e));
         }
+        let bufs: Box<[NonNull<u8>]> =
+            core::mem::take(&mut bufs.bufs).into_iter().map(|p| NonNull::new(p).expect("alloc_bulk fills")).collect();
         let ring = BufRing {
             owner: self,
             bgid,
             mem,
-            mem_pool,
             bufs,
             lent: (0..n).map(|_| Cell::new(false)).collect(),
             tail: Cell::new(0),
@@ -636,7 +635,7 @@ impl<'a> BufRing<'a> {
 
     /// Bytes the kernel pins for the ring's entries.
     pub fn pinned(&self) -> u64 {
-        self.mem_pool.buffer_size() as u64
+        self.mem.len() as u64
     }
 
     /// A receive of up to a buffer's size from socket `fd` into a buffer
@@ -736,7 +735,6 @@ impl Drop for BufRing<'_> {
         // none outlives it), the kernel holds none after unregistering, and
         // each is a buffer of the owner's pool given back once here.
         unsafe { self.owner.pool.free_bulk(&self.bufs) };
-        // SAFETY: the ring's memory, from `mem_pool`, unregistered above.
-        unsafe { self.mem_pool.free_bulk(&[self.mem]) };
+        // (`mem`, unregistered above, is unmapped as the field drops.)
     }
 }
