@@ -94,7 +94,7 @@ use crate::error::{Error, Result};
 use crate::hardened;
 use heap::Heap;
 use segment::{Segment, SegmentKind, SmallSegment, page_of, segment_of};
-use size_class::{class_for, class_of, class_size};
+use size_class::class_for;
 use state::State;
 
 /// The allocator. All values share one process-wide allocator, set up by the
@@ -804,10 +804,4 @@ impl NumaAlloc {
 #[inline(always)]
 pub const fn malloc_align(size: usize) -> usize {
     if size > size_class::MIN_BLOCK { 16 } else { size_class::MIN_BLOCK }
-}
-
-/// The block size a request of `size` bytes gets from a size class, `None` when
-/// it is served by a huge mapping.
-pub fn size_class_of(size: usize) -> Option<usize> {
-    (size <= SMALL_MAX).then(|| class_size(class_of(size)))
 }

@@ -141,14 +141,6 @@ impl MagPair {
         self.loaded.cap
     }
 
-    /// Where `loaded` is, for a thread's cached fast-path pointer: valid
-    /// until the next [`reload`](Self::reload), [`unload`](Self::unload) or
-    /// drop of the pair.
-    #[inline]
-    pub fn loaded_ptr(&mut self) -> *mut Magazine {
-        &mut *self.loaded
-    }
-
     /// Objects held in both magazines.
     pub fn len(&self) -> usize {
         self.loaded.len() + self.previous.len()

@@ -227,7 +227,9 @@ static CLASS_OF: [u8; CLASS_INDEXES] = {
 
 /// [`CLASS_OF`] for C's `malloc`: the odd (16-aligned) class for each
 /// 8-byte step from 9 to 128 bytes; above, every class is a multiple of 32.
-static MALLOC_CLASS_OF: [u8; CLASS_INDEXES] = {
+/// A constant, what [`MALLOC_SMALL_CLASS`] is built from: not in the
+/// binary.
+const MALLOC_CLASS_OF: [u8; CLASS_INDEXES] = {
     let mut table = CLASS_OF;
     let mut i = 1;
     while i < 16 {
