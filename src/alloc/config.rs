@@ -221,6 +221,7 @@ impl Default for Config {
 /// configuration is the process's.
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) fn start(config: &Config) -> &'static State {
     if let Some(s) = State::try_get() {
         return s;

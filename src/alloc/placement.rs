@@ -142,9 +142,10 @@ fn default() -> &'static Default {
 
 /// Sets the process default: `rules` if `topology` can serve them, else
 /// local (reported); `policies` false switches policies off. Called once,
-/// from the state's start-up; out of line and not in the hot text.
+/// from the state's start-up (every process's: in the hot text).
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
 pub(crate) fn set_default(rules: SizeRules, policies: bool, topology: &Topology) {
     let rules = match rules.as_single() {
         Some(Policy::Local) => rules,

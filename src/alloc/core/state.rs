@@ -111,6 +111,7 @@ impl State {
     /// other thread can see the state (the layers above set their part of
     /// the configuration there: the default placement).
     #[cold]
+    #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn get(config: &Settings, upper: &dyn Fn(&Topology)) -> &'static State {
         match STATE.get() {
             Some(s) => s,
