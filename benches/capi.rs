@@ -224,6 +224,45 @@ fn main() {
     for f in mi.iter().chain(&mi_lib).chain([&exe, &exe_noplt, &exe_static]) {
         let _ = std::fs::remove_file(f);
     }
+    hinted_new(d, cpu, rounds);
+}
+
+/// C++'s plain `new` against the hinted one, hot and cold
+/// (`benches/c/hotcold.cc`, linked with the library): medians of the
+/// rounds, and of their ratios to plain `new`.
+fn hinted_new(dir: &str, cpu: usize, rounds: usize) {
+    let Some(cxx) = ["c++", "g++", "clang++"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok())
+    else {
+        println!("hinted new: no C++ compiler, not measured");
+        return;
+    };
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/c/hotcold.cc");
+    let exe = std::env::temp_dir().join(format!("numaweave-hotcold-{}", std::process::id()));
+    let st = Command::new(cxx)
+        .args(["-O2", "-std=c++17", "-I", dir, src, "-o"])
+        .arg(&exe)
+        .args(["-L", dir, "-lnumaweave", &format!("-Wl,-rpath,{dir}")])
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling hotcold.cc failed");
+    let (mut plain, mut hot, mut cold) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let out = Command::new("taskset").args(["-c", &cpu.to_string()]).arg(&exe).arg(rounds.to_string()).output();
+        let out = match out {
+            Ok(o) if o.status.success() => o,
+            _ => Command::new(&exe).arg(rounds.to_string()).output().unwrap(),
+        };
+        let v: Vec<f64> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|w| w.parse().unwrap()).collect();
+        plain.push(v[0]);
+        hot.push(v[1]);
+        cold.push(v[2]);
+    }
+    println!("C++ new/delete, the same churn, ns per pair ({ROUNDS} rounds):");
+    row("new", &plain);
+    row("new(size, __hot_cold_t(254))", &hot);
+    row("new(size, __hot_cold_t(1)): the heap of cold blocks", &cold);
+    println!("  hot / plain = {:.3}, cold / plain = {:.3}", ratio_to(&hot, &plain), ratio_to(&cold, &plain));
+    let _ = std::fs::remove_file(&exe);
 }
 
 /// `benches/c/churn.c` compiled (`-O2`, then `args`: flags, objects and

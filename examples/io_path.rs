@@ -499,9 +499,9 @@ mod net {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
+    use numaweave::io::uring::NodeRing;
     use numaweave::slab::DmaPool;
     use numaweave::topology::Topology;
-    use numaweave::io::uring::NodeRing;
 
     /// The stream's period: a prime, so that no buffer size lines up with it.
     const PERIOD: usize = 65_521;

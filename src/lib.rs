@@ -69,11 +69,11 @@ mod sets;
 pub mod slab;
 #[cfg(not(loom))]
 pub use alloc::stats;
+pub mod io;
 #[doc(hidden)]
 pub mod sync;
 pub mod topology;
 pub mod units;
-pub mod io;
 
 #[cfg(not(loom))]
 pub use alloc::{ColdHandle, Config, InterleaveHandle, Mode, NodeHandle, NumaAlloc, PolicyGuard, with_policy};

@@ -364,6 +364,31 @@ fn cold_data_without_a_lower_tier_stays_on_the_threads_node_counted() {
         assert_eq!(node_of(v.as_ptr()), 0);
     }
     assert!(A.stats().per_node[0].fallbacks > before, "the fallbacks to the top tier are counted");
+    // Hinted blocks: cold ones (a hint below 128) on the thread's node here
+    // too, but never in a page that holds a hot one (a hint of 128 and
+    // more, or none), at every size of the classes.
+    let (mut hot, mut cold) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+    let mut blocks = Vec::new();
+    for i in 0..3000usize {
+        let l = Layout::from_size_align(8 + (i * 37) % 9000, 8).unwrap();
+        let (c, h) = (A.alloc_hinted(l, (i % 128) as u8).unwrap(), A.alloc_hinted(l, 128 + (i % 128) as u8).unwrap());
+        // SAFETY: a block of `l` just allocated, and one from `A` (the
+        // global allocator) that holds one byte.
+        let plain = unsafe { A.alloc(Layout::new::<u8>()) };
+        let pages = |p: *mut u8, len: usize| p as usize / 4096..=(p as usize + len - 1) / 4096;
+        cold.extend(pages(c.as_ptr(), l.size()));
+        hot.extend(pages(h.as_ptr(), l.size()));
+        hot.extend(pages(plain, 1));
+        assert_eq!(node_of(c.as_ptr()), 0);
+        blocks.push((c.as_ptr(), l));
+        blocks.push((h.as_ptr(), l));
+        blocks.push((plain, Layout::new::<u8>()));
+    }
+    assert_eq!(hot.intersection(&cold).count(), 0, "a page holds hot and cold blocks");
+    for (p, l) in blocks {
+        // SAFETY: allocated above with `l`.
+        unsafe { A.dealloc(p, l) };
+    }
     println!("cold checked");
 }
 

@@ -192,6 +192,28 @@ pub extern "C" fn numaweave_alloc_cold(size: usize, align: usize) -> *mut c_void
     }
 }
 
+/// `size` bytes with a hot/cold hint, as LLVM's memory profiler gives the
+/// hinted `operator new` (0 the coldest, 255 the hottest): below 128 the
+/// block is cold, as from `numaweave_alloc_cold` (the lower tier nearest
+/// the calling thread, in a page no hot block shares); from 128 on it is
+/// `malloc(size)`'s. Aligned as `malloc` aligns. Freed with `free`. Null on
+/// failure (`errno` `ENOMEM`).
+#[unsafe(no_mangle)]
+pub extern "C" fn numaweave_alloc_hint(size: usize, hint: u8) -> *mut c_void {
+    let Ok(layout) = Layout::from_size_align(size, malloc_align(size)) else {
+        crate::set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    match A.alloc_hinted(layout, hint) {
+        Ok(p) => p.as_ptr().cast(),
+        Err(e) => {
+            crate::set_errno(libc::ENOMEM);
+            fail_with(e);
+            ptr::null_mut()
+        }
+    }
+}
+
 /// The node whose memory holds the block at `p` (as numaweave placed it),
 /// or -1 if numaweave did not allocate it.
 ///

@@ -30,6 +30,16 @@
 //! into null, which is what the standard asks and what numaweave could not
 //! do without a C++ personality routine of its own.
 //!
+//! The hinted forms (`operator new(size_t, __hot_cold_t)` and its array,
+//! aligned and nothrow variants, as tcmalloc exports them for LLVM's
+//! `-optimize-hot-cold-new`) take a hint byte: below 128 the block is cold
+//! (`NumaAlloc::alloc_hinted`: the lower memory tier, in pages no hot
+//! block shares), else the form without the hint serves. The throwing ones
+//! are stubs as above, their failure path carrying the coldness to the
+//! retry; the nothrow ones, which no C++ runtime has, try once and on
+//! failure hand over to the runtime's unhinted nothrow form (the
+//! new-handler loop, and its exception caught), whose block is hot.
+//!
 //! `delete` frees like `free` (the size and alignment are found from the
 //! block). Plain `new` gets a block aligned to 16
 //! (`__STDCPP_DEFAULT_NEW_ALIGNMENT__`) at every size, as compilers assume.
@@ -40,6 +50,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::A;
 use crate::malloc::{aligned_alloc, free_inline};
+use numaweave::alloc::COLD_BELOW;
 
 /// `__STDCPP_DEFAULT_NEW_ALIGNMENT__` on x86-64 and aarch64.
 const NEW_ALIGN: usize = 16;
@@ -97,9 +108,35 @@ extern "C" fn new_aligned(size: usize, align: usize) -> *mut c_void {
     unsafe { aligned_alloc(align, size) }
 }
 
-/// [`new_failed`]'s retry: `align` 0 for a plain `new`.
+/// In [`new_failed`]'s alignment argument: the failed `new` was hinted
+/// cold, and so is the retry.
+const COLD_BIT: usize = 1 << 63;
+
+/// [`new_failed`]'s retry: `align` 0 for a plain `new`, with [`COLD_BIT`]
+/// for a cold one.
 extern "C" fn new_retry(size: usize, align: usize) -> *mut c_void {
-    if align == 0 { new_plain(size) } else { new_aligned(size, align) }
+    match (align & COLD_BIT != 0, align & !COLD_BIT) {
+        (true, a) => new_cold(size, a),
+        (false, 0) => new_plain(size),
+        (false, a) => new_aligned(size, a),
+    }
+}
+
+/// A cold block (a hint below [`COLD_BELOW`]) of `size` bytes aligned to
+/// `align` (0: `new`'s 16), null when none can be had.
+fn new_cold(size: usize, align: usize) -> *mut c_void {
+    let Ok(layout) = Layout::from_size_align(size, align.max(NEW_ALIGN)) else { return core::ptr::null_mut() };
+    A.alloc_hinted(layout, 0).map_or(core::ptr::null_mut(), |p| p.as_ptr().cast())
+}
+
+/// A hinted `new`'s block, null when none can be had (never unwinds).
+extern "C" fn new_hinted(size: usize, hint: u8) -> *mut c_void {
+    if hint >= COLD_BELOW { new_plain(size) } else { new_cold(size, 0) }
+}
+
+/// A hinted aligned `new`'s block, null when none can be had.
+extern "C" fn new_hinted_aligned(size: usize, align: usize, hint: u8) -> *mut c_void {
+    if hint >= COLD_BELOW { new_aligned(size, align) } else { new_cold(size, align) }
 }
 
 /// The program's new-handler, 0 when it has none (or no C++ runtime).
@@ -286,6 +323,156 @@ new_aligned_fn! {
 new_aligned_fn! {
     /// `operator new[](size_t, std::align_val_t)`.
     _ZnamSt11align_val_t
+}
+
+throwing_new! {
+    /// A hinted `new`'s way out of its fast path, reached by a tail call
+    /// with the size and the hint: [`new_hinted`]'s block, or the
+    /// new-handler and `std::bad_alloc` ([`new_failed`]), the coldness
+    /// going to the retry ([`COLD_BIT`], no alignment). Size and hint are
+    /// kept across the call (two pushes and a pad).
+    new_hinted_miss(size: usize, hint: u8) => new_hinted,
+    save ["push rdi", ".cfi_def_cfa_offset 16", "push rsi", ".cfi_def_cfa_offset 24",
+          "sub rsp, 8", ".cfi_def_cfa_offset 32"],
+    restore ["add rsp, 8", ".cfi_def_cfa_offset 24", "pop rsi", ".cfi_def_cfa_offset 16",
+             "pop rdi", ".cfi_def_cfa_offset 8"],
+    // rsi = COLD_BIT if the hint (its low byte) is below 128, else 0.
+    fail ["cmp sil, 128", "sbb rsi, rsi", "shl rsi, 63"]
+}
+
+/// Defines a hinted `new` (size, hint): a hot hint takes plain `new`'s fast
+/// path; anything else is a tail call to [`new_hinted_miss`] (as for
+/// [`new_plain_fn`]: no Rust frame is live when it throws).
+macro_rules! new_hinted_fn {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The C++ contract of the operator.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C-unwind" fn $name(size: usize, hint: u8) -> *mut c_void {
+            if hint >= COLD_BELOW {
+                // SAFETY: any size is accepted.
+                let p = unsafe { A.alloc_fast_new(size) };
+                if !p.is_null() {
+                    return p.cast();
+                }
+            }
+            // SAFETY: reached with the size and hint in `rdi` and `rsi` as
+            // the stub expects, by a jump (a call in tail position).
+            unsafe { new_hinted_miss(size, hint) }
+        }
+    };
+}
+
+/// A hinted aligned `new` (size, alignment, hint): the three kept (three
+/// pushes keep the stack aligned); on failure the alignment goes to the
+/// retry with the coldness.
+macro_rules! new_hinted_aligned_fn {
+    ($(#[$m:meta])* $name:ident) => {
+        throwing_new! {
+            $(#[$m])*
+            #[unsafe(no_mangle)]
+            pub $name(size: usize, align: usize, hint: u8) => new_hinted_aligned,
+            save ["push rdi", ".cfi_def_cfa_offset 16", "push rsi", ".cfi_def_cfa_offset 24",
+                  "push rdx", ".cfi_def_cfa_offset 32"],
+            restore ["pop rdx", ".cfi_def_cfa_offset 24", "pop rsi", ".cfi_def_cfa_offset 16",
+                     "pop rdi", ".cfi_def_cfa_offset 8"],
+            fail ["cmp dl, 128", "sbb rax, rax", "shl rax, 63", "or rsi, rax"]
+        }
+    };
+}
+
+new_hinted_fn! {
+    /// `operator new(size_t, __hot_cold_t)`.
+    _Znwm12__hot_cold_t
+}
+new_hinted_fn! {
+    /// `operator new[](size_t, __hot_cold_t)`.
+    _Znam12__hot_cold_t
+}
+new_hinted_aligned_fn! {
+    /// `operator new(size_t, std::align_val_t, __hot_cold_t)`.
+    _ZnwmSt11align_val_t12__hot_cold_t
+}
+new_hinted_aligned_fn! {
+    /// `operator new[](size_t, std::align_val_t, __hot_cold_t)`.
+    _ZnamSt11align_val_t12__hot_cold_t
+}
+
+/// libstdc++'s (or libc++'s, which shares the Itanium names) unhinted
+/// nothrow forms, where a hinted nothrow `new` goes when its block cannot
+/// be had: they run the new-handler loop and catch its exception.
+static NEW_NOTHROW: Sym = Sym(c"_ZnwmRKSt9nothrow_t", AtomicUsize::new(0));
+static NEW_NOTHROW_ALIGNED: Sym = Sym(c"_ZnwmSt11align_val_tRKSt9nothrow_t", AtomicUsize::new(0));
+
+/// A hinted nothrow `new`'s failure: the C++ runtime's nothrow form (`align`
+/// 0: the plain one), null without a C++ runtime.
+#[cold]
+fn new_nothrow_fallback(size: usize, align: usize, nt: *const c_void) -> *mut c_void {
+    match align {
+        0 => match NEW_NOTHROW.get() {
+            Some(f) => {
+                // SAFETY: `operator new(size_t, const std::nothrow_t&)`:
+                // noexcept, so nothing unwinds into this frame.
+                let f: extern "C" fn(usize, *const c_void) -> *mut c_void = unsafe { core::mem::transmute(f) };
+                f(size, nt)
+            }
+            None => core::ptr::null_mut(),
+        },
+        _ => match NEW_NOTHROW_ALIGNED.get() {
+            Some(f) => {
+                // SAFETY: `operator new(size_t, std::align_val_t, const
+                // std::nothrow_t&)`: noexcept, as above.
+                let f: extern "C" fn(usize, usize, *const c_void) -> *mut c_void = unsafe { core::mem::transmute(f) };
+                f(size, align, nt)
+            }
+            None => core::ptr::null_mut(),
+        },
+    }
+}
+
+macro_rules! new_hinted_nothrow_fns {
+    ($($(#[$m:meta])* $name:ident;)*) => {$(
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The C++ contract of the operator.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(size: usize, nt: *const c_void, hint: u8) -> *mut c_void {
+            let p = new_hinted(size, hint);
+            if p.is_null() { new_nothrow_fallback(size, 0, nt) } else { p }
+        }
+    )*};
+}
+
+macro_rules! new_hinted_aligned_nothrow_fns {
+    ($($(#[$m:meta])* $name:ident;)*) => {$(
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The C++ contract of the operator.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(size: usize, align: usize, nt: *const c_void, hint: u8) -> *mut c_void {
+            let p = new_hinted_aligned(size, align, hint);
+            if p.is_null() { new_nothrow_fallback(size, align, nt) } else { p }
+        }
+    )*};
+}
+
+new_hinted_nothrow_fns! {
+    /// `operator new(size_t, const std::nothrow_t&, __hot_cold_t)`.
+    _ZnwmRKSt9nothrow_t12__hot_cold_t;
+    /// `operator new[](size_t, const std::nothrow_t&, __hot_cold_t)`.
+    _ZnamRKSt9nothrow_t12__hot_cold_t;
+}
+
+new_hinted_aligned_nothrow_fns! {
+    /// `operator new(size_t, std::align_val_t, const std::nothrow_t&, __hot_cold_t)`.
+    _ZnwmSt11align_val_tRKSt9nothrow_t12__hot_cold_t;
+    /// `operator new[](size_t, std::align_val_t, const std::nothrow_t&, __hot_cold_t)`.
+    _ZnamSt11align_val_tRKSt9nothrow_t12__hot_cold_t;
 }
 
 macro_rules! delete_fns {

@@ -10,6 +10,9 @@
 //! - `tests/c/abi.c`: the malloc ABI as C23 and POSIX state it (alignment
 //!   of every entry point at every size to 4 KiB, errno kept by calls that
 //!   succeed, overcommit refusal), linked;
+//! - `tests/c/hotcold.cc`: the hinted `operator new` family: hot and cold
+//!   blocks never on one page, cold ones on the lower tier where there is
+//!   one (the multi-node guest runs it too), the failure paths.
 //! - `tests/c/cxx.cc`: `operator new`/`delete` in every form, and
 //!   `std::bad_alloc` and a new-handler's own exception thrown through
 //!   numaweave's `new` (C++ compiler);
@@ -340,6 +343,20 @@ fn cxx_new_and_delete_in_every_form() {
 }
 
 #[test]
+fn hinted_new_keeps_hot_and_cold_apart() {
+    let libs = libraries();
+    let Some(cxx) = tool(&["c++", "g++", "clang++"]) else {
+        println!("skipped: no C++ compiler (c++, g++, clang++) on PATH");
+        return;
+    };
+    for lib in &libs {
+        let exe = build_linked(&cxx, "hotcold.cc", lib, &["-std=c++17"]);
+        passes(&exe, lib, &[]);
+        passes(&exe, lib, &[("LD_PRELOAD", lib.so().to_str().unwrap())]);
+    }
+}
+
+#[test]
 fn a_process_life_under_preload() {
     let libs = libraries();
     let Some(cc) = c_compiler() else { return };
@@ -408,12 +425,13 @@ fn fast_paths_make_no_tls_call_and_new_no_call() {
         assert!(tls.is_empty(), "{f} calls __tls_get_addr (general-dynamic TLS on its path): {tls:?}");
         println!("{f}: {} instructions, no __tls_get_addr", body.len());
     }
-    // C++'s plain `new` leaves its fast path by a tail call: an exception
+    // C++'s plain `new` (and the hinted one) leaves its fast path by a tail
+    // call: an exception
     // thrown after it (std::bad_alloc, a new-handler's) must find no frame
     // of Rust's on its way (a foreign exception entering a frame built with
     // `panic = "abort"` is undefined behaviour: RFC 2945). `cxx.cc` throws
     // them, but would not see a frame's harm every time.
-    for f in ["_Znwm", "_Znam"] {
+    for f in ["_Znwm", "_Znam", "_Znwm12__hot_cold_t", "_Znam12__hot_cold_t"] {
         let body = body(f);
         let calls: Vec<&&str> = body.iter().filter(|l| l.contains("call")).collect();
         assert!(calls.is_empty(), "{f} keeps a frame across a call: {calls:?}");

@@ -59,13 +59,7 @@ impl Placer {
                 let c = class.filter(|&c| c < PAGE_CLASS)?;
                 Some(placement::alloc_on_node(state, c, node))
             }),
-            Place::Cold => {
-                let n = placement::cold_node(state, state.topology.current_node());
-                match class {
-                    Some(c) => placement::alloc_on_node(state, c, n),
-                    None => huge::alloc_on(state, n, want, align, false),
-                }
-            }
+            Place::Cold => super::cold_block(state, want, align).0,
         };
         // SAFETY: a block just handed out for `size` bytes.
         unsafe { super::handed_out_for(p, size) };

@@ -71,8 +71,8 @@ use checked::handed_out;
 pub use checked::report_misuse;
 pub use handle::{ColdHandle, InterleaveHandle, NodeHandle};
 pub use huge::MAX_ALIGN;
-pub use placement::{PolicyGuard, with_policy};
 use placement::Where;
+pub use placement::{PolicyGuard, with_policy};
 pub use size_class::SMALL_MAX;
 
 /// Where the allocator places its mappings (segments, large blocks,
@@ -172,14 +172,47 @@ impl NumaAlloc {
         NonNull::new(p).ok_or(Error::NodeOutOfMemory { node })
     }
 
-    /// A block of `layout` for cold data, on the lower memory tier nearest
-    /// the calling thread (see [`ColdHandle`]); on the
-    /// thread's own node, counted as a fallback, where there is none or it
-    /// is out of memory. Freed like any block of this allocator.
+    /// A block of `layout` for cold data: [`alloc_hinted`](Self::alloc_hinted)
+    /// with the coldest hint (0).
     pub fn alloc_cold(&self, layout: Layout) -> Result<NonNull<u8>> {
+        self.alloc_hinted(layout, 0)
+    }
+
+    /// A block of `layout` with a hot/cold hint, as LLVM's memory profiler
+    /// gives C++'s hinted `operator new` (0 the coldest, 255 the hottest):
+    /// below [`COLD_BELOW`] (128, as tcmalloc reads it) the block is cold,
+    /// placed on the lower memory tier nearest the calling thread (the
+    /// kernel's memory tiers, else the HMAT's bandwidths or the distances
+    /// decide; see [`Topology::lower_tier_nodes`](crate::Topology::lower_tier_nodes)),
+    /// on the thread's own node, counted as a fallback, where there is none
+    /// or it is out of memory. Either way a cold block lies in a page that
+    /// holds cold blocks only: hot and cold data never share a page. A hint
+    /// of 128 and more is an ordinary allocation. Freed like any block of
+    /// this allocator.
+    ///
+    /// ```
+    /// # use std::alloc::Layout;
+    /// static A: numaweave::NumaAlloc = numaweave::NumaAlloc::new();
+    /// let l = Layout::from_size_align(256, 8).unwrap();
+    /// let (cold, hot) = (A.alloc_hinted(l, 1).unwrap(), A.alloc_hinted(l, 254).unwrap());
+    /// let page = |p: std::ptr::NonNull<u8>| p.as_ptr() as usize / 4096;
+    /// assert_ne!(page(cold), page(hot));
+    /// // SAFETY: live blocks of `A`, each freed once.
+    /// unsafe { A.free(cold.as_ptr()); A.free(hot.as_ptr()) };
+    /// ```
+    pub fn alloc_hinted(&self, layout: Layout, hint: u8) -> Result<NonNull<u8>> {
+        if hint >= COLD_BELOW {
+            return self.try_alloc(layout);
+        }
+        let (size, align) = (layout.size(), layout.align());
+        if align > MAX_ALIGN || size > isize::MAX as usize / 2 {
+            return Err(Error::LayoutTooLarge { size, align });
+        }
         let state = self.state();
-        let node = placement::cold_node(state, state.topology.current_node());
-        self.alloc_on(layout, node)
+        let (p, node) = cold_block(state, padded(size), align);
+        // SAFETY: a block just handed out for `size` bytes.
+        unsafe { handed_out_for(p, size) };
+        NonNull::new(p).ok_or(Error::NodeOutOfMemory { node })
     }
 
     /// The usable size of the block at `p`: at least what was asked for, and
@@ -523,6 +556,26 @@ pub(crate) fn padded(size: usize) -> usize {
         return size + hardened::PAD;
     }
     size
+}
+
+/// Hints below this are cold ([`NumaAlloc::alloc_hinted`], the hinted
+/// `operator new` of the C library): tcmalloc's reading of LLVM's
+/// `__hot_cold_t`, whose defaults are 1 for cold, 128 for not cold and 254
+/// for hot.
+pub const COLD_BELOW: u8 = 128;
+
+/// A cold block of `size` bytes aligned to `align`, and the node it was
+/// placed for: on the lower tier nearest the calling thread (its own node,
+/// a fallback counted, where there is none), from that node's heap of cold
+/// blocks (`heap/shared.rs`), or a mapping of its own beyond the classes.
+/// Null when no memory can be had.
+pub(crate) fn cold_block(state: &'static State, size: usize, align: usize) -> (*mut u8, usize) {
+    let node = placement::cold_node(state, state.topology.current_node());
+    let p = match class_for(size, align) {
+        Some(c) => Heap::alloc_cold(state, node, c),
+        None => huge::alloc_on(state, node, size, align, false),
+    };
+    (p, node)
 }
 
 /// A block of an explicit API just handed out for `size` bytes (asked for

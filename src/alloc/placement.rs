@@ -35,8 +35,8 @@ use core::marker::PhantomData;
 use core::ptr;
 
 use super::core::heap::{self, Heap, Placement, page_bytes};
-use super::core::size_class::class_size;
 use super::core::segment::Segment;
+use super::core::size_class::class_size;
 use super::core::state::{Mode, State};
 use super::interleave::{self, ThreadInterleaver};
 use crate::error::Result;

@@ -119,7 +119,13 @@ pub(crate) fn units_for(size: usize) -> usize {
 /// mapping of the node when there is one. `references` blocks are charged up
 /// front (an exclusive space's credit), `owner` is its interleaver's address
 /// (0 for a shared space); `huge` says which pages (see `Config::huge`).
-pub(crate) fn map(state: &State, node: usize, references: usize, owner: usize, huge: Huge) -> Option<NonNull<NodeRegion>> {
+pub(crate) fn map(
+    state: &State,
+    node: usize,
+    references: usize,
+    owner: usize,
+    huge: Huge,
+) -> Option<NonNull<NodeRegion>> {
     let arena = state.node_arena(node);
     if huge == Huge::Thp && !THP_ASKED.load(Ordering::Relaxed) {
         THP_ASKED.store(true, Ordering::Relaxed);

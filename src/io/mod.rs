@@ -4,7 +4,7 @@
 //! pool calls it for each region it maps, and before it unmaps one), so the
 //! pool stays unaware of what registers its memory and how.
 //!
-//! - [`uring`] (feature `io-uring`): io_uring fixed buffers from a node's
+//! - `uring` (feature `io-uring`): io_uring fixed buffers from a node's
 //!   pool, and provided-buffer rings.
 //!
 //! Room is left here for registrars of other kinds (VFIO DMA mappings,

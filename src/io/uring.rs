@@ -60,8 +60,8 @@ use io_uring::squeue::Entry;
 
 use crate::error::{Error, Result};
 use crate::os::mem::{Mapping, MemPolicy, memlock_limit};
-use crate::topology::Topology;
 use crate::slab::{DmaBuf, DmaPool, Refusal, Region, Registrar};
+use crate::topology::Topology;
 
 /// Bytes pinned by every [`FixedBuffers`] of the process.
 static PINNED: AtomicU64 = AtomicU64::new(0);
@@ -569,7 +569,12 @@ impl NodeRing {
             bufs.bufs.clear();
             return Err(e);
         }
-        pin(bytes as u64).map_err(|(limit, pinned)| Error::MemlockLimit { node: self.node, limit, pinned, asked: bytes })?;
+        pin(bytes as u64).map_err(|(limit, pinned)| Error::MemlockLimit {
+            node: self.node,
+            limit,
+            pinned,
+            asked: bytes,
+        })?;
         // SAFETY: `mem` is a fresh writable mapping of `bytes` bytes; the
         // tail must read 0 when the kernel first looks.
         unsafe { mem.as_ptr().write_bytes(0, bytes) };

@@ -33,8 +33,8 @@ mod synthetic;
 mod sysfs;
 
 pub use crate::sets::{CpuSet, IdSet, Iter, MAX_CPUS, MAX_NODES, NodeSet};
-pub(crate) use perf::read_kernel_weight;
 pub use perf::PerfSource;
+pub(crate) use perf::read_kernel_weight;
 #[cfg(not(loom))]
 pub(crate) use perf::{hold_for_fork as perf_hold_for_fork, release_after_fork as perf_release_after_fork};
 pub use synthetic::{MEMORY_ONLY_DISTANCE, SyntheticBuilder};

@@ -188,11 +188,14 @@ pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
         // The node's shared heap: every free of its blocks is a remote one,
         // collected when a thread next takes a block there, or here (if no
         // thread holds it now: then that thread collects).
-        if let Some(g) = arena.shared.try_lock()
-            && !g.0.is_null()
-        {
-            // SAFETY: the shared heap, under its lock.
-            unsafe { Heap::give_back_free(g.0) };
+        // The same for its heap of cold blocks.
+        for lock in [&arena.shared, &arena.cold] {
+            if let Some(g) = lock.try_lock()
+                && !g.0.is_null()
+            {
+                // SAFETY: the node's shared (or cold) heap, under its lock.
+                unsafe { Heap::give_back_free(g.0) };
+            }
         }
     }
 }
@@ -216,10 +219,12 @@ pub(crate) fn trim(state: &State) {
     reclaim_orphans(state, u64::MAX, true);
     for n in state.nodes().iter() {
         if let Some(a) = state.arena(n) {
-            let g = a.shared.lock();
-            if !g.0.is_null() {
-                // SAFETY: the shared heap, under its lock.
-                unsafe { Heap::trim(g.0) };
+            for lock in [&a.shared, &a.cold] {
+                let g = lock.lock();
+                if !g.0.is_null() {
+                    // SAFETY: the node's shared (or cold) heap, under its lock.
+                    unsafe { Heap::trim(g.0) };
+                }
             }
         }
     }

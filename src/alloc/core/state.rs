@@ -303,13 +303,14 @@ impl State {
 
 /// Every lock of the allocator core, in one fixed order (`ForkRank::Core`
 /// among the layers': the interleaving's and the slab caches' are taken
-/// before these): the arenas' `shared` locks first (a thread holding one
-/// takes the others: `heap/shared.rs`), then the rest, of which no code
-/// path holds two at once.
+/// before these): the arenas' `shared` and `cold` locks first (a thread
+/// holding one takes the others, never both: `heap/shared.rs`), then the
+/// rest, of which no code path holds two at once.
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
     let shared = state.arenas.iter().map(|a| &a.shared as &dyn RawLock);
+    let cold = state.arenas.iter().map(|a| &a.cold as &dyn RawLock);
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
-    shared.chain([&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock]).chain(arenas)
+    shared.chain(cold).chain([&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock]).chain(arenas)
 }
 
 /// The two raw operations the fork handlers need, over locks of any content.

@@ -25,7 +25,7 @@ use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
 use super::heap::Heap;
-use super::region::{REGION_ALIGN_MAX, REGION_MAX, NodeRegion, UNIT, units_for};
+use super::region::{NodeRegion, REGION_ALIGN_MAX, REGION_MAX, UNIT, units_for};
 use super::segment::{Block, Segment};
 use super::size_class::{PAGE_CLASS, class_size};
 use super::state::State;

@@ -13,7 +13,7 @@ use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
 use crate::alloc::core::state::State;
-use crate::alloc::region::{self, REGION_ALIGN_MAX, NodeRegion, UNIT, units_for};
+use crate::alloc::region::{self, NodeRegion, REGION_ALIGN_MAX, UNIT, units_for};
 use crate::os::mem::Huge;
 use crate::sync::{AtomicPtr, Ordering, SpinLock};
 use crate::topology::MAX_NODES;

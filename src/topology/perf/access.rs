@@ -136,4 +136,3 @@ pub(super) fn read_access(target: usize) -> Option<Access> {
     }
     None
 }
-

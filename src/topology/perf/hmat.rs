@@ -250,7 +250,6 @@ pub(super) fn build_hmat(targets: &[u32], initiators: &[u32], lat_ns: &[&[u32]],
     t
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

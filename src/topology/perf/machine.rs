@@ -47,4 +47,3 @@ pub(crate) fn hold_for_fork() {
 pub(crate) fn release_after_fork() {
     MACHINE.release_after_fork();
 }
-

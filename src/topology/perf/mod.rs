@@ -38,8 +38,8 @@ mod access;
 mod hmat;
 mod machine;
 
-pub(crate) use access::read_kernel_weight;
 use access::read_access;
+pub(crate) use access::read_kernel_weight;
 use hmat::parse_hmat;
 use machine::machine_perf;
 #[cfg(not(loom))]

@@ -88,10 +88,15 @@ pub(crate) struct Arena {
     /// it; see `heap/shared.rs`), and the lock it is used under: taken
     /// before any other lock of the core.
     pub(crate) shared: SpinLock<SharedHeap>,
+    /// The node's heap of cold blocks (null until the first one; see
+    /// `heap/shared.rs`): its pages hold cold blocks only, so a hot block
+    /// never shares a page with one. Taken alone among the heaps' locks,
+    /// before the arenas' `inner`.
+    pub(crate) cold: SpinLock<SharedHeap>,
     pub(crate) counters: ArenaCounters,
 }
 
-/// [`Arena::shared`]'s content.
+/// [`Arena::shared`]'s and [`Arena::cold`]'s content.
 pub(crate) struct SharedHeap(pub(crate) *mut Heap);
 
 // SAFETY: the heap is used only under the lock around it.
@@ -115,6 +120,7 @@ impl Arena {
                 early_at: 0,
             }),
             shared: SpinLock::new(SharedHeap(ptr::null_mut())),
+            cold: SpinLock::new(SharedHeap(ptr::null_mut())),
             counters: ArenaCounters {
                 reserved: AtomicU64::new(0),
                 purged: AtomicU64::new(0),

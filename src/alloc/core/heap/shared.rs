@@ -1,4 +1,6 @@
-//! A thread's first blocks of a class, from its node's shared heap.
+//! Heaps a node's threads share, each used under a lock of its arena: the
+//! shared heap that serves a thread's first blocks of a class, and the
+//! heap of cold blocks.
 //!
 //! A thread that holds a few blocks of many classes (a connection's
 //! buffers, a request's strings) would otherwise take a page for each, and
@@ -14,6 +16,14 @@
 //! than that gets pages of the thread's own, as before: the fast path is
 //! untouched, and a thread's first blocks of each class are slow-path
 //! allocations (a lock and a pop).
+//!
+//! Cold blocks (a hint below 128: `NumaAlloc::alloc_hinted`, the hinted
+//! `operator new`, the cold handle) come from the heap of cold blocks of
+//! the node they are placed on ([`Heap::alloc_cold`]): its pages hold no
+//! hot block, so a page a program touches often never carries cold data
+//! along, nor the other way round, on whichever node the cold data lands
+//! (the lower tier, or the thread's own when there is none). Their frees
+//! are remote frees, collected as the shared heap's are.
 
 use super::*;
 
@@ -42,6 +52,34 @@ impl Placement for Home {
 }
 
 impl Heap {
+    /// A block of `class` from the heap of cold blocks of `node`'s arena
+    /// (made on first use; fresh pages from that arena), null when no
+    /// memory can be had.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn alloc_cold(state: &State, node: usize, class: usize) -> *mut u8 {
+        debug_assert!(class < CLASSES);
+        let arena = state.node_arena(node);
+        let mut g = arena.cold.lock();
+        // SAFETY: the cold heap is used under its arena's `cold` lock alone
+        // (no thread's TLS slot names it, so no fast path reaches it), which
+        // is what its owner-only fields need; `class < CLASSES`.
+        unsafe {
+            if g.0.is_null() {
+                match Heap::make(state, arena.node, OWNER_SHARED) {
+                    Some(h) => g.0 = h,
+                    None => return ptr::null_mut(),
+                }
+            }
+            let ch = g.0;
+            let p = Heap::pop(ch, class);
+            if !p.is_null() {
+                return p;
+            }
+            Heap::refill(ch, class, state, &mut Home(arena.node))
+        }
+    }
+
     /// Whether the refill of `class` takes its block from the node's shared
     /// heap: a heap of a thread of a process with threads, under a placement
     /// of its own node's pages (`Local`'s: the one the free cache serves),
