@@ -109,7 +109,9 @@ impl Config {
     /// Free page memory (per arena) kept committed for reuse: past it, it is
     /// returned to the OS with `MADV_DONTNEED` at once. With a purge delay
     /// the bound is 8 times this (free pages and freed large mappings each),
-    /// and what stays under it goes back once it has waited out the delay.
+    /// raised to twice a burst of frees past it that recurs within four
+    /// delays (at most 16 times), and what stays under it goes back once it
+    /// has waited out the delay.
     pub const fn purge_threshold(mut self, bytes: usize) -> Self {
         self.core.purge_threshold = bytes;
         self

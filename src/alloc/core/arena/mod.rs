@@ -21,7 +21,7 @@ mod purge;
 
 use cached::{CACHED_BYTES_FACTOR, Cached};
 pub(crate) use purge::delay_clock;
-use purge::{delay_of, note_reuse, soonest};
+use purge::{committed_bound, delay_of, note_reuse, soonest};
 
 /// Counters of one arena, written under its lock or with single atomic adds.
 #[derive(Default)]
@@ -73,6 +73,15 @@ pub(crate) struct ArenaInner {
     /// within the delay (ms, monotonic).
     raised_at: u64,
     early_at: u64,
+    /// The bound of free memory kept committed is the configured one
+    /// shifted left by this: see [`purge::note_bound_purge`].
+    bound_shift: u32,
+    /// When free memory last passed the bound (ms, monotonic; 0: never),
+    /// the most that was free since the bound was last looked at, and
+    /// when that was.
+    bound_at: u64,
+    dirty_peak: u64,
+    bound_seen: u64,
 }
 
 // SAFETY: the raw pointers are owned by the arena and only used under its lock.
@@ -118,6 +127,10 @@ impl Arena {
                 delay_shift: 0,
                 raised_at: 0,
                 early_at: 0,
+                bound_shift: 0,
+                bound_at: 0,
+                dirty_peak: 0,
+                bound_seen: 0,
             }),
             shared: SpinLock::new(SharedHeap(ptr::null_mut())),
             cold: SpinLock::new(SharedHeap(ptr::null_mut())),
@@ -487,14 +500,19 @@ impl Arena {
             g.exhausted = 0;
         }
         // With a delay, the threshold bounds what waits (times the factor
-        // cached mappings get): a burst of frees past the threshold alone
-        // (a garbage collector's sweep) is taken again moments later.
+        // cached mappings get, raised while bursts past it recur): a burst
+        // of frees past the threshold alone (a garbage collector's sweep) is
+        // taken again moments later.
         let now = delay_clock(state);
         let bound = match now {
-            Some(_) => state.config.purge_threshold.saturating_mul(CACHED_BYTES_FACTOR),
+            Some(_) => committed_bound(state, &g),
             None => state.config.purge_threshold,
         };
+        g.dirty_peak = g.dirty_peak.max(dirty);
         if dirty as usize > bound {
+            if let Some(now) = now {
+                purge::note_bound_purge(&mut g, state, now, dirty);
+            }
             self.purge(&mut g);
         } else if let Some(now) = now {
             // SAFETY: segment fields are guarded by the arena lock.

@@ -40,6 +40,14 @@ impl Arena {
             g.delay_shift -= 1;
             g.early_at = now;
         }
+        if g.bound_shift > 0 && now >= g.bound_seen + delay_of(state, g) * DELAY_DECAY {
+            // No burst near the raised bound for a long while: lower it.
+            if g.dirty_peak as usize <= committed_bound(state, g) / 2 {
+                g.bound_shift -= 1;
+            }
+            g.bound_seen = now;
+            g.dirty_peak = self.counters.dirty.load(Ordering::Relaxed);
+        }
         if g.purge_at == 0 || now < g.purge_at {
             return;
         }
@@ -209,6 +217,32 @@ impl Arena {
 /// The purge delay in force in an arena (ms).
 pub(super) fn delay_of(state: &State, g: &ArenaInner) -> u64 {
     state.config.purge_delay_ms << g.delay_shift
+}
+
+/// The free page memory an arena with a purge delay keeps committed before
+/// it returns all of it at once: 8 times the threshold, doubled while such
+/// bursts recur ([`note_bound_purge`]).
+pub(super) fn committed_bound(state: &State, g: &ArenaInner) -> usize {
+    state.config.purge_threshold.saturating_mul(CACHED_BYTES_FACTOR) << g.bound_shift
+}
+
+/// Free memory passed the bound at `now`, and will go back at once: if it
+/// did within four delays before, the program frees and allocates more
+/// than the bound in a loop (a JSON service drops a 100 MB document and
+/// parses the next: every round faulted it all in again, 29,000 faults a
+/// round), and the bound doubles until it is twice what was free (`dirty`
+/// bytes), up to [`MAX_DELAY_SHIFT`] doublings (1 GiB by default). It
+/// comes down again once free memory stayed under half of it for
+/// [`DELAY_DECAY`] delays (`Arena::purge_expired`); the delay still
+/// returns what waits, so a program that goes quiet gives it all back.
+pub(super) fn note_bound_purge(g: &mut ArenaInner, state: &State, now: u64, dirty: u64) {
+    if g.bound_at != 0 && now < g.bound_at + 4 * delay_of(state, g) {
+        while g.bound_shift < MAX_DELAY_SHIFT && (committed_bound(state, g) as u64) < dirty.saturating_mul(2) {
+            g.bound_shift += 1;
+        }
+        g.bound_seen = now;
+    }
+    g.bound_at = now;
 }
 
 /// Slots the purge delay gave back, taken again within the delay: the

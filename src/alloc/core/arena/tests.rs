@@ -1,6 +1,6 @@
 //! The arena's unit tests: pages, the purge delay, cached mappings.
 
-use super::purge::DELAY_DECAY;
+use super::purge::{self, DELAY_DECAY};
 use super::*;
 use crate::alloc::core::size_class::{SMALL_MAX, class_of};
 
@@ -196,4 +196,32 @@ fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
     sleep(2 * delay * DELAY_DECAY + 20);
     a.tick_at(state, crate::os::monotonic_ms());
     assert_eq!(a.inner.lock().delay_shift, 0);
+}
+
+#[test]
+fn bursts_past_the_bound_that_recur_raise_it_until_they_fit() {
+    let Some((state, a, _delay, class, bytes)) = with_delay() else { return };
+    let purged = || a.counters.purged.load(Ordering::Relaxed);
+    let bound = purge::committed_bound(state, &a.inner.lock()) as u64;
+    // A burst of pages a little past the bound, all freed at once.
+    let n = (bound / bytes + 4) as usize;
+    let burst = || {
+        let pages: Vec<*mut Page> =
+            (0..n).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
+        for p in pages {
+            // SAFETY: a page of this arena with no block live and no heap.
+            unsafe { a.free_page(state, p) };
+        }
+    };
+    burst();
+    assert!(purged() > 0, "past the bound: returned at once");
+    assert_eq!(a.inner.lock().bound_shift, 0, "once is a burst, not a loop");
+    burst();
+    let shift = a.inner.lock().bound_shift;
+    assert!(shift > 0, "a burst past the bound again, within four delays: the bound rises");
+    assert!(purge::committed_bound(state, &a.inner.lock()) as u64 >= 2 * bound, "to twice the burst at least");
+    let before = purged();
+    burst();
+    assert_eq!(purged(), before, "the same burst fits under the raised bound: nothing returned at once");
+    a.purge_now();
 }
