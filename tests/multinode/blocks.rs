@@ -1,0 +1,254 @@
+//! `NumaAlloc`'s blocks on their thread's node, remote frees going home,
+//! purged pages coming back on their node, fallbacks by distance.
+
+use super::*;
+
+pub(super) fn numaalloc_blocks_land_on_the_threads_node(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    let want = if t.memory_nodes().len() > 1 { Mode::PerNode } else { Mode::Flat };
+    assert_eq!(A.mode(), want);
+    let _ = layout;
+    for node in t.cpu_nodes().iter() {
+        let cpu = first_cpu(t, node);
+        let phys = t.physical_node(node);
+        std::thread::spawn(move || {
+            os::cpu::pin_current_thread(cpu).unwrap();
+            let small = Layout::from_size_align(4000, 8).unwrap();
+            let huge = Layout::from_size_align(2 << 20, 8).unwrap();
+            // SAFETY: valid layouts; blocks freed with them below.
+            unsafe {
+                let blocks: Vec<*mut u8> = (0..64).map(|_| A.alloc(small)).collect();
+                let big = A.alloc(huge);
+                for &b in &blocks {
+                    assert_eq!(A.node_of(b), if want == Mode::PerNode { node } else { 0 });
+                    let got = touch_and_locate(b, small.size());
+                    assert!(got.iter().all(|&g| g == Some(phys)), "small block of cpu {cpu}: pages on {got:?}");
+                }
+                let got = touch_and_locate(big, huge.size());
+                assert!(got.iter().all(|&g| g == Some(phys)), "huge block of cpu {cpu}: pages on {got:?}");
+                for b in blocks {
+                    A.dealloc(b, small);
+                }
+                A.dealloc(big, huge);
+            }
+            println!("\n  cpu {cpu}: 64 small blocks and a 2 MiB block, every page on node {node}");
+        })
+        .join()
+        .unwrap();
+    }
+    Outcome::Pass
+}
+
+/// Memory given back to the kernel (`MADV_DONTNEED` by a trim, as the purge
+/// delay does) and faulted in again when its blocks are handed out again
+/// lands on the node its range is bound to: under `Local` on each node
+/// with CPUs (small blocks and a huge block, in the same mappings as
+/// before the purge), and under an interleave (I/O buffers, each on the
+/// node the cursor names).
+pub(super) fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let small = Layout::from_size_align(8000, 8).unwrap();
+    let huge = Layout::from_size_align(4 << 20, 8).unwrap();
+    for node in t.cpu_nodes().iter() {
+        let (cpu, phys) = (first_cpu(t, node), t.physical_node(node));
+        std::thread::spawn(move || {
+            os::cpu::pin_current_thread(cpu).unwrap();
+            // SAFETY: valid layouts; blocks freed with them.
+            unsafe {
+                let first: Vec<usize> = (0..512).map(|_| A.alloc(small) as usize).collect();
+                let big = A.alloc(huge);
+                for &b in &first {
+                    (b as *mut u8).write_bytes(1, small.size());
+                }
+                big.write_bytes(1, huge.size());
+                for &b in &first {
+                    A.dealloc(b as *mut u8, small);
+                }
+                A.dealloc(big, huge);
+                let back = A.trim();
+                assert!(back > 0, "nothing was given back");
+                let again: Vec<*mut u8> = (0..512).map(|_| A.alloc(small)).collect();
+                let big = A.alloc(huge);
+                let reused = again.iter().filter(|&&b| first.contains(&(b as usize))).count();
+                for &b in &again {
+                    let got = touch_and_locate(b, small.size());
+                    assert!(got.iter().all(|&g| g == Some(phys)), "a purged block of cpu {cpu}: pages on {got:?}");
+                }
+                let got = touch_and_locate(big, huge.size());
+                assert!(got.iter().all(|&g| g == Some(phys)), "a purged huge block of cpu {cpu}: pages on {got:?}");
+                for b in again {
+                    A.dealloc(b, small);
+                }
+                A.dealloc(big, huge);
+                println!(
+                    "\n  cpu {cpu}: {} KiB purged, {reused} of 512 blocks handed out again, every page on node {node}",
+                    back >> 10
+                );
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    let nodes = t.memory_nodes().intersection(&t.allowed_nodes());
+    if nodes.len() < 2 {
+        return Outcome::Pass;
+    }
+    let policy = Interleave::new(nodes, Granularity::Count(2)).unwrap();
+    let topo = t.clone();
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(first_cpu(&topo, topo.cpu_nodes().first().unwrap())).unwrap();
+        let l = Layout::from_size_align(64 << 10, 4096).unwrap();
+        let round = |what: &str| {
+            let model = Cursor::new(&policy);
+            let mut raw: Vec<*mut u8> = Vec::with_capacity(48);
+            {
+                let _g = numaweave::with_policy(Policy::Interleave(policy)).unwrap();
+                for _ in 0..48 {
+                    // SAFETY: a valid layout; freed below.
+                    raw.push(unsafe { A.alloc(l) });
+                }
+            }
+            for (i, &p) in raw.iter().enumerate() {
+                let want = topo.physical_node(model.next(l.size()));
+                let got = touch_and_locate(p, l.size());
+                assert!(got.iter().all(|&n| n == Some(want)), "{what} buffer {i}: pages on {got:?}, want {want}");
+            }
+            for p in raw {
+                // SAFETY: allocated above with `l`.
+                unsafe { A.dealloc(p, l) };
+            }
+        };
+        round("interleaved");
+        let back = A.trim();
+        round("purged and interleaved again");
+        println!("\n  interleave over {nodes}: {} KiB purged, 48 buffers again, every page on its node", back >> 10);
+    })
+    .join()
+    .unwrap();
+    Outcome::Pass
+}
+
+pub(super) fn numaalloc_remote_frees_return_home(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let nodes: Vec<usize> = t.cpu_nodes().iter().collect();
+    if nodes.len() < 2 {
+        return Outcome::Skip("needs two nodes with CPUs");
+    }
+    let (home, away) = (*nodes.last().unwrap(), nodes[0]);
+    let (home_cpu, away_cpu) = (first_cpu(t, home), first_cpu(t, away));
+    let l = Layout::from_size_align(512, 8).unwrap();
+    let before = A.stats();
+    let (tx, rx) = mpsc::channel::<Vec<usize>>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let owner = std::thread::spawn(move || {
+        os::cpu::pin_current_thread(home_cpu).unwrap();
+        // A thread's first 8 blocks of a class come from its node's shared
+        // heap (their remote frees collected there, later): held, so that
+        // the 1000 below are the owner's own.
+        // SAFETY: valid layout.
+        let first: Vec<usize> = (0..8).map(|_| unsafe { A.alloc(l) } as usize).collect();
+        // SAFETY: valid layout.
+        let blocks: Vec<usize> = (0..1000).map(|_| unsafe { A.alloc(l) } as usize).collect();
+        tx.send(blocks.clone()).unwrap();
+        done_rx.recv().unwrap();
+        // SAFETY: valid layout.
+        let again: Vec<usize> = (0..1000).map(|_| unsafe { A.alloc(l) } as usize).collect();
+        let old: HashSet<usize> = blocks.into_iter().collect();
+        let reused = again.iter().filter(|p| old.contains(p)).count();
+        for p in again.into_iter().chain(first) {
+            // SAFETY: allocated above with `l`.
+            unsafe { A.dealloc(p as *mut u8, l) };
+        }
+        reused
+    });
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(away_cpu).unwrap();
+        for p in rx.recv().unwrap() {
+            // SAFETY: blocks allocated with `l` by the owner.
+            unsafe {
+                assert_eq!(A.node_of(p as *const u8), home);
+                A.dealloc(p as *mut u8, l);
+            }
+        }
+        done_tx.send(()).unwrap();
+    })
+    .join()
+    .unwrap();
+    let reused = owner.join().unwrap();
+    let after = A.stats();
+    let remote = after.per_node[home].remote_frees - before.per_node[home].remote_frees;
+    println!(
+        "\n  1000 blocks of node {home} freed on node {away}: {remote} remote frees booked on node {home}, {reused} reused by their owner\n{after}"
+    );
+    assert!(remote >= 1000);
+    assert!(reused >= 900);
+    Outcome::Pass
+}
+
+pub(super) fn numaalloc_falls_back_by_distance_when_a_node_is_full(t: &Topology, layout: Option<&Guest>) -> Outcome {
+    if layout.is_none() {
+        return Outcome::Skip("fills a node: only inside the numa-vm guest");
+    }
+    let node = t.cpu_nodes().first().unwrap();
+    let cpu = first_cpu(t, node);
+    let target = (t.memory_of(node) + (64 << 20)) as usize;
+    let before = A.stats().per_node[node].fallbacks;
+    let placed = fill_from_cpu(cpu, target, None);
+    let after = A.stats().per_node[node].fallbacks;
+    println!(
+        "\n  filled node {node} with {} MiB: pages per node {:?}, {} fallbacks",
+        target >> 20,
+        placed.iter().enumerate().filter(|(_, c)| **c > 0).collect::<Vec<_>>(),
+        after - before
+    );
+    assert!(after > before, "no fallback counted");
+    assert_spilled_to_nearest(t, node, &placed);
+    Outcome::Pass
+}
+
+/// Allocates `bytes` in 128 KiB blocks (size-class pages, drawn from the
+/// arenas) on a thread pinned to `cpu`, under `policy` when given, touching
+/// every page; frees them and gives the memory back. Returns the pages found
+/// on each kernel node.
+pub(super) fn fill_from_cpu(cpu: usize, bytes: usize, policy: Option<Policy>) -> Vec<usize> {
+    std::thread::spawn(move || {
+        os::cpu::pin_current_thread(cpu).unwrap();
+        let _g = policy.map(|p| numaweave::with_policy(p).unwrap());
+        let l = Layout::from_size_align(128 << 10, 8).unwrap();
+        let mut blocks = Vec::with_capacity(bytes / l.size() + 1);
+        let mut per_node = vec![0usize; numaweave::topology::MAX_NODES];
+        while blocks.len() * l.size() < bytes {
+            // SAFETY: valid layout.
+            let p = unsafe { A.alloc(l) };
+            assert!(!p.is_null(), "allocation failed after {} MiB", (blocks.len() * l.size()) >> 20);
+            for n in touch_and_locate(p, l.size()).into_iter().flatten() {
+                per_node[n] += 1;
+            }
+            blocks.push(p);
+        }
+        for p in blocks {
+            // SAFETY: allocated above with `l`.
+            unsafe { A.dealloc(p, l) };
+        }
+        A.collect();
+        per_node
+    })
+    .join()
+    .unwrap()
+}
+
+/// Checks that a fill of node `from` (`placed`: pages per kernel node)
+/// overflowed, and only to the memory nodes nearest `from`: never farther
+/// than the nearest other node while that one has room.
+pub(super) fn assert_spilled_to_nearest(t: &Topology, from: usize, placed: &[usize]) {
+    let elsewhere: Vec<usize> = (0..placed.len()).filter(|&n| placed[n] > 0 && n != t.physical_node(from)).collect();
+    assert!(!elsewhere.is_empty(), "nothing placed outside node {from}");
+    let nearest = t.nodes_by_distance(from).find(|&n| n != from && t.memory_nodes().contains(n)).unwrap();
+    let d = t.distance(from, nearest);
+    for n in elsewhere {
+        let ln = t.logical_node(n).unwrap();
+        assert_eq!(
+            t.distance(from, ln),
+            d,
+            "overflow of node {from} reached node {ln} (distance {}) before the nearest, {nearest}",
+            t.distance(from, ln)
+        );
+    }
+}
