@@ -1,7 +1,7 @@
 //! The machine's memory performance tables: read once, on first use, in
 //! place; held across `fork()` (the lock table in `os/thread.rs`).
 
-use super::{MemoryPerformance, PerfSource};
+use super::MemoryPerformance;
 use crate::topology::Topology;
 
 /// The machine's tables (see [`machine_perf`]).
@@ -19,7 +19,7 @@ pub(super) fn machine_perf(t: &Topology) -> &'static MemoryPerformance {
         MACHINE.get_or_init_in_place(|slot| {
             let p = slot.as_mut_ptr();
             p.write_bytes(0, 1);
-            core::ptr::addr_of_mut!((*p).source).write(PerfSource::Unknown);
+            core::ptr::addr_of_mut!((*p).source).write(super::PerfSource::Unknown);
             core::ptr::addr_of_mut!((*p).kernel_auto).write(None);
             (*p).fill_machine(t);
         })
