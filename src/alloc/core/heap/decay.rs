@@ -61,6 +61,12 @@ pub(crate) struct HeapLife {
     class_refills: [u8; CLASSES],
     /// When the heap last emptied its direct slots for the lifecycle.
     armed_at: u64,
+    /// When a free's slow path last emptied the direct slots: once a tick
+    /// too, apart from the refills' arming, which a refill of a busy class
+    /// in the same tick (its slot filled again) would otherwise leave the
+    /// last word to (a thread that frees a burst and goes quiet within that
+    /// tick then never refilled again).
+    event_armed_at: u64,
     /// Whether the next refill looks at the clock (armed, or a class of it
     /// found quiet at the last look).
     listen: bool,
@@ -70,6 +76,12 @@ pub(crate) struct HeapLife {
     trim_seen: u64,
     /// Per class, its refills since the heap's last decay (saturating).
     pub(super) window_refills: [u16; CLASSES],
+    /// The last decay kept classes in use that hold memory: the heap looks
+    /// at the clock at its refills until a decay finds them quiet too,
+    /// whether or not anything else is due (a thread that goes quiet right
+    /// after a burst would otherwise keep the burst: nothing else would
+    /// bring it back to its refills).
+    owed: bool,
     /// An exited thread's heap: when (ms) its thread exited, leaving the
     /// free blocks of its pages in use resident (for the next thread of the
     /// node, which most likely adopts it); 0 when none are kept. The
@@ -93,10 +105,12 @@ impl HeapLife {
             class_at: [0; CLASSES],
             class_refills: [0; CLASSES],
             armed_at: 0,
+            event_armed_at: 0,
             listen: false,
             decayed_at: 0,
             trim_seen: 0,
             window_refills: [0; CLASSES],
+            owed: false,
             kept_since: 0,
             page_bytes: AtomicU64::new(0),
             #[cfg(test)]
@@ -113,6 +127,9 @@ pub(super) enum Beat {
     /// Looked at the clock (at this time, ms) while something is due: arm,
     /// and fill the slot only if the class is busy.
     Looked(u64),
+    /// Looked at the clock for the heap's own decay alone (it owes one):
+    /// fill the slot only if the class is busy; nothing to arm.
+    Owed(u64),
 }
 
 impl Heap {
@@ -135,7 +152,7 @@ impl Heap {
             if life.trim_seen != state.life.trim_epoch() {
                 return Heap::heartbeat_slow(heap, state);
             }
-            if !life.listen && (!state.life.pending() || !(*heap).refills.is_multiple_of(CLOCK_EVERY)) {
+            if !life.listen && !life.owed && (!state.life.pending() || !(*heap).refills.is_multiple_of(CLOCK_EVERY)) {
                 return Beat::Busy;
             }
             Heap::heartbeat_slow(heap, state)
@@ -163,7 +180,7 @@ impl Heap {
             life.last_look = now;
             lifecycle::tick(state, now);
             let delay = state.config.purge_delay_ms.max(1);
-            if life.listen && new_tick && now.saturating_sub(life.decayed_at) >= delay {
+            if (life.listen || life.owed) && new_tick && now.saturating_sub(life.decayed_at) >= delay {
                 // Quiet (a class of it was), and not given back for a delay:
                 // what the quiet classes hold free goes back to their pages
                 // and arenas (and from them to the OS when due). A class
@@ -179,10 +196,28 @@ impl Heap {
                 }
                 life.decayed_at = now;
                 Heap::give_back_free_as(heap, true, quiet);
+                // The classes kept that hold memory are owed a later look:
+                // their slots emptied, so that even a quiet thread's next
+                // allocation of each refills and comes back here.
+                let mut owed = false;
+                for class in (0..CLASSES).filter(|&c| quiet & (1 << c) == 0) {
+                    if !(*heap).lists[class].head.is_null() || !(*Heap::cache_page(heap, class)).free.is_null() {
+                        owed = true;
+                        if !Heap::is_lent(heap, class) {
+                            Heap::set_direct(heap, class, empty_page());
+                            (*heap).cache_serves[class] = false;
+                        }
+                    }
+                }
+                (*heap).life.owed = owed;
             }
             // (Set again by `after_beat` if the class proves quiet.)
             (*heap).life.listen = false;
-            if state.life.pending() { Beat::Looked(now) } else { Beat::Busy }
+            match (state.life.pending(), (*heap).life.owed) {
+                (true, _) => Beat::Looked(now),
+                (false, true) => Beat::Owed(now),
+                (false, false) => Beat::Busy,
+            }
         }
     }
 
@@ -197,7 +232,11 @@ impl Heap {
     #[inline(never)]
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(super) unsafe fn after_beat(heap: *mut Heap, class: usize, beat: Beat) {
-        let Beat::Looked(now) = beat else { return };
+        let (now, arm) = match beat {
+            Beat::Busy => return,
+            Beat::Looked(now) => (now, true),
+            Beat::Owed(now) => (now, false),
+        };
         // SAFETY: per the contract; a lent slot is the lender's to end.
         unsafe {
             let life = &mut (*heap).life;
@@ -207,7 +246,9 @@ impl Heap {
             }
             life.class_refills[class] = life.class_refills[class].saturating_add(1);
             let busy = life.class_refills[class] > BUSY_REFILLS;
-            Heap::arm_at(heap, now);
+            if arm {
+                Heap::arm_at(heap, now);
+            }
             if !busy {
                 (*heap).life.listen = true;
                 if !Heap::is_lent(heap, class) {
@@ -234,8 +275,19 @@ impl Heap {
             return;
         }
         if state.life.pending() {
+            let now = crate::os::monotonic_ms();
             // SAFETY: per the contract.
-            unsafe { Heap::arm_at(heap, crate::os::monotonic_ms()) }
+            unsafe {
+                let life = &mut (*heap).life;
+                if life.event_armed_at == now {
+                    return;
+                }
+                life.event_armed_at = now;
+                // Even if a refill armed in this tick: it may have filled a
+                // busy class's slot since.
+                life.armed_at = 0;
+                Heap::arm_at(heap, now);
+            }
         }
     }
 
@@ -382,6 +434,7 @@ impl Heap {
         unsafe {
             Heap::give_back_free(heap);
             (*heap).life.decayed_at = crate::os::monotonic_ms();
+            (*heap).life.owed = false;
         }
     }
 
