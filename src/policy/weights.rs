@@ -145,26 +145,9 @@ mod tests {
         assert_eq!(reduce_weights(&[0, 10])[..2], [1, 32]);
     }
 
-    fn cxl_machine() -> crate::topology::SyntheticBuilder {
-        let mut b = Topology::synthetic(2).memory_only_nodes(2);
-        for (i, t, gbps, ns) in [
-            (0, 0, 100, 80),
-            (0, 1, 50, 140),
-            (0, 2, 30, 250),
-            (0, 3, 15, 350),
-            (1, 0, 50, 140),
-            (1, 1, 100, 80),
-            (1, 2, 15, 350),
-            (1, 3, 30, 250),
-        ] {
-            b = b.bandwidth(i, t, gbps * 1000).latency(i, t, ns);
-        }
-        b
-    }
-
     #[test]
     fn each_socket_weights_by_its_own_bandwidth() {
-        let t = cxl_machine().build().unwrap();
+        let t = crate::topology::cxl_machine().build().unwrap();
         let all = t.memory_nodes();
         assert_eq!(t.interleave_weights(0, all).of(all), [8, 4, 2, 1]);
         assert_eq!(t.interleave_weights(1, all).of(all), [4, 8, 1, 2]);

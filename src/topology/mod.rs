@@ -34,6 +34,8 @@ mod sysfs;
 
 pub use crate::sets::{CpuSet, IdSet, Iter, MAX_CPUS, MAX_NODES, NodeSet};
 pub use perf::PerfSource;
+#[cfg(test)]
+pub(crate) use perf::cxl_machine;
 pub(crate) use perf::read_kernel_weight;
 #[cfg(not(loom))]
 pub(crate) use perf::{hold_for_fork as perf_hold_for_fork, release_after_fork as perf_release_after_fork};

@@ -286,26 +286,29 @@ impl Topology {
     }
 }
 
+/// For tests: two sockets with a CXL node behind each (numa-vm's `--hmat`
+/// defaults: GB/s and ns), as a synthetic topology's builder.
+#[cfg(test)]
+pub(crate) fn cxl_machine() -> crate::topology::SyntheticBuilder {
+    let mut b = Topology::synthetic(2).memory_only_nodes(2);
+    for (i, t, gbps, ns) in [
+        (0, 0, 100, 80),
+        (0, 1, 50, 140),
+        (0, 2, 30, 250),
+        (0, 3, 15, 350),
+        (1, 0, 50, 140),
+        (1, 1, 100, 80),
+        (1, 2, 15, 350),
+        (1, 3, 30, 250),
+    ] {
+        b = b.bandwidth(i, t, gbps * 1000).latency(i, t, ns);
+    }
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cxl_machine() -> crate::topology::SyntheticBuilder {
-        let mut b = Topology::synthetic(2).memory_only_nodes(2);
-        for (i, t, gbps, ns) in [
-            (0, 0, 100, 80),
-            (0, 1, 50, 140),
-            (0, 2, 30, 250),
-            (0, 3, 15, 350),
-            (1, 0, 50, 140),
-            (1, 1, 100, 80),
-            (1, 2, 15, 350),
-            (1, 3, 30, 250),
-        ] {
-            b = b.bandwidth(i, t, gbps * 1000).latency(i, t, ns);
-        }
-        b
-    }
 
     #[test]
     fn the_lower_tier_is_the_slower_memory_nearest_each_socket() {

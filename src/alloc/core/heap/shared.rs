@@ -26,6 +26,7 @@
 //! are remote frees, collected as the shared heap's are.
 
 use super::*;
+use crate::alloc::core::arena::SharedHeap;
 
 /// Blocks of a class a heap takes from its node's shared heap before it
 /// takes a page of its own for it.
@@ -58,25 +59,43 @@ impl Heap {
     #[cold]
     #[inline(never)]
     pub(crate) fn alloc_cold(state: &State, node: usize, class: usize) -> *mut u8 {
-        debug_assert!(class < CLASSES);
         let arena = state.node_arena(node);
         let mut g = arena.cold.lock();
-        // SAFETY: the cold heap is used under its arena's `cold` lock alone
-        // (no thread's TLS slot names it, so no fast path reaches it), which
-        // is what its owner-only fields need; `class < CLASSES`.
+        // SAFETY: `g` is the cold heap's lock, held.
+        unsafe { Heap::alloc_locked(&mut g, state, arena.node, class) }
+    }
+
+    /// A block of `class` from a heap a node's threads share (the shared
+    /// heap, or the heap of cold blocks), made on first use; fresh pages
+    /// from `node`'s arena. Null when no memory can be had.
+    ///
+    /// # Safety
+    /// `slot` is the content of that heap's lock, held by the caller: the
+    /// heap is used under it alone (no thread's TLS slot names it, so no
+    /// fast path reaches it), which is what its owner-only fields need.
+    #[unsafe(link_section = ".text.hot.numaweave")]
+    unsafe fn alloc_locked(slot: &mut SharedHeap, state: &State, node: usize, class: usize) -> *mut u8 {
+        debug_assert!(class < CLASSES);
+        if slot.0.is_null() {
+            match Heap::make(state, node, OWNER_SHARED) {
+                Some(h) => slot.0 = h,
+                None => return ptr::null_mut(),
+            }
+        }
+        let sh = slot.0;
+        // SAFETY: per the contract; `class < CLASSES`.
         unsafe {
-            if g.0.is_null() {
-                match Heap::make(state, arena.node, OWNER_SHARED) {
-                    Some(h) => g.0 = h,
-                    None => return ptr::null_mut(),
-                }
+            let mut p = Heap::pop(sh, class);
+            if p.is_null() {
+                p = Heap::refill(sh, class, state, &mut Home(node));
             }
-            let ch = g.0;
-            let p = Heap::pop(ch, class);
             if !p.is_null() {
-                return p;
+                let seg = segment_of(p).cast::<segment::SmallSegment>();
+                let pg = segment::page_of(seg, p);
+                debug_assert!((*pg).info.heap.load(Ordering::Relaxed) == sh, "a shared block of another heap's page");
+                debug_assert_eq!(usize::from((*pg).info.class), class);
             }
-            Heap::refill(ch, class, state, &mut Home(arena.node))
+            p
         }
     }
 
@@ -113,35 +132,15 @@ impl Heap {
     #[inline(never)]
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(super) unsafe fn alloc_shared(heap: *mut Heap, class: usize, state: &State, node: usize) -> *mut u8 {
-        // SAFETY: the caller's heap; the shared heap is used under its
-        // arena's `shared` lock alone (no thread's TLS slot names it, so
-        // no fast path reaches it), which is what its owner-only fields
-        // need.
-        unsafe {
-            let arena = state.node_arena(node);
-            let mut g = arena.shared.lock();
-            if g.0.is_null() {
-                match Heap::make(state, arena.node, OWNER_SHARED) {
-                    Some(h) => g.0 = h,
-                    None => return ptr::null_mut(),
-                }
-            }
-            let sh = g.0;
-            let mut p = Heap::pop(sh, class);
-            if p.is_null() {
-                p = Heap::refill(sh, class, state, &mut Home(arena.node));
-            }
-            if !p.is_null() {
-                let seg = segment_of(p).cast::<segment::SmallSegment>();
-                let pg = segment::page_of(seg, p);
-                debug_assert!((*pg).info.heap.load(Ordering::Relaxed) == sh, "a shared block of another heap's page");
-                debug_assert_eq!(usize::from((*pg).info.class), class);
-            }
-            drop(g);
-            if !p.is_null() {
-                (*heap).sparse[class] += 1;
-            }
-            p
+        let arena = state.node_arena(node);
+        let mut g = arena.shared.lock();
+        // SAFETY: `g` is the shared heap's lock, held.
+        let p = unsafe { Heap::alloc_locked(&mut g, state, arena.node, class) };
+        drop(g);
+        if !p.is_null() {
+            // SAFETY: the caller's heap, between operations on it.
+            unsafe { (*heap).sparse[class] += 1 };
         }
+        p
     }
 }
