@@ -183,6 +183,17 @@ pub enum Error {
         /// Bytes the region would have pinned.
         asked: usize,
     },
+    /// A pool could not move to another node: this region of it is
+    /// registered with a registrar that cannot let it go for a move (its
+    /// pages are pinned for the kernel or a device). Nothing moved.
+    RegisteredRegion {
+        /// The region's first byte.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+        /// The node it is on.
+        node: usize,
+    },
     /// An io_uring ring or buffer ring asked with sizes the kernel does not
     /// take (`io` layer, feature `io-uring`).
     InvalidRing {
@@ -245,6 +256,11 @@ impl fmt::Display for Error {
                 f,
                 "pinning {asked} more bytes on node {node} would pass RLIMIT_MEMLOCK ({limit} bytes, {pinned} pinned); \
                  raise it with `ulimit -l` or systemd's LimitMEMLOCK="
+            ),
+            Error::RegisteredRegion { addr, len, node } => write!(
+                f,
+                "the pool's region at {addr:#x} ({len} bytes, node {node}) is registered and its registrar cannot \
+                 release it for a move: nothing moved"
             ),
             Error::InvalidRing { reason } => write!(f, "invalid io_uring ring: {reason}"),
             Error::BufferNotLent { group, bid } => {

@@ -15,7 +15,7 @@ use core::ptr::{self, NonNull};
 
 use numaweave::alloc::malloc_align;
 use numaweave::policy::Policy;
-use numaweave::slab::{RawCache, Refusal, Region, Registrar};
+use numaweave::slab::{Demotion, RawCache, Refusal, Region, Registrar, Stuck};
 use numaweave::{Error, PolicyGuard, Topology};
 
 use crate::A;
@@ -44,6 +44,9 @@ pub enum numaweave_status {
     NUMAWEAVE_OS_ERROR = 8,
     /// A pool's registrar refused a region of its memory.
     NUMAWEAVE_REGISTRATION_FAILED = 9,
+    /// A pool could not move: a region of it is registered (pinned) and its
+    /// registrar cannot release it. Nothing moved.
+    NUMAWEAVE_REGISTERED = 10,
 }
 
 use numaweave_status::*;
@@ -88,6 +91,7 @@ fn fail_with(e: Error) -> numaweave_status {
         Error::LimitReached { .. } => NUMAWEAVE_LIMIT_REACHED,
         Error::Os { .. } => NUMAWEAVE_OS_ERROR,
         Error::Registration { .. } | Error::MemlockLimit { .. } => NUMAWEAVE_REGISTRATION_FAILED,
+        Error::RegisteredRegion { .. } => NUMAWEAVE_REGISTERED,
         _ => NUMAWEAVE_INVALID_ARGUMENT,
     };
     fail(status, format_args!("{e}"))
@@ -556,6 +560,123 @@ pub unsafe extern "C" fn numaweave_slab_destroy(slab: *mut numaweave_slab) {
     if !slab.is_null() {
         // SAFETY: per the contract, from `Box::into_raw`.
         drop(unsafe { Box::from_raw(slab) });
+    }
+}
+
+/// What [`numaweave_slab_migrate`] did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct numaweave_migration {
+    /// The node the pool is on now.
+    pub to: c_int,
+    /// Pages moved there.
+    pub pages_moved: u64,
+    /// Bytes moved.
+    pub bytes_moved: u64,
+    /// Present pages that were there already.
+    pub pages_already: u64,
+    /// Pages that stayed: pinned or busy (`EBUSY`; try again later).
+    pub pages_busy: u64,
+    /// Pages that stayed: the node had no room (`ENOMEM`).
+    pub pages_node_full: u64,
+    /// Pages that stayed: another process maps them too (after `fork`).
+    pub pages_shared: u64,
+    /// Pages that stayed: the registrar would not release their region.
+    pub pages_refused: u64,
+    /// Pages that stayed for another reason.
+    pub pages_other: u64,
+    /// Registered regions released, moved and registered again.
+    pub regions_moved: u64,
+    /// How long it took, in nanoseconds.
+    pub nanoseconds: u64,
+}
+
+/// Moves the whole cache to `node` while other threads go on allocating and
+/// freeing: no object's address or contents change, new slabs come from
+/// `node` from now on (`RawCache::migrate`). Fills `*out` (if not null).
+/// `NUMAWEAVE_REGISTERED` for a cache made with a registrar (its regions
+/// are pinned; nothing moves), `NUMAWEAVE_INVALID_NODE` for a node that is
+/// not online, has no memory or is not allowed.
+///
+/// # Safety
+/// `slab` is a live cache; `out` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_migrate(
+    slab: *mut numaweave_slab,
+    node: c_int,
+    out: *mut numaweave_migration,
+) -> numaweave_status {
+    // SAFETY: per the contract.
+    let Some(s) = (unsafe { slab.as_ref() }) else {
+        return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("slab: null"));
+    };
+    let node = match node_arg(node) {
+        Ok(n) => n,
+        Err(st) => return st,
+    };
+    let m = match s.cache.migrate(node) {
+        Ok(m) => m,
+        Err(e) => return fail_with(e),
+    };
+    let mut c = numaweave_migration {
+        to: c_int::try_from(m.to).unwrap_or(c_int::MAX),
+        pages_moved: m.pages_moved as u64,
+        bytes_moved: m.bytes_moved,
+        pages_already: m.pages_already as u64,
+        regions_moved: m.regions_moved as u64,
+        nanoseconds: u64::try_from(m.took.as_nanos()).unwrap_or(u64::MAX),
+        ..Default::default()
+    };
+    for u in &m.unmoved {
+        let slot = match u.why {
+            Stuck::Busy => &mut c.pages_busy,
+            Stuck::NodeFull => &mut c.pages_node_full,
+            Stuck::Shared => &mut c.pages_shared,
+            Stuck::Registrar(_) => &mut c.pages_refused,
+            _ => &mut c.pages_other,
+        };
+        *slot += u.pages as u64;
+    }
+    if !out.is_null() {
+        // SAFETY: per the contract `out` is writable.
+        unsafe { out.write(c) };
+    }
+    NUMAWEAVE_OK
+}
+
+/// Sets the cache's demotion condition: when `watch` has fewer than
+/// `free_below` bytes free, the cache moves itself to `to` (-1: the
+/// lower-tier node nearest `watch`), looked at from its allocation slow
+/// path at most every `every_ms` milliseconds; no thread of its own. A
+/// negative `watch` clears the condition.
+///
+/// # Safety
+/// `slab` is a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_demote_when(
+    slab: *mut numaweave_slab,
+    watch: c_int,
+    free_below: u64,
+    to: c_int,
+    every_ms: u32,
+) -> numaweave_status {
+    // SAFETY: per the contract.
+    let Some(s) = (unsafe { slab.as_ref() }) else {
+        return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("slab: null"));
+    };
+    let d = if watch < 0 {
+        None
+    } else {
+        let mut d = Demotion::when_free_below(watch as usize, free_below)
+            .every(std::time::Duration::from_millis(u64::from(every_ms)));
+        if to >= 0 {
+            d = d.to(to as usize);
+        }
+        Some(d)
+    };
+    match s.cache.demote_when(d) {
+        Ok(()) => NUMAWEAVE_OK,
+        Err(e) => fail_with(e),
     }
 }
 

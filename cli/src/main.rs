@@ -22,8 +22,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
+use std::collections::BTreeMap;
+
 use numaweave::Topology;
 use numaweave::policy::{Policy, SizeRules};
+use numaweave::slab::published;
 
 fn cli() -> Command {
     Command::new("numaweave")
@@ -121,7 +124,9 @@ fn cli() -> Command {
             ),
         )
         .subcommand(
-            Command::new("numastat").about("A running process's memory per node (from /proc/PID/numa_maps)").arg(
+            Command::new("numastat").about(
+                "A running process's memory per node (from /proc/PID/numa_maps), and its slab caches' per cache and node",
+            ).arg(
                 Arg::new("pid").value_name("PID").required(true).value_parser(clap::value_parser!(u32)),
             ),
         )
@@ -314,7 +319,68 @@ fn numastat(pid: u32) -> ExitCode {
         row.push_str(&format!(" {:>15.2}", mib(*t)));
     }
     println!("{row} {:>15.2}", mib(totals.iter().sum()));
+    caches(pid);
     ExitCode::SUCCESS
+}
+
+/// The process's published table of slab chunks
+/// (`numaweave::slab::published`), found among its open files.
+fn published_table(pid: u32) -> Option<published::Table> {
+    let wanted = format!("/memfd:{}", published::FILE_NAME);
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        if !std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with(&wanted)) {
+            continue;
+        }
+        // A read that met a change under way is read again.
+        for _ in 0..10 {
+            let bytes = std::fs::read(e.path()).ok()?;
+            if let Some(t) = published::parse(&bytes).filter(|t| t.pid == pid) {
+                return Some(t);
+            }
+        }
+    }
+    None
+}
+
+/// Per cache, the bytes of its pages on each kernel node, asked of the
+/// kernel page by page (`move_pages` of the process, a query).
+fn cache_usage(pid: u32, t: &published::Table) -> BTreeMap<String, BTreeMap<usize, u64>> {
+    let mut by: BTreeMap<String, BTreeMap<usize, u64>> = BTreeMap::new();
+    for c in &t.chunks {
+        let page = c.page_size.max(4096);
+        let addrs: Vec<*const u8> = (c.start..c.start + c.len).step_by(page).map(|a| a as *const u8).collect();
+        let mut st = vec![0i32; addrs.len()];
+        let row = by.entry(c.name.clone()).or_default();
+        if numaweave::os::pages::page_nodes_of(pid as i32, &addrs, &mut st).is_ok() {
+            for n in st.into_iter().filter_map(|s| usize::try_from(s).ok()) {
+                *row.entry(n).or_default() += page as u64;
+            }
+        }
+    }
+    by
+}
+
+fn caches(pid: u32) {
+    let Some(t) = published_table(pid) else { return };
+    let by = cache_usage(pid, &t);
+    let nodes: std::collections::BTreeSet<usize> = by.values().flat_map(|r| r.keys().copied()).collect();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!("\nPer-cache slab memory (in MiB) for PID {pid}, where its pages are");
+    let mut head = format!("{:<16}", "Cache");
+    for n in &nodes {
+        head.push_str(&format!(" {:>15}", format!("Node {n}")));
+    }
+    println!("{head} {:>15}", "Total");
+    for (name, row) in &by {
+        let mut line = format!("{name:<16}");
+        for n in &nodes {
+            line.push_str(&format!(" {:>15.2}", mib(row.get(n).copied().unwrap_or(0))));
+        }
+        println!("{line} {:>15.2}", mib(row.values().sum()));
+    }
+    if t.unlisted > 0 {
+        println!("({} chunks not listed: the process's table was full)", t.unlisted);
+    }
 }
 
 #[cfg(test)]

@@ -195,11 +195,7 @@ impl Registrar for FixedBuffers {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let start = r.addr.as_ptr() as usize;
         // Its slot, through the map: one of the few that touch its first granule.
-        let found = t
-            .granules
-            .get(&(start >> GRANULE_SHIFT))
-            .and_then(|v| v.iter().copied().find(|&s| t.slots[usize::from(s)] == Some((start, r.len))));
-        let Some(slot16) = found else {
+        let Some(slot16) = Self::slot_in(&t, r) else {
             debug_assert!(false, "a region unregistered that this table does not hold");
             return;
         };
@@ -219,6 +215,39 @@ impl Registrar for FixedBuffers {
             }
         }
         unpin(r.len as u64);
+    }
+
+    /// A ring's buffers can move: the slot is emptied (the kernel drops its
+    /// pin once the requests using it complete), and filled again with the
+    /// same region after the move, so every buffer keeps its index.
+    fn can_move(&self) -> bool {
+        true
+    }
+
+    fn release_for_move(&self, r: &Region) -> core::result::Result<(), Refusal> {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = Self::slot_in(&t, r).ok_or(Refusal::Errno(libc::ENOENT))?;
+        // Fixed I/O on the region's buffers fails (`EFAULT`) until the slot
+        // is filled again; the slot stays taken in the table meanwhile.
+        self.update(slot, libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 })
+            .map_err(|e| Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+
+    fn register_moved(&self, r: &Region) -> core::result::Result<(), Refusal> {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = Self::slot_in(&t, r).ok_or(Refusal::Errno(libc::ENOENT))?;
+        let iov = libc::iovec { iov_base: r.addr.as_ptr().cast(), iov_len: r.len };
+        self.update(slot, iov).map_err(|e| Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+}
+
+impl FixedBuffers {
+    /// The slot `r` holds in `t`, through the granule map.
+    fn slot_in(t: &Table, r: &Region) -> Option<u16> {
+        let start = r.addr.as_ptr() as usize;
+        t.granules
+            .get(&(start >> GRANULE_SHIFT))
+            .and_then(|v| v.iter().copied().find(|&s| t.slots[usize::from(s)] == Some((start, r.len))))
     }
 }
 

@@ -7,6 +7,10 @@
 //!   range to a node or node set (`mbind`), return pages to the OS
 //!   (`madvise(MADV_DONTNEED)`), ask for transparent huge pages, and ask where
 //!   pages really are (`move_pages` with null nodes, `/proc/self/pagemap`).
+//! - [`pages`]: move a range's pages to another node while they are in use
+//!   (`move_pages`), each page's refusal with its errno.
+//! - `memfd` (crate-private): a shared memory file other processes read
+//!   through `/proc/PID/fd` (`memfd_create`).
 //! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), thread affinity.
 //! - `file` (crate-private): raw reads of small sysfs/procfs files into
 //!   caller buffers, and the environment, without touching the heap; the
@@ -30,6 +34,9 @@ pub mod cpu;
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) mod file;
 pub mod mem;
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) mod memfd;
+pub mod pages;
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) mod thread;
 #[cfg(not(loom))]

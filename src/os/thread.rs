@@ -28,9 +28,13 @@
 //!                                                                fork takes it before its malloc's (bug 19431)
 //! Slab        slab/stats.rs REGISTRY            Mutex     held   cache creation, slabinfo, shrink_all; held first
 //!                                                                so that the caches it lists stay alive
+//!             slab/migrate.rs moving            Mutex     held   per cache: one migration at a time (a demotion
+//!                                                                only tries it); taken before the cache's slabs
 //!             slab/cache.rs slabs               Mutex     held   per cache and node: carving slabs (maps chunks,
 //!                                                                runs constructors and registrars, allocates)
 //!             slab/magazine.rs lists            SpinLock  held   per cache and node: the depot; never with slabs
+//!             slab/published.rs TABLE           Mutex     -      the published table of chunks; taken only under
+//!                                                                a cache's slabs, which fork holds
 //!             slab/cache.rs SLAB_RANGES         Mutex     held   debug and hardened builds: the slab ranges,
 //!                                                                under slabs
 //!             slab/stats.rs FORK                Once      -      registers the rank's handlers, under REGISTRY's

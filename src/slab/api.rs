@@ -35,6 +35,51 @@ macro_rules! cache_accessors {
             CacheStats::of(&self.core)
         }
 
+        /// Moves the whole pool to `node` while other threads go on
+        /// allocating and freeing: every page of its slabs, on every node,
+        /// with `move_pages`, no object's address or contents changing.
+        /// New slabs come from `node` from the call on, until the next
+        /// migration (allocations for another node, `alloc_on` included,
+        /// get memory on `node` too). Reports the pages moved and those
+        /// that stayed, with why (pinned, the node full, shared with a
+        /// child process).
+        ///
+        /// Fails before anything moves for a node that is not online, has
+        /// no memory or is outside the process's allowed nodes, and for a
+        /// pool with a registered region whose
+        /// [`Registrar`](crate::slab::Registrar) cannot release it
+        /// ([`Error::RegisteredRegion`]); one that can is released, moved
+        /// and registered again region by region.
+        ///
+        /// ```
+        /// # use numaweave::slab::RawCache;
+        /// let pool = RawCache::builder("frames", 2048).build().unwrap();
+        /// let p = pool.alloc().unwrap();
+        /// // SAFETY: a fresh object of 2048 bytes.
+        /// unsafe { p.as_ptr().write_bytes(7, 2048) };
+        /// let m = pool.migrate(0).unwrap();
+        /// assert_eq!(m.to, 0);
+        /// assert!(m.unmoved.is_empty(), "{m}");
+        /// // SAFETY: the same object, where it was.
+        /// assert_eq!(unsafe { *p.as_ptr().add(2047) }, 7);
+        /// # unsafe { pool.free(p) };
+        /// ```
+        pub fn migrate(&self, node: usize) -> Result<crate::slab::Migration> {
+            self.core.migrate(node)
+        }
+
+        /// Sets the condition under which the pool moves itself (see
+        /// [`Demotion`](crate::slab::Demotion)), or with `None` clears it.
+        /// Looked at on the allocation slow path (a thread's magazine
+        /// refill), at most once per the condition's period; the moves it
+        /// makes count in [`CacheStats::demotions`] and
+        /// [`CacheStats::migrated_bytes`]. Fails for a node that is not
+        /// online, or when no target is named and the watched node has no
+        /// lower tier.
+        pub fn demote_when(&self, demotion: Option<crate::slab::Demotion>) -> Result<()> {
+            self.core.set_demotion(demotion)
+        }
+
         /// The cache's name.
         pub fn name(&self) -> &str {
             &self.core.name
@@ -643,7 +688,8 @@ impl<T> SlabBox<T> {
     /// `Box::leak`, so it does not shadow a method of `T`).
     pub fn node(this: &Self) -> usize {
         // SAFETY: the box's object belongs to its (alive) cache.
-        unsafe { this.core().node_of(this.ptr.cast()) }
+        let list = unsafe { this.core().node_of(this.ptr.cast()) };
+        this.core().memory_node(list)
     }
 
     /// The object's address.
@@ -814,7 +860,7 @@ impl RawCache {
     pub unsafe fn node_of(&self, obj: NonNull<u8>) -> usize {
         // SAFETY: `obj` is a live object of this cache (the caller's word), as
         // `Core::node_of` asks.
-        unsafe { self.core.node_of(obj) }
+        self.core.memory_node(unsafe { self.core.node_of(obj) })
     }
 
     cache_accessors!();

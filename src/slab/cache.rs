@@ -221,7 +221,7 @@ pub(crate) struct NodeSlabs {
 }
 
 impl NodeSlabs {
-    fn new(rounds: usize, registrar: Option<(Arc<dyn Registrar>, usize)>) -> Self {
+    fn new(rounds: usize, registrar: Option<(Arc<dyn Registrar>, usize)>, name: Arc<str>) -> Self {
         Self {
             depot: Depot::new(DEPOT_MAX_FULL, rounds),
             remote: CachePadded(RemoteList::new()),
@@ -233,7 +233,7 @@ impl NodeSlabs {
                 capacity: 0,
                 active: 0,
                 mapped: 0,
-                chunks: Chunks::new(registrar),
+                chunks: Chunks::new(registrar, name),
             }),
             wake: AtomicU32::new(0),
             counters: Counters::default(),
@@ -324,6 +324,8 @@ pub(crate) struct Core {
     pub(crate) nodes: Box<[NodeSlabs]>,
     /// The handle was dropped: no more depot caching, empty slabs go at once.
     pub(crate) dead: AtomicBool,
+    /// Migrations, demotion, and the node the slabs were moved to.
+    pub(crate) moves: super::migrate::Moves,
     /// Where objects keep their misuse checks.
     #[cfg(feature = "hardened")]
     pub(crate) check: super::hardened::Check,
@@ -394,7 +396,10 @@ impl Core {
             return Err(Error::InvalidCache { reason: "a per-node limit of 0 objects" });
         }
         let max_node = topo.nodes().iter().max().unwrap_or(0);
-        let nodes = (0..=max_node).map(|n| NodeSlabs::new(rounds, spec.registrar.clone().map(|r| (r, n)))).collect();
+        let name: Arc<str> = spec.name.as_str().into();
+        let nodes = (0..=max_node)
+            .map(|n| NodeSlabs::new(rounds, spec.registrar.clone().map(|r| (r, n)), name.clone()))
+            .collect();
         Ok(Self {
             name: spec.name,
             index,
@@ -419,6 +424,7 @@ impl Core {
             topo,
             nodes,
             dead: AtomicBool::new(false),
+            moves: super::migrate::Moves::new(),
             #[cfg(feature = "hardened")]
             check,
         })
@@ -634,12 +640,11 @@ impl Core {
         let page = crate::os::page_size();
         let len = (self.first + cap * self.stride).next_multiple_of(page);
         debug_assert!(len <= self.slab_bytes);
-        let p = s.chunks.take(self.slab_bytes, self.topo.physical_node(node), self.huge, self.huge_strict).map_err(
-            |e| match e {
+        let p =
+            s.chunks.take(self.slab_bytes, self.phys_for(node), self.huge, self.huge_strict).map_err(|e| match e {
                 Error::NodeOutOfMemory { .. } => Error::NodeOutOfMemory { node },
                 e => e,
-            },
-        )?;
+            })?;
         if self.lock {
             // SAFETY: the slab's part of a slot we just took, mapped.
             if let Err(e) = unsafe { mem::lock(p, len) } {
@@ -823,9 +828,11 @@ impl Core {
         got
     }
 
-    /// The `fork()` handlers' part here: every node's locks, in node order.
-    /// (The depot's spin lock and the slabs' mutex are never held together.)
+    /// The `fork()` handlers' part here: the migration lock, then every
+    /// node's locks in node order. (The depot's spin lock and the slabs'
+    /// mutex are never held together.)
     pub(crate) fn lock_for_fork(&self) {
+        self.moves.lock_for_fork();
         for ns in self.nodes.iter() {
             ns.slabs.lock_raw();
             ns.depot.lock_for_fork();
@@ -846,6 +853,8 @@ impl Core {
                 ns.slabs.unlock_raw();
             }
         }
+        // SAFETY: taken first by `lock_for_fork`, released last.
+        unsafe { self.moves.unlock_after_fork() };
     }
 
     /// Flushes the depots and remote lists into the slabs and unmaps every

@@ -57,6 +57,21 @@ struct Chunk {
     huge: bool,
     /// The size of the pages behind it (hugetlb's, or the base page size).
     page_size: usize,
+    /// Registered with the pool's registrar (every chunk of a pool with one,
+    /// unless registering it again after a move failed).
+    registered: bool,
+}
+
+/// A chunk as a migration or a placement count sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Extent {
+    pub(crate) base: usize,
+    /// The chunk's whole length (what a registrar was told of).
+    pub(crate) len: usize,
+    /// Bytes from `base` that slabs have used (the rest was never touched).
+    pub(crate) used: usize,
+    pub(crate) page_size: usize,
+    pub(crate) registered: bool,
 }
 
 impl Chunk {
@@ -75,17 +90,84 @@ pub(crate) struct Chunks {
     /// The pool's registrar, and the node (as the topology names it) that
     /// it is told the chunks are on: with one, every chunk is registered.
     registrar: Option<(Arc<dyn Registrar>, usize)>,
+    /// The cache's name, for the published table of chunks.
+    name: Arc<str>,
 }
 
 impl Chunks {
     /// No chunks yet; with `registrar`, each chunk is registered, on `node`.
-    pub(crate) fn new(registrar: Option<(Arc<dyn Registrar>, usize)>) -> Self {
-        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0, registrar }
+    /// Each is listed in the published table under `name`.
+    pub(crate) fn new(registrar: Option<(Arc<dyn Registrar>, usize)>, name: Arc<str>) -> Self {
+        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0, registrar, name }
     }
 
     /// Registered chunks, and their bytes.
     pub(crate) fn registered(&self) -> (usize, usize) {
-        if self.registrar.is_some() { (self.count(), self.reserved()) } else { (0, 0) }
+        self.list.iter().filter(|c| c.registered).fold((0, 0), |(n, b), c| (n + 1, b + c.len))
+    }
+
+    /// Every chunk, for slots of `slot` bytes.
+    pub(crate) fn extents(&self, slot: usize) -> Vec<Extent> {
+        self.list.iter().map(|c| Self::extent_of(c, slot)).collect()
+    }
+
+    /// The chunk at `base`, if it is still mapped.
+    pub(crate) fn extent(&self, base: usize, slot: usize) -> Option<Extent> {
+        let i = self.list.partition_point(|c| c.base < base);
+        self.list.get(i).filter(|c| c.base == base).map(|c| Self::extent_of(c, slot))
+    }
+
+    fn extent_of(c: &Chunk, slot: usize) -> Extent {
+        Extent {
+            base: c.base,
+            len: c.len,
+            used: (c.carved * slot).min(c.len),
+            page_size: c.page_size,
+            registered: c.registered,
+        }
+    }
+
+    /// The pool's registrar, if it has one.
+    pub(crate) fn registrar(&self) -> Option<&Arc<dyn Registrar>> {
+        self.registrar.as_ref().map(|(r, _)| r)
+    }
+
+    /// The region a registrar knows `e` as.
+    pub(crate) fn region(&self, e: &Extent) -> Region {
+        let node = self.registrar.as_ref().map_or(0, |(_, n)| *n);
+        // SAFETY: a mapped chunk's base is never 0.
+        Region { addr: unsafe { NonNull::new_unchecked(e.base as *mut u8) }, len: e.len, node, page_size: e.page_size }
+    }
+
+    /// Binds every chunk to kernel node `phys` (`MPOL_PREFERRED`, as at
+    /// mapping): pages faulted from now on land there, pages present stay
+    /// where they are until moved. Regions are described as on `node` from
+    /// now on.
+    pub(crate) fn rebind(&mut self, phys: usize, node: usize) -> Result<()> {
+        for c in &self.list {
+            // SAFETY: a live mapping of ours; a policy change moves nothing.
+            unsafe {
+                mem::bind(
+                    NonNull::new_unchecked(c.base as *mut u8),
+                    c.len,
+                    MemPolicy::Preferred(phys),
+                    BindFlags::NONE,
+                )?
+            };
+        }
+        if let Some((_, n)) = &mut self.registrar {
+            *n = node;
+        }
+        Ok(())
+    }
+
+    /// The chunk at `base` is no longer registered (its registration was
+    /// released for a move and could not be made again): it is not
+    /// unregistered when it goes.
+    pub(crate) fn lose_registration(&mut self, base: usize) {
+        if let Some(c) = self.list.iter_mut().find(|c| c.base == base) {
+            c.registered = false;
+        }
     }
 
     /// Mappings held.
@@ -196,7 +278,9 @@ impl Chunks {
         }
         let base = p.as_ptr() as usize;
         let at = self.list.partition_point(|c| c.base < base);
-        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge, page_size });
+        let registered = self.registrar.is_some();
+        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge, page_size, registered });
+        super::published::publish(base, len, page_size, &self.name);
         self.first_room = at;
         Ok(())
     }
@@ -243,17 +327,18 @@ impl Chunks {
     pub(crate) unsafe fn give(&mut self, p: NonNull<u8>, slot: usize, touched: usize) {
         let a = p.as_ptr() as usize;
         let i = self.list.partition_point(|c| c.base <= a) - 1;
-        let registered = self.registrar.is_some();
         let c = &mut self.list[i];
+        let registered = c.registered;
         debug_assert!(a >= c.base && a + slot <= c.base + c.len && c.used > 0);
         c.used -= 1;
         if c.used == 0 {
             let c = self.list.remove(i);
             // SAFETY: a live mapping is never at address 0.
             let base = unsafe { NonNull::new_unchecked(c.base as *mut u8) };
-            if let Some((r, node)) = &self.registrar {
+            if let Some((r, node)) = self.registrar.as_ref().filter(|_| c.registered) {
                 r.unregister(&Region { addr: base, len: c.len, node: *node, page_size: c.page_size });
             }
+            super::published::withdraw(c.base);
             // SAFETY: per the contract no slot of the chunk is in use; the
             // mapping is ours, and no longer registered.
             let _ = unsafe { mem::unmap(base, c.len) };
@@ -287,7 +372,7 @@ mod tests {
     #[test]
     fn slots_are_aligned_disjoint_reused_and_chunks_go_with_their_last_slot() {
         let slot = 64 << 10;
-        let mut c = Chunks::new(None);
+        let mut c = Chunks::new(None, "test".into());
         let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0, Huge::Off, false).unwrap()).collect();
         let mut addrs: Vec<usize> = got.iter().map(|p| p.as_ptr() as usize).collect();
         addrs.sort_unstable();
@@ -340,7 +425,7 @@ mod tests {
         use std::sync::atomic::Ordering::Relaxed;
         let slot = 64 << 10;
         let count = Arc::new(Count::default());
-        let mut c = Chunks::new(Some((count.clone(), 0)));
+        let mut c = Chunks::new(Some((count.clone(), 0)), "test".into());
         // Registered chunks start at one slot and double: 1, 1, 2 slots.
         let mut got: Vec<NonNull<u8>> = (0..4).map(|_| c.take(slot, 0, Huge::Off, false).unwrap()).collect();
         assert_eq!((count.registered.load(Relaxed), c.registered()), (3, (3, c.reserved())));
@@ -369,7 +454,7 @@ mod tests {
     fn huge_chunks_are_whole_huge_pages_or_counted_fallbacks() {
         let slot = 128 << 10;
         for huge in [Huge::Thp, Huge::Hugetlb, Huge::Hugetlb1G] {
-            let mut c = Chunks::new(None);
+            let mut c = Chunks::new(None, "test".into());
             let got: Vec<NonNull<u8>> = (0..40).map(|_| c.take(slot, 0, huge, false).unwrap()).collect();
             for p in &got {
                 // SAFETY: a slot of ours.

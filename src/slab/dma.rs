@@ -152,6 +152,23 @@ impl DmaPool {
         self.raw.stats()
     }
 
+    /// Moves the pool to `node` while in use, as
+    /// [`RawCache::migrate`] does. Buffers keep their addresses, not their
+    /// physical addresses: a device given one by [`DmaBuf::phys_addr`]
+    /// must be done with it first, unless the pool has a
+    /// [`Registrar`](crate::slab::Registrar) (IOMMU, RDMA, io_uring), which
+    /// is told to release each region, and registers it again at its new
+    /// place.
+    pub fn migrate(&self, node: usize) -> Result<super::Migration> {
+        self.raw.migrate(node)
+    }
+
+    /// Sets (or clears) the condition under which the pool moves itself,
+    /// as [`RawCache::demote_when`] does.
+    pub fn demote_when(&self, demotion: Option<super::Demotion>) -> Result<()> {
+        self.raw.demote_when(demotion)
+    }
+
     /// The slab cache underneath.
     pub fn cache(&self) -> &RawCache {
         &self.raw

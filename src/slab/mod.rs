@@ -62,6 +62,10 @@ mod dma;
 #[cfg(all(feature = "hardened", not(loom)))]
 mod hardened;
 #[cfg(not(loom))]
+mod migrate;
+#[cfg(not(loom))]
+pub mod published;
+#[cfg(not(loom))]
 pub mod register;
 #[cfg(not(loom))]
 mod stats;
@@ -75,9 +79,11 @@ pub use cache::Home;
 #[cfg(not(loom))]
 pub use dma::{Dma, DmaBuf, DmaPool, phys_addr, phys_segments};
 #[cfg(not(loom))]
+pub use migrate::{Demotion, Migration, Stuck, Unmoved};
+#[cfg(not(loom))]
 pub use register::{Refusal, Region, Registrar};
 #[cfg(not(loom))]
-pub use stats::{CacheStats, NodeCacheStats, SlabInfo, slabinfo};
+pub use stats::{CacheStats, NodeCacheStats, NodePages, SlabInfo, slabinfo};
 
 #[cfg(not(loom))]
 mod api;

@@ -117,4 +117,37 @@ pub trait Registrar: Send + Sync {
     /// Unregisters `region`, registered before, before it is unmapped:
     /// nothing of the pool uses it any more.
     fn unregister(&self, region: &Region);
+
+    /// Whether the pool's regions may move to another node
+    /// (`migrate`, through [`release_for_move`](Self::release_for_move) and
+    /// [`register_moved`](Self::register_moved)). The default, false, makes
+    /// a migration of a pool with a registered region fail with
+    /// [`Error::RegisteredRegion`](crate::Error::RegisteredRegion) before
+    /// anything moves: the kernel or a device holds the pages' physical
+    /// addresses, so they cannot move behind its back.
+    fn can_move(&self) -> bool {
+        false
+    }
+
+    /// Lets go of `region` (the pin, the device mapping) so that its pages
+    /// can move, keeping what names it (an io_uring slot, an RDMA key's
+    /// place) for [`register_moved`](Self::register_moved). Called under
+    /// the node's slab lock, with no new slab carved from the region
+    /// meanwhile; buffers already out may still be in use, and I/O on them
+    /// until `register_moved` returns is the registrar's to refuse or
+    /// delay. A refusal leaves the region where it is, registered: its
+    /// pages are reported as not moved, with the refusal.
+    fn release_for_move(&self, region: &Region) -> Result<(), Refusal> {
+        let _ = region;
+        Err(Refusal::Errno(libc::EOPNOTSUPP))
+    }
+
+    /// Registers `region` again once its pages moved (`region.node` is the
+    /// new node), under the names `release_for_move` kept. A refusal fails
+    /// the migration with [`Error::Registration`](crate::Error::Registration);
+    /// the region stays in the pool, unregistered (and `unregister` is not
+    /// called for it).
+    fn register_moved(&self, region: &Region) -> Result<(), Refusal> {
+        self.register(region)
+    }
 }

@@ -82,6 +82,17 @@ impl NodeCacheStats {
     }
 }
 
+/// Where a cache's pages are on one node, as the kernel reports them now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodePages {
+    /// The node.
+    pub node: usize,
+    /// Pages of the cache present there (of the chunks' page size).
+    pub pages: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 /// A snapshot of one cache. Each counter is read exactly, but not all at the
 /// same instant; objects in other threads' magazines count as active.
 #[derive(Clone, Debug)]
@@ -108,6 +119,19 @@ pub struct CacheStats {
     pub dropped: bool,
     /// Per node with any slab or activity, by node id.
     pub nodes: Vec<NodeCacheStats>,
+    /// Where the cache's pages are now (by `move_pages`, which asks the
+    /// kernel page by page: not the nodes the slabs were meant for, but
+    /// where their memory is), per node that holds any, by node id.
+    pub resident: Vec<NodePages>,
+    /// The node every node's slabs were moved to by the last migration,
+    /// if the cache was migrated.
+    pub placed: Option<usize>,
+    /// Migrations, demotions included (cumulative).
+    pub migrations: u64,
+    /// Of those, the ones its demotion condition made (cumulative).
+    pub demotions: u64,
+    /// Bytes migrations moved (cumulative).
+    pub migrated_bytes: u64,
 }
 
 impl CacheStats {
@@ -164,6 +188,15 @@ impl CacheStats {
             home: core.home,
             dropped: core.dead.load(Ordering::Relaxed),
             nodes,
+            resident: core
+                .resident()
+                .into_iter()
+                .map(|(node, pages, bytes)| NodePages { node, pages, bytes })
+                .collect(),
+            placed: core.moves.placed(),
+            migrations: core.moves.migrations.load(Ordering::Relaxed),
+            demotions: core.moves.demotions.load(Ordering::Relaxed),
+            migrated_bytes: core.moves.moved_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -210,8 +243,31 @@ impl fmt::Display for CacheStats {
         for n in &self.nodes {
             row(f, self, n)?;
         }
-        Ok(())
+        pages_line(f, self)
     }
+}
+
+/// The line under a cache's rows that says where its pages are, and what
+/// migrations moved.
+fn pages_line(f: &mut fmt::Formatter<'_>, c: &CacheStats) -> fmt::Result {
+    if c.resident.is_empty() && c.migrations == 0 {
+        return Ok(());
+    }
+    write!(f, "#   {} pages by node:", c.name)?;
+    for p in &c.resident {
+        write!(f, " N{}={}", p.node, p.pages)?;
+    }
+    if c.migrations > 0 {
+        write!(
+            f,
+            "; {} migrations ({} demotions) moved {} bytes, now on node {}",
+            c.migrations,
+            c.demotions,
+            c.migrated_bytes,
+            c.placed.map_or("-".to_string(), |n| n.to_string())
+        )?;
+    }
+    writeln!(f)
 }
 
 /// Every live cache's statistics, printed like `/proc/slabinfo` (one row per
@@ -232,6 +288,7 @@ impl fmt::Display for SlabInfo {
             for n in &c.nodes {
                 row(f, c, n)?;
             }
+            pages_line(f, c)?;
         }
         Ok(())
     }

@@ -267,6 +267,7 @@ pub(crate) enum Start {
 /// The allocation slow path: reload from the depot, else fill from the
 /// slabs; with [`OnEmpty::Fallback`] on the other nodes by distance.
 pub(crate) fn alloc_slow(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
+    core.check_demotion();
     let first = with_table(|t| {
         let e = t.entry(core);
         e.refresh();

@@ -54,6 +54,24 @@ impl<T> Mutex<T> {
         MutexGuard { lock: self }
     }
 
+    /// Takes the lock if it is free now, without waiting.
+    ///
+    /// ```
+    /// use numaweave::sync::Mutex;
+    /// let m = Mutex::new(());
+    /// let held = m.lock();
+    /// assert!(m.try_lock().is_none());
+    /// drop(held);
+    /// assert!(m.try_lock().is_some());
+    /// ```
+    #[inline]
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        self.state
+            .compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(MutexGuard { lock: self })
+    }
+
     /// Takes the lock without a guard, for `fork()` handlers, which take
     /// locks in one function and release them in another.
     #[inline]

@@ -317,6 +317,21 @@ impl Topology {
         sysfs::huge_pages(self.physical_node(node))
     }
 
+    /// Free memory of `node` in bytes now (`MemFree` from its sysfs
+    /// meminfo), as a demotion condition watches it. Read at each call, with
+    /// no allocation; a synthetic node reports the real node under it.
+    ///
+    /// ```
+    /// use numaweave::Topology;
+    /// let t = Topology::detect().unwrap();
+    /// let free = t.free_memory(t.default_node()).unwrap();
+    /// assert!(free <= t.memory_of(t.default_node()).max(free));
+    /// ```
+    pub fn free_memory(&self, node: usize) -> Result<u64> {
+        self.check_node(node)?;
+        sysfs::read_node_free(self.physical_node(node))
+    }
+
     /// The logical node for a kernel node id (the lowest logical node laid
     /// over it), as used to translate a device's `numa_node`.
     pub fn logical_node(&self, physical: usize) -> Option<usize> {

@@ -141,6 +141,19 @@ fn read_node_memory(n: usize, buf: &mut [u8]) -> Result<u64> {
     }
 }
 
+/// Free memory of kernel node `n` now (`MemFree` of its sysfs meminfo):
+/// one small read, no allocation.
+pub(crate) fn read_node_free(n: usize) -> Result<u64> {
+    let mut buf = [0u8; 2048];
+    let p = node_file(n, "meminfo");
+    let s = match file::read_str(p.as_cstr(), &mut buf) {
+        // A kernel without NUMA (the one-node fallback): the machine's figure.
+        Err(Error::Os { errno: libc::ENOENT, .. }) if n == 0 => file::read_str(c"/proc/meminfo", &mut buf)?,
+        r => r?,
+    };
+    meminfo_kb(s, "MemFree:").map(|kb| kb * 1024).ok_or(Error::Os { call: "read", errno: libc::EINVAL })
+}
+
 /// The kB figure after `key` in a meminfo-style text. (Byte searches, not
 /// `str::find`: start-up code, see [`PathBuf::push`].)
 #[unsafe(link_section = ".text.hot.numaweave")]

@@ -31,12 +31,14 @@ mod blocks;
 mod cpuset;
 mod hmat;
 mod kernel;
+mod migrate;
 mod policy;
 mod slab;
 use blocks::*;
 use cpuset::*;
 use hmat::*;
 use kernel::*;
+use migrate::*;
 use policy::*;
 use slab::*;
 
@@ -165,6 +167,12 @@ fn main() {
         ("slab_chunks_scale_and_stay_on_their_node", slab_chunks_scale_and_stay_on_their_node),
         ("slab_hugetlb_pages_are_on_the_node_and_contiguous", slab_hugetlb_pages_are_on_the_node_and_contiguous),
         ("slab_gigantic_pages_make_one_physical_run", slab_gigantic_pages_make_one_physical_run),
+        ("slab_cache_migrates_between_nodes_while_in_use", slab_cache_migrates_between_nodes_while_in_use),
+        ("slab_registered_pool_moves_through_its_registrar", slab_registered_pool_moves_through_its_registrar),
+        (
+            "slab_pool_demotes_to_the_memory_only_node_as_node_0_fills",
+            slab_pool_demotes_to_the_memory_only_node_as_node_0_fills,
+        ),
         ("hmat_matrix_and_auto_weights_of_each_socket", hmat_matrix_and_auto_weights_of_each_socket),
         (
             "hmat_weights_auto_placement_follows_the_sockets_weights",

@@ -113,6 +113,24 @@ pub(super) fn uring_rings_per_node_read_and_write_fixed_on_their_node(t: &Topolo
         }
         sender.join().unwrap();
         assert_eq!(group.available(), 8);
+        // The ring's pool moved to another memory node while buffers are
+        // out and the provided ring holds its own: each registered region
+        // released, moved and put back in its slot, so the same indices
+        // read the same data on the new node.
+        let mem: Vec<usize> = t.memory_nodes().iter().collect();
+        let other = mem[(mem.iter().position(|&n| n == node).unwrap() + 1) % mem.len()];
+        let mut bufs: Vec<_> = (0..8).map(|_| ring.alloc().unwrap()).collect();
+        let m = ring.pool().migrate(other).unwrap();
+        assert!(m.unmoved.is_empty() && m.regions_moved >= 1, "ring of node {node}: {m}");
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let on = touch_and_locate(b.as_mut_ptr(), SIZE);
+            assert!(on.iter().all(|&g| g == Some(t.physical_node(other))), "moved ring buffer {i} on {on:?}");
+            let r = opcode::ReadFixed::new(fd, b.as_mut_ptr(), SIZE as u32, b.index()).offset((i * SIZE) as u64);
+            assert_eq!(run(&ring, r.build()), SIZE as i32);
+            assert!(b.iter().all(|&x| x == node as u8 ^ i as u8), "moved ring buffer {i} read back wrong");
+        }
+        print!("\n  ring of node {node} moved to node {other} in use: {m}; READ_FIXED through the same slots");
+        drop(bufs);
         println!(
             "\n  ring of node {node}: 64 fixed buffers on node {node}, {} bytes pinned, written and read back; \
              {STREAM} bytes received through {} provided buffers on node {node}",

@@ -100,10 +100,44 @@ int main(void) {
         memset(objs[i], i & 0xff, SIZE);
     }
     CHECK(t.registered >= 2); /* 2.4 MiB of buffers: chunks double from 8 slabs */
+    /* A registered cache does not move: its regions are pinned, and a C
+     * registrar cannot release them. Nothing moves, the error says so. */
+    numaweave_migration m = {.to = -1};
+    CHECK(numaweave_slab_migrate(s, 0, &m) == NUMAWEAVE_REGISTERED);
+    CHECK(m.to == -1 && strstr(numaweave_last_error(), "registered") != NULL);
     for (int i = 0; i < N; i++) numaweave_slab_free(s, objs[i]);
     numaweave_slab_destroy(s);
     CHECK(t.unregistered == t.registered);
     for (int i = 0; i < t.registered; i++) CHECK(!t.live[i]);
+
+    /* A plain cache moves while in use: every object where it was, with
+     * what it held; a bad node is refused. */
+    numaweave_slab *mv = numaweave_slab_create("movable", SIZE, SIZE, 0);
+    CHECK(mv != NULL);
+    /* A demotion condition that always holds moves it from its first
+     * refill (to node 0, where it is). */
+    CHECK(numaweave_slab_demote_when(mv, 0, UINT64_MAX, 0, 0) == NUMAWEAVE_OK);
+    CHECK(numaweave_slab_demote_when(mv, 4096, 1, 0, 0) == NUMAWEAVE_INVALID_NODE);
+    for (int i = 0; i < N; i++) {
+        objs[i] = numaweave_slab_alloc(mv);
+        CHECK(objs[i] != NULL);
+        memset(objs[i], i & 0xff, SIZE);
+    }
+    CHECK(numaweave_slab_migrate(mv, 0, &m) == NUMAWEAVE_OK);
+    CHECK(m.to == 0 && m.pages_busy + m.pages_node_full + m.pages_shared + m.pages_refused + m.pages_other == 0);
+    CHECK(m.pages_moved + m.pages_already >= N); /* every written page present, on node 0 */
+    CHECK(numaweave_slab_migrate(mv, 4096, NULL) == NUMAWEAVE_INVALID_NODE);
+    CHECK(numaweave_slab_migrate(NULL, 0, NULL) == NUMAWEAVE_INVALID_ARGUMENT);
+    for (int i = 0; i < N; i++) {
+        unsigned char *b = objs[i];
+        CHECK(b[0] == (i & 0xff) && b[SIZE - 1] == (i & 0xff));
+    }
+    static char info[1 << 16];
+    numaweave_slabinfo(info, sizeof info);
+    CHECK(strstr(info, "movable pages by node: N0=") != NULL);
+    CHECK(strstr(info, "2 migrations (1 demotions)") != NULL);
+    for (int i = 0; i < N; i++) numaweave_slab_free(mv, objs[i]);
+    numaweave_slab_destroy(mv);
 
     /* A registrar that refuses: the allocation fails with its errno, and
      * nothing it refused is unregistered. */
