@@ -68,8 +68,8 @@ pub unsafe fn move_to(addrs: &[*const u8], node: usize, status: &mut [i32]) -> R
 
 /// Where the pages holding `addrs` in process `pid` are (`move_pages` with
 /// null nodes: a query, which needs the right to read the process's memory
-/// map, as `/proc/PID/numa_maps` does). `status` as [`mem::page_nodes`]
-/// (`super::mem::page_nodes`) fills it.
+/// map, as `/proc/PID/numa_maps` does). `status` as
+/// [`page_nodes`](super::mem::page_nodes) fills it.
 pub fn page_nodes_of(pid: i32, addrs: &[*const u8], status: &mut [i32]) -> Result<()> {
     let _errno = KeepErrno::new();
     if status.len() < addrs.len() {
