@@ -224,6 +224,13 @@ fn a_demotion_moves_the_pool_from_its_own_refill_without_a_thread() {
     // Cleared: no more.
     pool.demote_when(None).unwrap();
     drop((a, b));
+    // A pool that only frees looks at its condition too.
+    let cold = SlabCache::<[u8; 512]>::builder("only_freed").magazine(4).build().unwrap();
+    let objs: Vec<_> = (0..100).map(|i| cold.alloc([i as u8; 512]).unwrap()).collect();
+    cold.demote_when(Some(Demotion::when_free_below(node, u64::MAX).to(node).every(Duration::ZERO))).unwrap();
+    assert_eq!(cold.stats().demotions, 0);
+    drop(objs);
+    assert_eq!(cold.stats().demotions, 1, "frees alone did not look at the condition");
     // Without a lower tier the target must be named.
     if topo.lower_tier_nodes().is_empty() {
         assert!(matches!(pool.demote_when(Some(Demotion::when_free_below(node, 1))), Err(Error::InvalidNode { .. })));

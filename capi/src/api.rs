@@ -646,8 +646,8 @@ pub unsafe extern "C" fn numaweave_slab_migrate(
 
 /// Sets the cache's demotion condition: when `watch` has fewer than
 /// `free_below` bytes free, the cache moves itself to `to` (-1: the
-/// lower-tier node nearest `watch`), looked at from its allocation slow
-/// path at most every `every_ms` milliseconds; no thread of its own. A
+/// lower-tier node nearest `watch`), looked at from its slow paths at most
+/// every `every_ms` milliseconds; no thread of its own. A
 /// negative `watch` clears the condition.
 ///
 /// # Safety

@@ -70,8 +70,8 @@ macro_rules! cache_accessors {
 
         /// Sets the condition under which the pool moves itself (see
         /// [`Demotion`](crate::slab::Demotion)), or with `None` clears it.
-        /// Looked at on the allocation slow path (a thread's magazine
-        /// refill), at most once per the condition's period; the moves it
+        /// Looked at on the slow paths (a thread's magazines running empty
+        /// or full), at most once per the condition's period; the moves it
         /// makes count in [`CacheStats::demotions`] and
         /// [`CacheStats::migrated_bytes`]. Fails for a node that is not
         /// online, or when no target is named and the watched node has no

@@ -17,8 +17,8 @@
 //! ([`Registrar::can_move`](super::Registrar::can_move)). A registrar that
 //! cannot do that makes the migration fail before anything moves.
 //!
-//! A [`Demotion`] is checked on the cache's allocation slow path (a
-//! thread's magazine refill), at most once per its period: no thread of
+//! A [`Demotion`] is checked on the cache's slow paths (a thread's
+//! magazines running empty or full), at most once per its period: no thread of
 //! the allocator's own ever runs it.
 
 use core::fmt;
@@ -192,7 +192,7 @@ impl Demotion {
     }
 
     /// Looks at the condition at most once per `period` (100 ms by
-    /// default; zero: at every refill).
+    /// default; zero: at every slow path).
     pub fn every(mut self, period: Duration) -> Self {
         self.every = period;
         self
@@ -559,7 +559,7 @@ impl Core {
     }
 
     /// Looks at the demotion condition, if one is set and due: from the
-    /// allocation slow path, with no lock held.
+    /// slow paths (allocation and free), with no lock held.
     #[inline]
     pub(crate) fn check_demotion(&self) {
         if self.moves.watch.load(Ordering::Relaxed) != NOWHERE {

@@ -413,6 +413,8 @@ unsafe fn free_slow(core: *const Core, obj: NonNull<u8>, node: usize, urgent: bo
     unsafe { Core::hold(core) };
     // SAFETY: just held.
     let c = unsafe { &*core };
+    // A pool that only frees (a cold one) still looks at its demotion.
+    c.check_demotion();
     let mut refs = 1;
     if urgent {
         // SAFETY: the caller's object, of `node`.
