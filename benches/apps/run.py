@@ -4,7 +4,7 @@
     python3 benches/apps/run.py [--rounds N] [--no-peers]
 
 Builds the bench targets `apps_numaweave`, `apps_system` and (with the
-`peers` feature) `apps_mimalloc` and `apps_jemalloc` (benches/apps_*.rs:
+`peers` feature) `apps_mimalloc`, `apps_jemalloc` and `apps_snmalloc` (benches/apps_*.rs:
 the same workloads, benches/apps/workloads.rs, under each allocator), runs
 them N times (default 3), alternating, and prints per workload each
 allocator's median time a round, its minor faults and peak RSS, and its
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def build(peers):
     """The bench executables, by allocator."""
-    names = ["numaweave", "system"] + (["mimalloc", "jemalloc"] if peers else [])
+    names = ["numaweave", "system"] + (["mimalloc", "jemalloc", "snmalloc"] if peers else [])
     cmd = ["cargo", "bench", "-q", "-p", "numaweave", "--no-run", "--message-format=json"]
     if peers:
         cmd += ["--features", "peers"]

@@ -40,6 +40,15 @@
 //!   is woken), and [`SlabCache::alloc`] falls back to the nearest node with
 //!   room.
 //!
+//! # Moving, and where the pages are
+//!
+//! `migrate(node)` moves a whole cache while it is in use, and a
+//! [`Demotion`] moves it by itself when a node runs low (see `migrate.rs`'s
+//! design notes). [`CacheStats::resident`] asks the kernel where its pages
+//! are. A process with caches also keeps one close-on-exec memory file, the
+//! table of its chunks that `numaweave numastat PID` reads from outside
+//! ([`published`]).
+//!
 //! # Lifetimes
 //!
 //! Dropping a cache while objects are out is safe: the handle goes, its
