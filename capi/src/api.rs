@@ -391,8 +391,28 @@ pub struct numaweave_registrar {
     pub ctx: *mut c_void,
 }
 
-/// A C registrar as the library's `Registrar`.
-struct CRegistrar(numaweave_registrar);
+/// How a registrar lets its regions move (`numaweave_slab_migrate`):
+/// `release_region` lets go of a region (the pin, the device mapping)
+/// keeping what names it (an io_uring slot, an RDMA key's place);
+/// `reregister_region` registers it again under those names once its pages
+/// moved (`region->node` is the new node). Each returns 0 or an errno value;
+/// both get the registrar's `ctx`, under the cache's node lock, as the
+/// registrar's functions do.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct numaweave_mover {
+    /// Releases a registered region before its pages move: 0, or an errno
+    /// value (the region stays registered where it is; its pages are
+    /// reported as refused).
+    pub release_region: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const numaweave_region) -> c_int>,
+    /// Registers a released region again after its pages moved: 0, or an
+    /// errno value (the migration fails with
+    /// `NUMAWEAVE_REGISTRATION_FAILED`; the region is no longer registered).
+    pub reregister_region: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const numaweave_region) -> c_int>,
+}
+
+/// A C registrar as the library's `Registrar`, with its mover if it has one.
+struct CRegistrar(numaweave_registrar, Option<numaweave_mover>);
 
 // SAFETY: `numaweave_slab_create_registered`'s contract: the callbacks may
 // be called from any thread, with `ctx`, at the same time.
@@ -430,6 +450,31 @@ impl Registrar for CRegistrar {
             unsafe { f(self.0.ctx, &r) };
         }
     }
+
+    fn can_move(&self) -> bool {
+        self.1.is_some_and(|m| m.release_region.is_some() && m.reregister_region.is_some())
+    }
+
+    fn release_for_move(&self, region: &Region) -> Result<(), Refusal> {
+        let Some(f) = self.1.and_then(|m| m.release_region) else { return Err(Refusal::Errno(libc::EOPNOTSUPP)) };
+        let r = Self::c_region(region);
+        // SAFETY: the caller of `numaweave_slab_create_movable` gave a
+        // function that takes the registrar's `ctx` and a region it only reads.
+        match unsafe { f(self.0.ctx, &r) } {
+            0 => Ok(()),
+            e => Err(Refusal::Errno(e)),
+        }
+    }
+
+    fn register_moved(&self, region: &Region) -> Result<(), Refusal> {
+        let Some(f) = self.1.and_then(|m| m.reregister_region) else { return Err(Refusal::Errno(libc::EOPNOTSUPP)) };
+        let r = Self::c_region(region);
+        // SAFETY: as in `release_for_move`.
+        match unsafe { f(self.0.ctx, &r) } {
+            0 => Ok(()),
+            e => Err(Refusal::Errno(e)),
+        }
+    }
 }
 
 /// `numaweave_slab_create` with a registrar (copied: `registrar` may go
@@ -453,7 +498,38 @@ pub unsafe extern "C" fn numaweave_slab_create_registered(
         fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("registrar: null"));
         return ptr::null_mut();
     };
-    let r: std::sync::Arc<dyn Registrar> = std::sync::Arc::new(CRegistrar(*r));
+    let r: std::sync::Arc<dyn Registrar> = std::sync::Arc::new(CRegistrar(*r, None));
+    slab_create(name, size, align, |b| at_node(b, node).registrar(r))
+}
+
+/// `numaweave_slab_create_registered` whose regions can move: with a
+/// `mover` (copied, both functions set), `numaweave_slab_migrate` releases,
+/// moves and registers again each region instead of failing with
+/// `NUMAWEAVE_REGISTERED`. Null on error; a null `registrar` or `mover`,
+/// or a mover without both functions, is an error.
+///
+/// # Safety
+/// As `numaweave_slab_create_registered`; `mover` is null or points at a
+/// mover whose functions may be called as the registrar's are.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn numaweave_slab_create_movable(
+    name: *const c_char,
+    size: usize,
+    align: usize,
+    node: c_int,
+    registrar: *const numaweave_registrar,
+    mover: *const numaweave_mover,
+) -> *mut numaweave_slab {
+    // SAFETY: per the contract.
+    let (Some(r), Some(m)) = (unsafe { registrar.as_ref() }, unsafe { mover.as_ref() }) else {
+        fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("registrar or mover: null"));
+        return ptr::null_mut();
+    };
+    if m.release_region.is_none() || m.reregister_region.is_none() {
+        fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("mover: both functions are needed"));
+        return ptr::null_mut();
+    }
+    let r: std::sync::Arc<dyn Registrar> = std::sync::Arc::new(CRegistrar(*r, Some(*m)));
     slab_create(name, size, align, |b| at_node(b, node).registrar(r))
 }
 
@@ -594,8 +670,9 @@ pub struct numaweave_migration {
 /// Moves the whole cache to `node` while other threads go on allocating and
 /// freeing: no object's address or contents change, new slabs come from
 /// `node` from now on (`RawCache::migrate`). Fills `*out` (if not null).
-/// `NUMAWEAVE_REGISTERED` for a cache made with a registrar (its regions
-/// are pinned; nothing moves), `NUMAWEAVE_INVALID_NODE` for a node that is
+/// `NUMAWEAVE_REGISTERED` for a cache made with a registrar and no mover
+/// (its regions are pinned; nothing moves; `numaweave_slab_create_movable`
+/// gives one), `NUMAWEAVE_INVALID_NODE` for a node that is
 /// not online, has no memory or is not allowed.
 ///
 /// # Safety

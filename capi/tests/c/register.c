@@ -23,7 +23,7 @@
 struct table {
     numaweave_region regions[MAX_REGIONS];
     int live[MAX_REGIONS];
-    int registered, unregistered, refuse;
+    int registered, unregistered, refuse, released, reregistered;
 #ifdef HAVE_LIBURING
     struct io_uring *ring;
 #endif
@@ -74,6 +74,27 @@ static void on_unregister(void *ctx, const numaweave_region *r) {
 #endif
 }
 
+/* A mover: the region leaves its slot's registration and comes back to
+ * the same slot, on its new node. */
+static int on_release(void *ctx, const numaweave_region *r) {
+    struct table *t = ctx;
+    int i = slot_of(t, r->addr);
+    CHECK(i >= 0 && t->live[i] && t->regions[i].len == r->len);
+    t->live[i] = 2; /* released, slot kept */
+    t->released++;
+    return 0;
+}
+
+static int on_reregister(void *ctx, const numaweave_region *r) {
+    struct table *t = ctx;
+    int i = slot_of(t, r->addr);
+    CHECK(i >= 0 && t->live[i] == 2 && t->regions[i].len == r->len);
+    t->live[i] = 1;
+    t->regions[i].node = r->node;
+    t->reregistered++;
+    return 0;
+}
+
 /* The registered region an object lies in, or -1. */
 static int region_of(struct table *t, const void *p, size_t size) {
     for (int i = 0; i < t->registered; i++) {
@@ -108,6 +129,32 @@ int main(void) {
     for (int i = 0; i < N; i++) numaweave_slab_free(s, objs[i]);
     numaweave_slab_destroy(s);
     CHECK(t.unregistered == t.registered);
+
+    /* With a mover it moves: each region released and registered again in
+     * its slot, none registered anew, every object where it was. */
+    struct table mt = {0};
+    numaweave_registrar mreg = {on_register, on_unregister, &mt};
+    numaweave_mover mover = {on_release, on_reregister};
+    numaweave_mover half = {on_release, NULL};
+    CHECK(numaweave_slab_create_movable("mv_half", SIZE, SIZE, 0, &mreg, &half) == NULL);
+    CHECK(numaweave_slab_create_movable("mv_null", SIZE, SIZE, 0, &mreg, NULL) == NULL);
+    numaweave_slab *ms = numaweave_slab_create_movable("mv_bufs", SIZE, SIZE, 0, &mreg, &mover);
+    CHECK(ms != NULL);
+    for (int i = 0; i < N; i++) {
+        CHECK((objs[i] = numaweave_slab_alloc(ms)) != NULL);
+        memset(objs[i], i & 0xff, SIZE);
+    }
+    int regions = mt.registered;
+    CHECK(numaweave_slab_migrate(ms, 0, &m) == NUMAWEAVE_OK);
+    CHECK(m.regions_moved == (uint64_t)regions && mt.released == regions && mt.reregistered == regions);
+    CHECK(mt.registered == regions && m.pages_refused == 0);
+    for (int i = 0; i < N; i++) {
+        unsigned char *b = objs[i];
+        CHECK(region_of(&mt, b, SIZE) >= 0 && b[0] == (i & 0xff) && b[SIZE - 1] == (i & 0xff));
+        numaweave_slab_free(ms, objs[i]);
+    }
+    numaweave_slab_destroy(ms);
+    CHECK(mt.unregistered == mt.registered);
     for (int i = 0; i < t.registered; i++) CHECK(!t.live[i]);
 
     /* A plain cache moves while in use: every object where it was, with
