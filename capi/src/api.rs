@@ -420,6 +420,10 @@ unsafe impl Send for CRegistrar {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for CRegistrar {}
 
+/// A registrar's or mover's hook: takes the registrar's `ctx` and a region,
+/// answers 0 or an errno value.
+type Hook = unsafe extern "C" fn(ctx: *mut c_void, region: *const numaweave_region) -> c_int;
+
 impl CRegistrar {
     fn c_region(r: &Region) -> numaweave_region {
         numaweave_region {
@@ -429,24 +433,30 @@ impl CRegistrar {
             page_size: r.page_size,
         }
     }
+
+    /// Calls `hook` with the registrar's `ctx` and `region`: its 0 as `Ok`,
+    /// an errno as the refusal.
+    fn call(&self, hook: Hook, region: &Region) -> Result<(), Refusal> {
+        let r = Self::c_region(region);
+        // SAFETY: the caller of `numaweave_slab_create_registered` (or
+        // `_movable`) gave hooks that take its `ctx` and a region they only
+        // read, callable from any thread.
+        match unsafe { hook(self.0.ctx, &r) } {
+            0 => Ok(()),
+            e => Err(Refusal::Errno(e)),
+        }
+    }
 }
 
 impl Registrar for CRegistrar {
     fn register(&self, region: &Region) -> Result<(), Refusal> {
-        let Some(f) = self.0.register_region else { return Ok(()) };
-        let r = Self::c_region(region);
-        // SAFETY: the caller of `numaweave_slab_create_registered` gave a
-        // function that takes its `ctx` and a region it only reads.
-        match unsafe { f(self.0.ctx, &r) } {
-            0 => Ok(()),
-            e => Err(Refusal::Errno(e)),
-        }
+        self.0.register_region.map_or(Ok(()), |f| self.call(f, region))
     }
 
     fn unregister(&self, region: &Region) {
         if let Some(f) = self.0.unregister_region {
             let r = Self::c_region(region);
-            // SAFETY: as in `register`.
+            // SAFETY: as in `call`.
             unsafe { f(self.0.ctx, &r) };
         }
     }
@@ -456,23 +466,16 @@ impl Registrar for CRegistrar {
     }
 
     fn release_for_move(&self, region: &Region) -> Result<(), Refusal> {
-        let Some(f) = self.1.and_then(|m| m.release_region) else { return Err(Refusal::Errno(libc::EOPNOTSUPP)) };
-        let r = Self::c_region(region);
-        // SAFETY: the caller of `numaweave_slab_create_movable` gave a
-        // function that takes the registrar's `ctx` and a region it only reads.
-        match unsafe { f(self.0.ctx, &r) } {
-            0 => Ok(()),
-            e => Err(Refusal::Errno(e)),
+        match self.1.and_then(|m| m.release_region) {
+            Some(f) => self.call(f, region),
+            None => Err(Refusal::Errno(libc::EOPNOTSUPP)),
         }
     }
 
     fn register_moved(&self, region: &Region) -> Result<(), Refusal> {
-        let Some(f) = self.1.and_then(|m| m.reregister_region) else { return Err(Refusal::Errno(libc::EOPNOTSUPP)) };
-        let r = Self::c_region(region);
-        // SAFETY: as in `release_for_move`.
-        match unsafe { f(self.0.ctx, &r) } {
-            0 => Ok(()),
-            e => Err(Refusal::Errno(e)),
+        match self.1.and_then(|m| m.reregister_region) {
+            Some(f) => self.call(f, region),
+            None => Err(Refusal::Errno(libc::EOPNOTSUPP)),
         }
     }
 }

@@ -708,27 +708,7 @@ pub fn thp_bytes_of(mut wanted: impl FnMut(usize, usize) -> bool) -> Result<u64>
 ///
 /// The addresses are not dereferenced, so any value is safe to pass.
 pub fn page_nodes(addrs: &[*const u8], status: &mut [i32]) -> Result<()> {
-    let _errno = super::KeepErrno::new();
-    if status.len() < addrs.len() {
-        return Err(Error::Os { call: "move_pages", errno: libc::EINVAL });
-    }
-    if addrs.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: `addrs` and `status` are valid for `addrs.len()` elements; a null
-    // `nodes` array makes move_pages a pure query.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_pages,
-            0,
-            addrs.len() as libc::c_ulong,
-            addrs.as_ptr(),
-            core::ptr::null::<libc::c_int>(),
-            status.as_mut_ptr(),
-            0,
-        )
-    };
-    super::os_result(r, "move_pages")
+    super::pages::page_nodes_of(0, addrs, status)
 }
 
 /// The kernel node id of the page holding `addr`, `None` when the page is not

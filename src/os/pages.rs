@@ -1,5 +1,5 @@
 //! Moving pages between nodes while they are in use (`move_pages`), and
-//! what a node has free.
+//! asking where a process's pages are.
 //!
 //! The kernel migrates a page by unmapping it, copying it and mapping the
 //! copy at the same address: a thread that touches it meanwhile waits on the
@@ -66,30 +66,34 @@ pub unsafe fn move_to(addrs: &[*const u8], node: usize, status: &mut [i32]) -> R
     Ok(failed)
 }
 
-/// Where the pages holding `addrs` in process `pid` are (`move_pages` with
-/// null nodes: a query, which needs the right to read the process's memory
-/// map, as `/proc/PID/numa_maps` does). `status` as
-/// [`page_nodes`](super::mem::page_nodes) fills it.
+/// Where the pages holding `addrs` in process `pid` (0: this one) are
+/// (`move_pages` with null nodes, which moves nothing; another process's
+/// needs the right to read its memory map, as `/proc/PID/numa_maps` does).
+/// `status[i]` gets the kernel node id of `addrs[i]`'s page, or a negative
+/// errno: `-ENOENT` for a page not present (never touched or decommitted),
+/// `-EFAULT` for an unmapped address.
+///
+/// The addresses are not dereferenced, so any value is safe to pass.
 pub fn page_nodes_of(pid: i32, addrs: &[*const u8], status: &mut [i32]) -> Result<()> {
     let _errno = KeepErrno::new();
     if status.len() < addrs.len() {
         return Err(Error::Os { call: "move_pages", errno: libc::EINVAL });
     }
-    for (a, s) in addrs.chunks(MOVE_BATCH).zip(status.chunks_mut(MOVE_BATCH)) {
-        // SAFETY: `a` and `s` are valid for `a.len()` elements; null nodes
-        // make it a query, which touches no memory of either process.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_move_pages,
-                pid,
-                a.len() as libc::c_ulong,
-                a.as_ptr(),
-                core::ptr::null::<libc::c_int>(),
-                s.as_mut_ptr(),
-                0,
-            )
-        };
-        super::os_result(r, "move_pages")?;
+    if addrs.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    // SAFETY: `addrs` and `status` are valid for `addrs.len()` elements; null
+    // nodes make it a query, which touches no memory of either process.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            pid,
+            addrs.len() as libc::c_ulong,
+            addrs.as_ptr(),
+            core::ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    super::os_result(r, "move_pages")
 }

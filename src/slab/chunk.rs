@@ -68,7 +68,8 @@ pub(crate) struct Extent {
     pub(crate) base: usize,
     /// The chunk's whole length (what a registrar was told of).
     pub(crate) len: usize,
-    /// Bytes from `base` that slabs have used (the rest was never touched).
+    /// Bytes from `base` that slabs have used, in whole pages of
+    /// `page_size` (the rest was never touched).
     pub(crate) used: usize,
     pub(crate) page_size: usize,
     pub(crate) registered: bool,
@@ -121,7 +122,7 @@ impl Chunks {
         Extent {
             base: c.base,
             len: c.len,
-            used: (c.carved * slot).min(c.len),
+            used: (c.carved * slot).next_multiple_of(c.page_size).min(c.len),
             page_size: c.page_size,
             registered: c.registered,
         }

@@ -346,11 +346,10 @@ impl Core {
             let s = ns.lock();
             // Unmapped since (its last slab went): nothing left to move.
             let Some(now) = s.chunks.extent(e.base, self.slab_bytes) else { return Ok(()) };
-            let end = now.used.next_multiple_of(now.page_size).min(now.len);
-            if off >= end {
+            if off >= now.used {
                 return Ok(());
             }
-            let n = ((end - off) / now.page_size).min(MOVE_BATCH);
+            let n = ((now.used - off) / now.page_size).min(MOVE_BATCH);
             self.move_batch(now.base + off, n, now.page_size, phys, rep)?;
             drop(s);
             off += n * now.page_size;
@@ -366,11 +365,11 @@ impl Core {
         let after = s.chunks.region(&e);
         let before = super::Region { node: from, ..after };
         if let Err(refusal) = r.release_for_move(&before) {
-            let present = self.present_pages(e.base, e.used.next_multiple_of(e.page_size).min(e.len), e.page_size);
+            let present = self.present_pages(e.base, e.used, e.page_size);
             rep.stuck(Stuck::Registrar(refusal), present, e.page_size);
             return Ok(());
         }
-        let end = e.used.next_multiple_of(e.page_size).min(e.len);
+        let end = e.used;
         // A released pin may go a little later than the release (io_uring
         // before Linux 6.4 drops it from a kernel worker, up to a second
         // on): pages still pinned are tried again for a while.
@@ -501,15 +500,17 @@ impl Core {
     }
 
     /// Where the cache's pages are now: (node, pages, bytes) per node that
-    /// holds any, by node. A page query over every chunk's used part, under
-    /// each node's lock in turn.
+    /// holds any, by node. A page query over every chunk's used part; the
+    /// node's lock is held only to list its chunks, not across the queries,
+    /// which for a cache of gigabytes take a while (a query touches no
+    /// memory: a chunk unmapped meanwhile counts as whatever is mapped
+    /// there then, most often nothing).
     pub(crate) fn resident(&self) -> Vec<(usize, usize, u64)> {
         let mut by_phys = [(0usize, 0u64); crate::topology::MAX_NODES];
         for ns in self.nodes.iter() {
-            let s = ns.lock();
-            for e in s.chunks.extents(self.slab_bytes) {
-                let end = e.used.next_multiple_of(e.page_size).min(e.len);
-                self.each_page_node(e.base, end, e.page_size, |n| {
+            let extents = ns.lock().chunks.extents(self.slab_bytes);
+            for e in extents {
+                self.each_page_node(e.base, e.used, e.page_size, |n| {
                     if let Some(slot) = usize::try_from(n).ok().and_then(|n| by_phys.get_mut(n)) {
                         slot.0 += 1;
                         slot.1 += e.page_size as u64;

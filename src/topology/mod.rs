@@ -324,8 +324,9 @@ impl Topology {
     /// ```
     /// use numaweave::Topology;
     /// let t = Topology::detect().unwrap();
-    /// let free = t.free_memory(t.default_node()).unwrap();
-    /// assert!(free <= t.memory_of(t.default_node()).max(free));
+    /// let node = t.default_node();
+    /// let (free, total) = (t.free_memory(node).unwrap(), t.memory_of(node));
+    /// assert!(free > 0 && (total == 0 || free <= total), "{free} free of {total}");
     /// ```
     pub fn free_memory(&self, node: usize) -> Result<u64> {
         self.check_node(node)?;
