@@ -159,3 +159,57 @@ fn addresses_beside_a_huge_block_are_not_ours() {
     // SAFETY: the block allocated above, alive.
     unsafe { A.dealloc(p, layout) };
 }
+
+#[test]
+fn large_blocks_start_at_many_lines_and_aligned_ones_keep_their_alignment() {
+    use std::alloc::Layout;
+    // Tables of 64 KiB, as a lazy DFA's: their first lines fall into many
+    // of L1's sets, not all into the set of a 4 KiB boundary.
+    let tables: Vec<Vec<u32>> = (0..64).map(|i| vec![i; 16 << 10]).collect();
+    let lines: std::collections::HashSet<usize> = tables.iter().map(|t| t.as_ptr() as usize % 4096 / 64).collect();
+    if !cfg!(feature = "hardened") {
+        assert!(lines.len() >= 16, "64 tables start at {} lines of a page", lines.len());
+    }
+    // Aligned blocks of those classes, their pages reused by unaligned
+    // requests and the other way round: aligned, whole, kept.
+    let mut live: Vec<(*mut u8, Layout, u8)> = Vec::new();
+    let mut seed = 0u8;
+    for round in 0..4 {
+        for size in [32 << 10, 40 << 10, 64 << 10, 100 << 10, 256 << 10] {
+            for align in [8, 128, 4096, 65536] {
+                let l = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: a layout of non-zero size.
+                let p = unsafe { A.alloc(l) };
+                assert!(!p.is_null() && (p as usize).is_multiple_of(align), "{l:?} at {p:p}");
+                // SAFETY: a live block of this allocator.
+                assert!(unsafe { A.usable_size(p) } >= size, "{l:?}: usable size");
+                seed = seed.wrapping_add(1);
+                // SAFETY: as above.
+                unsafe { std::ptr::write_bytes(p, seed, size) };
+                live.push((p, l, seed));
+            }
+        }
+        let mut ends: Vec<(usize, usize)> = live.iter().map(|&(p, l, _)| (p as usize, p as usize + l.size())).collect();
+        ends.sort();
+        assert!(ends.windows(2).all(|w| w[0].1 <= w[1].0), "blocks overlap");
+        // Free every other one (round by round, a different half).
+        let mut kept = Vec::new();
+        for (i, (p, l, s)) in live.drain(..).enumerate() {
+            // SAFETY: the block was written whole with `s`.
+            let bytes = unsafe { std::slice::from_raw_parts(p, l.size()) };
+            assert!(bytes.iter().all(|&b| b == s), "{l:?} at {p:p} lost its contents");
+            if (i + round) % 2 == 0 {
+                // SAFETY: a live block of `l`, freed once.
+                unsafe { A.dealloc(p, l) };
+            } else {
+                kept.push((p, l, s));
+            }
+        }
+        live = kept;
+    }
+    for (p, l, _) in live {
+        // SAFETY: as above.
+        unsafe { A.dealloc(p, l) };
+    }
+    drop(tables);
+}

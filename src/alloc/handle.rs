@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
+use super::core::heap;
 use super::core::size_class::{PAGE_CLASS, class_for};
 use super::core::state::State;
 use super::interleave::{self, SharedInterleaver};
@@ -52,7 +53,8 @@ impl Placer {
         let class = class_for(want, align);
         let p = match &self.place {
             Place::Node(n) => match class {
-                Some(c) => placement::alloc_on_node(state, c, *n),
+                // SAFETY: a block of class `c` just handed out (or null).
+                Some(c) => unsafe { heap::realigned(placement::alloc_on_node(state, c, *n), c, align) },
                 None => huge::alloc_on(state, *n, want, align, false),
             },
             Place::Interleave(il) => interleave::handle_alloc(il, state, want, align, |node| {

@@ -164,7 +164,8 @@ impl NumaAlloc {
         }
         let want = padded(size);
         let p = match class_for(want, align) {
-            Some(c) => placement::alloc_on_node(state, c, node),
+            // SAFETY: a block of class `c` just handed out (or null).
+            Some(c) => unsafe { heap::realigned(placement::alloc_on_node(state, c, node), c, align) },
             None => huge::alloc_on(state, node, want, align, false),
         };
         // SAFETY: a block just handed out for `size` bytes.
@@ -481,17 +482,19 @@ impl NumaAlloc {
                     il.alloc_block(size, align)
                 } else {
                     // SAFETY: the calling thread's heap; `c` is a page class
-                    // (a multiple of the page alignment).
+                    // (a multiple of the page alignment); a block of it just
+                    // handed out (a region's is aligned already).
                     unsafe {
                         let p = Heap::pop_loan(heap, c);
-                        if p.is_null() { il.alloc_class(heap, c) } else { p }
+                        heap::realigned(if p.is_null() { il.alloc_class(heap, c) } else { p }, c, align)
                     }
                 }
             }
             Where::Class(c) => {
                 let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
-                // SAFETY: the calling thread's heap; the block holds `size` bytes.
-                unsafe { alloc_class::<true>(heap, c) }
+                // SAFETY: the calling thread's heap; the block holds `size`
+                // bytes; a block of class `c` just handed out.
+                unsafe { heap::realigned(alloc_class::<true>(heap, c), c, align) }
             }
             Where::Region(il) => il.alloc_block(size, align),
             // Fresh huge mappings are zero already: zeroed inside if reused.
@@ -572,7 +575,8 @@ pub const COLD_BELOW: u8 = 128;
 pub(crate) fn cold_block(state: &'static State, size: usize, align: usize) -> (*mut u8, usize) {
     let node = placement::cold_node(state, state.topology.current_node());
     let p = match class_for(size, align) {
-        Some(c) => Heap::alloc_cold(state, node, c),
+        // SAFETY: a block of class `c` just handed out (or null).
+        Some(c) => unsafe { heap::realigned(Heap::alloc_cold(state, node, c), c, align) },
         None => huge::alloc_on(state, node, size, align, false),
     };
     (p, node)

@@ -9,11 +9,11 @@ use core::ptr::{self, NonNull};
 
 use super::heap::{Heap, OWNER_NONE, OWNER_RECLAIM, OWNER_THREAD};
 use super::segmap;
-use super::size_class::{class_size, page_slots};
+use super::size_class::{COLOURS, class_size, coloured, page_blocks, page_slots};
 use super::state::{Mode, State};
 use crate::alloc::core::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment};
 use crate::os::mem::{self, BindFlags, MemPolicy};
-use crate::sync::{AtomicU64, Ordering, SpinLock};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering, SpinLock};
 use crate::topology::NodeSet;
 
 mod cached;
@@ -619,9 +619,16 @@ fn take_found(
     (seg, first, slots)
 }
 
+/// The start line of the next [coloured](coloured) page: a relaxed
+/// counter, 23 lines on a page (prime to [`COLOURS`], so that 64 pages in
+/// a row start at 64 different lines).
+static NEXT_COLOUR: AtomicUsize = AtomicUsize::new(0);
+
 /// Writes a fresh page descriptor for `class` owned by `heap`.
 fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usize, heap: *mut Heap) -> NonNull<Page> {
     let bs = class_size(class);
+    let colour = if coloured(class) { NEXT_COLOUR.fetch_add(23, Ordering::Relaxed) % COLOURS * 64 } else { 0 };
+    debug_assert!(colour + bs * page_blocks(class) <= slots * SLOT_SIZE);
     // SAFETY: the slots were just taken under the arena lock, so nobody else
     // uses this descriptor or the slot map entries.
     unsafe {
@@ -629,9 +636,9 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
             (*seg).slot_page[s] = first as u8;
         }
         let page = (*seg).pages.as_mut_ptr().add(first);
-        let start = seg.cast::<u8>().add(first * SLOT_SIZE);
+        let start = seg.cast::<u8>().add(first * SLOT_SIZE + colour);
         ptr::write(page, Page::empty());
-        (*page).info.capacity = ((slots * SLOT_SIZE) / bs) as u32;
+        (*page).info.capacity = page_blocks(class) as u32;
         (*page).info.block_size = bs as u32;
         (*page).info.class = class as u8;
         (*page).info.slots = slots as u8;

@@ -403,7 +403,7 @@ impl Heap {
             let os_page = crate::os::page_size();
             let bs = (*page).info.block_size as usize;
             let start = (*page).info.start as usize;
-            let end = start + usize::from((*page).info.slots) * segment::SLOT_SIZE;
+            let end = page_span(page).end;
             let purge = |from: usize, to: usize| {
                 let (a, b) = (from.next_multiple_of(os_page), to & !(os_page - 1));
                 if a < b {

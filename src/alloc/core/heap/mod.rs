@@ -369,14 +369,62 @@ pub(super) fn lists_dropped() -> bool {
     false
 }
 
+/// The address range of `page`'s slots: from its first slot's start (a
+/// [coloured](size_class::coloured) page's block starts a few lines in)
+/// to its last slot's end.
+///
+/// # Safety
+/// `page` is a live heap page (its `info` is read).
+#[inline]
+pub(super) unsafe fn page_span(page: *mut Page) -> core::ops::Range<usize> {
+    use super::segment::SLOT_SIZE;
+    // SAFETY: the caller passes a live page.
+    let (start, slots) = unsafe { ((*page).info.start as usize, usize::from((*page).info.slots)) };
+    let base = start & !(SLOT_SIZE - 1);
+    base..base + slots * SLOT_SIZE
+}
+
 /// Whether `p` lies in the blocks of `page` (a heap page).
 ///
 /// # Safety
 /// `page` is a live heap page (its `info` is read).
 pub(super) unsafe fn in_page(page: *mut Page, p: *const u8) -> bool {
     // SAFETY: the caller passes a live page.
-    let (start, slots) = unsafe { ((*page).info.start as usize, usize::from((*page).info.slots)) };
-    (start..start + slots * super::segment::SLOT_SIZE).contains(&(p as usize))
+    unsafe { page_span(page) }.contains(&(p as usize))
+}
+
+/// The block of a [coloured](size_class::coloured) class that `p`, just
+/// handed out, is, moved down to `align` (a power of two, at most a slot)
+/// when it is not aligned so. The page holds this one block, which starts
+/// at most a colour's few lines past the page's 64 KiB-aligned start and
+/// ends at least that far before its end: moved down, it still lies in the
+/// page, and it is the page's one block at its new address, which frees
+/// and later handouts use (the page has lost its colour until it goes back
+/// to its arena). Nothing of the page changes: its `info.start` still
+/// says where its block was carved, and the tail past that block, which
+/// the lifecycle purges, lies past the moved one too. A block of any other
+/// class, or one already aligned, is `p`.
+///
+/// # Safety
+/// `p` is a block of a small page of `class`, just handed out, or null.
+#[inline]
+pub(crate) unsafe fn realigned(p: *mut u8, class: usize, align: usize) -> *mut u8 {
+    if !size_class::coloured(class) || (p as usize).is_multiple_of(align) {
+        return p;
+    }
+    debug_assert!(align.is_power_of_two() && align <= super::segment::SLOT_SIZE && !p.is_null());
+    let q = (p as usize & !(align - 1)) as *mut u8;
+    // SAFETY: a block of a small page (the caller's word): its segment
+    // header and page descriptor are live.
+    #[cfg(debug_assertions)]
+    unsafe {
+        let page = segment::page_of(segment_of(p).cast::<segment::SmallSegment>(), p);
+        debug_assert!((*page).info.capacity == 1 && usize::from((*page).info.class) == class);
+        debug_assert!(
+            page_span(page).start <= q as usize && p as usize + size_class::class_size(class) <= page_span(page).end
+        );
+    }
+    q
 }
 
 /// The node (arena) of one of the heap's pages.

@@ -430,10 +430,7 @@ pub(super) unsafe fn carve(page: *mut Page) {
         let bs = (*page).info.block_size as usize;
         let n = left.min((CARVE_BYTES / bs).max(1) as u32);
         let first = (*page).info.start.add((*page).carved as usize * bs);
-        debug_assert!(
-            first as usize + n as usize * bs
-                <= (*page).info.start as usize + usize::from((*page).info.slots) * segment::SLOT_SIZE
-        );
+        debug_assert!(first as usize + n as usize * bs <= page_span(page).end);
         for i in 0..n as usize {
             let b = first.add(i * bs).cast::<Block>();
             let next = if i + 1 < n as usize { first.add((i + 1) * bs).cast() } else { (*page).free };
