@@ -305,7 +305,7 @@ pub const COLOURS: usize = 64;
 /// KiB) from their first lines on, and they missed L1 on 45% of those
 /// reads, against 8% under jemalloc, which starts its large blocks at a
 /// random cache line; coloured, the workload's L1 misses fell from 24.8M
-/// to 14.4M (jemalloc 13.7M), and its time from 1.05× jemalloc's to
+/// to 14.6M (jemalloc 13.7M), and its time from 1.05× jemalloc's to
 /// 1.00×. Costs: up to a 4 KiB page of memory a block touched whole, and
 /// for the classes of a multiple of 64 KiB a slot more of address space.
 /// A hardened build does not colour: its checks take a block's place from

@@ -82,6 +82,12 @@ pub(crate) struct ArenaInner {
     bound_at: u64,
     dirty_peak: u64,
     bound_seen: u64,
+    /// What the bound's purges returned since `burst_from` (ms,
+    /// monotonic), four delays at most: one burst of frees past the bound
+    /// is purged each time it passes it again, and only the sum says how
+    /// much the program frees at a time.
+    burst: u64,
+    burst_from: u64,
 }
 
 // SAFETY: the raw pointers are owned by the arena and only used under its lock.
@@ -131,6 +137,8 @@ impl Arena {
                 bound_at: 0,
                 dirty_peak: 0,
                 bound_seen: 0,
+                burst: 0,
+                burst_from: 0,
             }),
             shared: SpinLock::new(SharedHeap(ptr::null_mut())),
             cold: SpinLock::new(SharedHeap(ptr::null_mut())),
@@ -628,7 +636,7 @@ static NEXT_COLOUR: AtomicUsize = AtomicUsize::new(0);
 fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usize, heap: *mut Heap) -> NonNull<Page> {
     let bs = class_size(class);
     let colour = if coloured(class) { NEXT_COLOUR.fetch_add(23, Ordering::Relaxed) % COLOURS * 64 } else { 0 };
-    debug_assert!(colour + bs * page_blocks(class) <= slots * SLOT_SIZE);
+    debug_assert!(slots == page_slots(class) && colour + bs * page_blocks(class) <= slots * SLOT_SIZE);
     // SAFETY: the slots were just taken under the arena lock, so nobody else
     // uses this descriptor or the slot map entries.
     unsafe {

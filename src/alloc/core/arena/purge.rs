@@ -230,14 +230,23 @@ pub(super) fn committed_bound(state: &State, g: &ArenaInner) -> usize {
 /// did within four delays before, the program frees and allocates more
 /// than the bound in a loop (a JSON service drops a 100 MB document and
 /// parses the next: every round faulted it all in again, 29,000 faults a
-/// round), and the bound doubles until it is twice what was free (`dirty`
-/// bytes), up to [`MAX_DELAY_SHIFT`] doublings (1 GiB by default). It
-/// comes down again once free memory stayed under half of it for
-/// [`DELAY_DECAY`] delays (`Arena::purge_expired`); the delay still
-/// returns what waits, so a program that goes quiet gives it all back.
+/// round), and the bound doubles until it is twice the burst, up to
+/// [`MAX_DELAY_SHIFT`] doublings (1 GiB by default). The burst is what
+/// this purge and the others of the last four delays returned (`dirty`
+/// bytes each): a drop of 250 MB purged at 64 MB, again at 94 MB, and
+/// raised on the second to twice 94 MB, fell past it rounds later and was
+/// faulted in again whole. The bound comes down again once free memory
+/// stayed under half of it for [`DELAY_DECAY`] delays
+/// (`Arena::purge_expired`); the delay still returns what waits, so a
+/// program that goes quiet gives it all back.
 pub(super) fn note_bound_purge(g: &mut ArenaInner, state: &State, now: u64, dirty: u64) {
-    if g.bound_at != 0 && now < g.bound_at + 4 * delay_of(state, g) {
-        while g.bound_shift < MAX_DELAY_SHIFT && (committed_bound(state, g) as u64) < dirty.saturating_mul(2) {
+    let window = 4 * delay_of(state, g);
+    if g.burst_from == 0 || now >= g.burst_from + window {
+        (g.burst, g.burst_from) = (0, now);
+    }
+    g.burst = g.burst.saturating_add(dirty);
+    if g.bound_at != 0 && now < g.bound_at + window {
+        while g.bound_shift < MAX_DELAY_SHIFT && (committed_bound(state, g) as u64) < g.burst.saturating_mul(2) {
             g.bound_shift += 1;
         }
         g.bound_seen = now;

@@ -2,8 +2,7 @@
 
 use super::purge::{self, DELAY_DECAY};
 use super::*;
-use crate::alloc::core::size_class::class_of;
-use crate::alloc::core::size_class::{COLOURS, coloured};
+use crate::alloc::core::size_class::{COLOURS, class_of, coloured};
 
 fn state() -> &'static State {
     crate::alloc::config::state()
@@ -227,5 +226,34 @@ fn bursts_past_the_bound_that_recur_raise_it_until_they_fit() {
     let before = purged();
     burst();
     assert_eq!(purged(), before, "the same burst fits under the raised bound: nothing returned at once");
+    a.purge_now();
+}
+
+#[test]
+fn a_burst_purged_twice_on_its_way_raises_the_bound_to_twice_its_sum() {
+    let Some((state, a, _delay, class, bytes)) = with_delay() else { return };
+    let bound = purge::committed_bound(state, &a.inner.lock()) as u64;
+    // Two and a half bounds of pages freed at once: purged when free memory
+    // passes the bound, and again when it passes it once more.
+    let n = (5 * bound / 2 / bytes) as usize;
+    let pages: Vec<*mut Page> =
+        (0..n).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
+    for p in pages {
+        // SAFETY: a page of this arena with no block live and no heap.
+        unsafe { a.free_page(state, p) };
+    }
+    // Both purges together returned a little over twice the bound; the
+    // second alone, a little over the bound.
+    let purged = a.counters.purged.load(Ordering::Relaxed);
+    assert!(purged > 2 * bound && purged < 3 * bound, "{purged} bytes purged");
+    let raised = purge::committed_bound(state, &a.inner.lock()) as u64;
+    assert!(raised >= 2 * purged, "raised to {} MiB, for {} MiB purged", raised >> 20, purged >> 20);
+    assert!(
+        raised >= 4 * bound,
+        "a burst of {} MiB raised the bound of {} MiB to {} MiB",
+        (n as u64 * bytes) >> 20,
+        bound >> 20,
+        raised >> 20
+    );
     a.purge_now();
 }
