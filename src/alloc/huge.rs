@@ -33,11 +33,15 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
 /// A fresh mapping for a huge block, charged whole against the kernel's
 /// overcommit policy ([`mem::Charge::Whole`]): a block is handed out whole,
 /// and a `malloc` the kernel judges impossible must fail with `ENOMEM`, as
-/// glibc's does, not succeed and end in the OOM killer.
-fn reserve(total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
+/// glibc's does, not succeed and end in the OOM killer. Refused, it is
+/// asked for again once the arenas have unmapped what they hold unused
+/// ([`map_or_reclaim`](super::core::arena::map_or_reclaim)).
+fn reserve(state: &State, total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     let guard = super::core::arena::guard_len();
     let (align, offset) = if align <= SEGMENT_SIZE { (SEGMENT_SIZE, 0) } else { (align, offset) };
-    let base = super::core::segmap::PLACER.map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()?;
+    let base = super::core::arena::map_or_reclaim(state, || {
+        super::core::segmap::PLACER.map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()
+    })?;
     if !super::core::segmap::can_mark(base.as_ptr()) {
         // SAFETY: ours, unused.
         let _ = unsafe { mem::unmap(base, total + guard) };
@@ -90,7 +94,7 @@ fn alloc_in(state: &State, arena: &super::core::arena::Arena, size: usize, align
     let fresh = cached.is_none();
     let (base, total) = match cached {
         Some(c) => c,
-        None => match reserve(total, align, off) {
+        None => match reserve(state, total, align, off) {
             Some(b) => (b, total),
             None => return ptr::null_mut(),
         },
@@ -238,7 +242,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
                 // thread makes next may land and be marked: unmark it first
                 // (nobody else may use this block meanwhile), or its mark
                 // would be found taken and then lost.
-                reserve(total, align, off).and_then(|to| {
+                reserve(state, total, align, off).and_then(|to| {
                     super::core::segmap::remove(old.as_ptr());
                     // SAFETY: `to` is our fresh reservation of `total` bytes.
                     unsafe { mem::remap_to(old, len, total, to) }.ok().or_else(|| {

@@ -52,7 +52,8 @@
 //!                                                                its holder takes (pages, metadata)
 //!             alloc/core/arena/mod.rs cold      SpinLock  held   per arena: its heap of cold blocks (heap/shared.rs);
 //!                                                                never with `shared`; its holder takes the rest
-//!             alloc/core/state.rs meta          SpinLock  held   heap descriptors' metadata chunk
+//!             alloc/core/state.rs meta          SpinLock  held   heap descriptors' metadata chunk; its holder takes
+//!                                                                each arena's `inner` when a chunk's mapping fails
 //!             alloc/core/state.rs heaps         SpinLock  held   the list of every heap (creation, statistics)
 //!             alloc/core/arena/mod.rs inner     SpinLock  held   per arena: segments, free slots, orphans, cached
 //!                                                                mappings, purges; alone

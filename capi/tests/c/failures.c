@@ -11,9 +11,11 @@
  *   not powers of two (EINVAL since glibc 2.38; 2.36 took them);
  * - an address-space limit (RLIMIT_AS): a block larger than what is left
  *   fails from every entry point with ENOMEM; 1 MiB blocks until one
- *   fails, the last with ENOMEM; after freeing them, memory is had again.
- *   (A test of its own, `failures limit`: the limit stays with the
- *   process.) */
+ *   fails, the last with ENOMEM; after freeing them, a block of nearly
+ *   all the room is had again (glibc unmaps at once; an allocator that
+ *   keeps freed mappings and segments must give their address space back
+ *   when the kernel refuses one); the same with 16 KiB blocks. (A test of
+ *   its own, `failures limit`: the limit stays with the process.) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -140,6 +142,34 @@ static size_t vm_size(void) {
     return pages * (size_t)sysconf(_SC_PAGESIZE);
 }
 
+/* Blocks of `size` until one fails (ENOMEM), at least `least` of them;
+ * all freed, then one block of 7/8 of the room (224 MiB) is had. */
+static void fill_free_and_refill(size_t size, int least) {
+    enum { MAX = 1 << 15 };
+    static void *blocks[MAX];
+    int n = 0;
+    for (;;) {
+        CHECK(n < MAX);
+        errno = 4242;
+        blocks[n] = malloc(size);
+        if (!blocks[n]) break;
+        memset(blocks[n], 5, size < 4096 ? size : 4096);
+        n++;
+    }
+    CHECK(errno == ENOMEM);
+    /* (After the frees: printing allocates.) */
+    for (int i = 0; i < n; i++) free(blocks[i]);
+    printf("failures: %d blocks of %zu KiB within 256 MiB of address space\n", n, size >> 10);
+    CHECK(n >= least);
+    size_t most = (size_t)224 << 20;
+    errno = 4242;
+    void *p = malloc(most);
+    checks++;
+    if (p == NULL) CHECK_FAILED("malloc(224 MiB) after the frees", ": null, errno %d\n", errno);
+    else memset(p, 6, most);
+    free(p);
+}
+
 static void limit(void) {
     /* 256 MiB of address space beyond what the process has now. */
     size_t room = (size_t)256 << 20;
@@ -160,26 +190,8 @@ static void limit(void) {
     FAILS_WITH(valloc(big), ENOMEM);
     FAILS_WITH(pvalloc(big), ENOMEM);
     free(small);
-    /* 1 MiB blocks until one fails. */
-    enum { MAX = 1024 };
-    static void *blocks[MAX];
-    int n = 0;
-    for (;;) {
-        CHECK(n < MAX);
-        errno = 4242;
-        blocks[n] = malloc(1 << 20);
-        if (!blocks[n]) break;
-        memset(blocks[n], 5, 4096);
-        n++;
-    }
-    CHECK(errno == ENOMEM);
-    printf("failures: %d MiB in 1 MiB blocks within 256 MiB of address space\n", n);
-    CHECK(n >= 64);
-    for (int i = 0; i < n; i++) free(blocks[i]);
-    void *p = malloc(64 << 20);
-    CHECK(p != NULL);
-    memset(p, 6, 64 << 20);
-    free(p);
+    fill_free_and_refill(1 << 20, 64);
+    fill_free_and_refill(16 << 10, 4096);
 }
 
 int main(int argc, char **argv) {

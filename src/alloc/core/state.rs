@@ -282,7 +282,9 @@ impl State {
         let mut g = self.meta.lock();
         let mut p = (g.next as usize).next_multiple_of(align);
         if g.next.is_null() || p + size > g.end as usize {
-            let chunk = mem::map(CHUNK).ok()?;
+            // (The arenas' locks are taken alone, after `meta`: the lock
+            // table's order.)
+            let chunk = super::arena::map_or_reclaim(self, || mem::map(CHUNK).ok())?;
             g.next = chunk.as_ptr();
             // SAFETY: end of the fresh chunk.
             g.end = unsafe { chunk.as_ptr().add(CHUNK) };

@@ -21,6 +21,7 @@ mod purge;
 
 use cached::{CACHED_BYTES_FACTOR, Cached};
 pub(crate) use purge::delay_clock;
+pub(crate) use purge::map_or_reclaim;
 use purge::{committed_bound, delay_of, note_reuse, soonest};
 
 /// Counters of one arena, written under its lock or with single atomic adds.
@@ -367,7 +368,9 @@ impl Arena {
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub(crate) fn map_bound(&self, state: &State, len: usize) -> Option<NonNull<u8>> {
         let guard = guard_len();
-        let base = segmap::PLACER.map_aligned_at(len + guard, SEGMENT_SIZE, 0, mem::Charge::Lazy).ok()?;
+        let base = purge::map_or_reclaim(state, || {
+            segmap::PLACER.map_aligned_at(len + guard, SEGMENT_SIZE, 0, mem::Charge::Lazy).ok()
+        })?;
         if !segmap::can_mark(base.as_ptr()) {
             // SAFETY: ours, unused.
             let _ = unsafe { mem::unmap(base, len + guard) };

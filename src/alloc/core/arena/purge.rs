@@ -202,6 +202,36 @@ impl Arena {
         }
     }
 
+    /// Unmaps what holds address space and serves nothing: every wholly
+    /// free segment (none kept) and every cached mapping. Free slots of
+    /// segments in use stay as they are (purging them gives back memory,
+    /// not address space). The bytes of address space given back.
+    pub(crate) fn unmap_unused(&self) -> usize {
+        let mut g = self.inner.lock();
+        let mut freed = g.cached_bytes;
+        let c = core::mem::replace(&mut g.cached, ptr::null_mut());
+        // SAFETY: the whole list, off the arena.
+        unsafe { self.unmap_cached(&mut g, c) };
+        let mut link: *mut *mut SmallSegment = &mut g.segments;
+        // SAFETY: the list and its segments are guarded by the lock we hold;
+        // a segment with every slot free has no page of any heap in it (a
+        // heap's kept and cached pages hold their slots), so nothing points
+        // into it.
+        unsafe {
+            while !(*link).is_null() {
+                let seg = *link;
+                if (*seg).free_slots == !1u64 {
+                    *link = (*seg).seg.next;
+                    freed += (*seg).seg.map_len;
+                    self.unmap_segment(seg);
+                    continue;
+                }
+                link = &mut (*seg).seg.next;
+            }
+        }
+        freed
+    }
+
     /// Purges now, whatever the threshold and the delay (for
     /// `NumaAlloc::collect`).
     pub(crate) fn purge_now(&self) {
@@ -322,4 +352,32 @@ pub(super) fn slots_in(mask: u64) -> impl Iterator<Item = usize> {
         m &= m - 1;
         Some(s)
     })
+}
+
+/// `map()`, and when the OS refuses it, `map()` once more after every arena
+/// has unmapped the address space it holds unused ([`Arena::unmap_unused`]),
+/// if any did. Freed segments and cached mappings wait out the purge delay
+/// mapped; under an address-space limit (`RLIMIT_AS`) or strict overcommit
+/// (`vm.overcommit_memory=2`, where a mapping is charged whole) they would
+/// make a large `malloc` fail that glibc, which unmaps at once, serves: a
+/// program that filled 256 MiB of `RLIMIT_AS` with 1 KiB blocks and freed
+/// them could then have no block over 112 MiB (glibc: 240 MiB; after 1 MiB
+/// blocks, 192). Fall back, do not starve.
+///
+/// Called with no arena lock held (each arena's is taken in turn).
+pub(crate) fn map_or_reclaim<T>(state: &State, mut map: impl FnMut() -> Option<T>) -> Option<T> {
+    map().or_else(|| if unmap_unused_everywhere(state) { map() } else { None })
+}
+
+/// Every arena's [`Arena::unmap_unused`]; whether any gave address space back.
+#[cold]
+#[inline(never)]
+fn unmap_unused_everywhere(state: &State) -> bool {
+    let mut freed = 0;
+    for n in state.nodes().iter() {
+        if let Some(a) = state.arena(n) {
+            freed += a.unmap_unused();
+        }
+    }
+    freed > 0
 }

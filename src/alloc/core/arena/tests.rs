@@ -257,3 +257,50 @@ fn a_burst_purged_twice_on_its_way_raises_the_bound_to_twice_its_sum() {
     );
     a.purge_now();
 }
+
+#[test]
+fn unmap_unused_gives_back_every_empty_segment_and_cached_mapping_and_nothing_else() {
+    let (state, a) = (state(), arena());
+    // Pages of four slots: fifteen fill the first segment, five start a
+    // second.
+    let class = class_of(200_000);
+    let pages: Vec<*mut Page> =
+        (0..20).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
+    assert_eq!(a.counters.reserved.load(Ordering::Relaxed), 2 * SEGMENT_SIZE as u64);
+    // SAFETY: a page just handed out, its first slot ours to write.
+    let (live, live_start) = unsafe { (pages[0], (*pages[0]).info.start) };
+    // SAFETY: the live page's own memory.
+    unsafe { live_start.write_bytes(0x77, 4096) };
+    for &p in &pages[1..] {
+        // SAFETY: pages of this arena with no block live and no heap.
+        unsafe { a.free_page(state, p) };
+    }
+    let mut cached = 0;
+    if guard_len() == 0 {
+        // A huge block's mapping freed into the cache (counted reserved,
+        // as the huge path counts it).
+        let m = mem::map_aligned(SEGMENT_SIZE, SEGMENT_SIZE).unwrap();
+        a.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
+        assert!(a.keep_huge(state, m, SEGMENT_SIZE));
+        cached = SEGMENT_SIZE;
+    }
+    let empty = if segment_of_page(live) == segment_of_page(pages[19]) { 0 } else { SEGMENT_SIZE };
+    assert_eq!(empty, SEGMENT_SIZE, "the second segment holds no page of the first's");
+    let freed = a.unmap_unused();
+    assert_eq!(freed, empty + cached, "the empty segment and the cached mapping, exactly");
+    assert_eq!(a.counters.reserved.load(Ordering::Relaxed), SEGMENT_SIZE as u64, "the live page's segment stays");
+    assert!(a.take_huge(state, SEGMENT_SIZE).is_none(), "nothing cached is left");
+    // SAFETY: the live page's memory, still mapped.
+    unsafe { assert!((0..4096).all(|i| live_start.add(i).read() == 0x77), "a live page is kept whole") };
+    assert_eq!(a.unmap_unused(), 0, "nothing more to give back");
+    // SAFETY: as above.
+    unsafe { a.free_page(state, live) };
+    assert_eq!(a.unmap_unused(), SEGMENT_SIZE, "an emptied segment goes too, none kept");
+    assert_eq!(a.counters.reserved.load(Ordering::Relaxed), 0);
+}
+
+/// The segment a page lies in.
+fn segment_of_page(p: *mut Page) -> usize {
+    // SAFETY: a live page's descriptor.
+    unsafe { (*p).info.start as usize & !(SEGMENT_SIZE - 1) }
+}
