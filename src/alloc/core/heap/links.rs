@@ -18,6 +18,26 @@ pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
     }
 }
 
+/// Asks the CPU for the line of `block`, a free list's new head: the next
+/// pop of its class reads its link there, and the caller writes the block.
+/// A block another thread freed was last written by that thread's core
+/// (its link): a miss of ~100 ns in the pop itself, on every allocation
+/// of a producer whose consumer frees (64 B-2 KiB `alloc_zeroed` took
+/// 64-256 ns where snmalloc, which prefetches so, took under 64). Asked
+/// for one pop ahead, the line comes while the program uses the block it
+/// got.
+#[inline(always)]
+pub(super) fn prefetch(block: *mut Block) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it changes nothing the program can
+    // see and never faults, whatever the address (null included).
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(block.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = block;
+}
+
 /// Hardened builds: whether `block`, the head of `page`'s free list, lies
 /// outside the page's blocks (a pool page, with no slots of its own, is not
 /// checked: its `links` is `usize::MAX`). Checked before the head is read:

@@ -134,6 +134,7 @@ impl Heap {
         unsafe {
             debug_assert!(class < CLASSES);
             (*page).free = next;
+            links::prefetch(next);
             (*page).used += 1;
             bump((*heap).counters.allocs.get_unchecked(class), 1);
         }
