@@ -260,6 +260,7 @@ fn a_burst_purged_twice_on_its_way_raises_the_bound_to_twice_its_sum() {
 
 #[test]
 fn unmap_unused_gives_back_every_empty_segment_and_cached_mapping_and_nothing_else() {
+    use crate::alloc::core::segment::segment_of;
     let (state, a) = (state(), arena());
     // Pages of four slots: fifteen fill the first segment, five start a
     // second.
@@ -267,8 +268,10 @@ fn unmap_unused_gives_back_every_empty_segment_and_cached_mapping_and_nothing_el
     let pages: Vec<*mut Page> =
         (0..20).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
     assert_eq!(a.counters.reserved.load(Ordering::Relaxed), 2 * SEGMENT_SIZE as u64);
-    // SAFETY: a page just handed out, its first slot ours to write.
-    let (live, live_start) = unsafe { (pages[0], (*pages[0]).info.start) };
+    // SAFETY: pages just handed out, the first one's first slot ours to
+    // write.
+    let (live, live_start, last_start) = unsafe { (pages[0], (*pages[0]).info.start, (*pages[19]).info.start) };
+    assert_ne!(segment_of(live_start), segment_of(last_start), "twenty pages fill more than a segment");
     // SAFETY: the live page's own memory.
     unsafe { live_start.write_bytes(0x77, 4096) };
     for &p in &pages[1..] {
@@ -284,7 +287,6 @@ fn unmap_unused_gives_back_every_empty_segment_and_cached_mapping_and_nothing_el
         assert!(a.keep_huge(state, m, SEGMENT_SIZE));
         cached = SEGMENT_SIZE;
     }
-    assert_ne!(segment_of_page(live), segment_of_page(pages[19]), "twenty pages fill more than a segment");
     let freed = a.unmap_unused();
     assert_eq!(freed, SEGMENT_SIZE + cached, "the empty segment and the cached mapping, exactly");
     assert_eq!(a.counters.reserved.load(Ordering::Relaxed), SEGMENT_SIZE as u64, "the live page's segment stays");
@@ -296,10 +298,4 @@ fn unmap_unused_gives_back_every_empty_segment_and_cached_mapping_and_nothing_el
     unsafe { a.free_page(state, live) };
     assert_eq!(a.unmap_unused(), SEGMENT_SIZE, "an emptied segment goes too, none kept");
     assert_eq!(a.counters.reserved.load(Ordering::Relaxed), 0);
-}
-
-/// The segment a page lies in.
-fn segment_of_page(p: *mut Page) -> usize {
-    // SAFETY: a live page's descriptor.
-    unsafe { (*p).info.start as usize & !(SEGMENT_SIZE - 1) }
 }
