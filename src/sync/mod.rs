@@ -4,7 +4,6 @@
 //! here, never from `std` directly, so that the models in `loom-tests/` explore
 //! the same code that ships (the approach of sharded-slab's `sync.rs`).
 
-#[cfg(not(loom))]
 mod mutex;
 mod once;
 mod retire;
@@ -12,7 +11,6 @@ mod shim;
 mod spin;
 mod stack;
 mod unit_map;
-#[cfg(not(loom))]
 pub use mutex::{Mutex, MutexGuard};
 pub use once::InitCell;
 pub use retire::{Acquired, RetireCount};

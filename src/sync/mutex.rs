@@ -3,13 +3,15 @@
 //! states (Drepper's "Futexes are tricky": free, held, held with sleepers),
 //! as std's. Unlike std's it can be taken in one function and released in
 //! another ([`lock_raw`](Mutex::lock_raw)), which the `fork()` handlers do.
-//! Not modelled by loom (the slab caches that use it are not built there).
+//!
+//! Under loom (`loom-tests/tests/mutex.rs`) the futex is a loom mutex and
+//! condition variable with the kernel's contract: the value is compared
+//! and the waiter queued under the same lock a wake takes, so a wake is
+//! never lost between the two, and a wake no one waits for does nothing.
 
-use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::os::thread::{futex_wait, futex_wake};
+use super::shim::{AtomicU32, Ordering, UnsafeCell};
 
 const FREE: u32 = 0;
 const HELD: u32 = 1;
@@ -17,8 +19,9 @@ const HELD: u32 = 1;
 const CONTENDED: u32 = 2;
 
 /// Spins before a waiter sleeps: most critical sections are a few list
-/// moves.
-const SPINS: u32 = 100;
+/// moves. (Once under loom: each spin's load would multiply the states it
+/// explores, and the sleeping path is the one to check.)
+const SPINS: u32 = if cfg!(loom) { 1 } else { 100 };
 
 /// A mutual-exclusion lock owning a `T`. A panic while it is held releases
 /// it (the guard's drop) without poisoning: callers keep their data
@@ -32,6 +35,9 @@ const SPINS: u32 = 100;
 /// ```
 pub struct Mutex<T> {
     state: AtomicU32,
+    /// The futex's wait queue, under loom: see the module.
+    #[cfg(loom)]
+    queue: (loom::sync::Mutex<()>, loom::sync::Condvar),
     value: UnsafeCell<T>,
 }
 
@@ -43,8 +49,19 @@ unsafe impl<T: Send> Send for Mutex<T> {}
 
 impl<T> Mutex<T> {
     /// An unlocked lock holding `value`.
+    #[cfg(not(loom))]
     pub const fn new(value: T) -> Self {
         Self { state: AtomicU32::new(FREE), value: UnsafeCell::new(value) }
+    }
+
+    /// An unlocked lock holding `value` (loom's atomics are not `const`).
+    #[cfg(loom)]
+    pub fn new(value: T) -> Self {
+        Self {
+            state: AtomicU32::new(FREE),
+            queue: (loom::sync::Mutex::new(()), loom::sync::Condvar::new()),
+            value: UnsafeCell::new(value),
+        }
     }
 
     /// Waits until the lock is free and takes it.
@@ -54,22 +71,29 @@ impl<T> Mutex<T> {
         MutexGuard { lock: self }
     }
 
-    /// Takes the lock if it is free now, without waiting.
+    /// Takes the lock if it is free now, without waiting. A try that fails
+    /// leaves the lock with its holder.
     ///
     /// ```
     /// use numaweave::sync::Mutex;
     /// let m = Mutex::new(());
     /// let held = m.lock();
     /// assert!(m.try_lock().is_none());
+    /// // Still held: a failed try released nothing.
+    /// assert!(m.try_lock().is_none());
     /// drop(held);
-    /// assert!(m.try_lock().is_some());
+    /// let g = m.try_lock().expect("free once the holder let go");
+    /// assert!(m.try_lock().is_none());
+    /// # drop(g);
     /// ```
     #[inline]
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        // (`then`, not `then_some`: a guard made before the test would be
+        // dropped when it fails, and release the lock its holder has.)
         self.state
             .compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(MutexGuard { lock: self })
+            .then(|| MutexGuard { lock: self })
     }
 
     /// Takes the lock without a guard, for `fork()` handlers, which take
@@ -92,8 +116,36 @@ impl<T> Mutex<T> {
         // wakes a sleeper when it lets go (perhaps needlessly, never too
         // few).
         while self.state.swap(CONTENDED, Ordering::Acquire) != FREE {
-            futex_wait(&self.state, CONTENDED, None);
+            self.wait();
         }
+    }
+
+    /// Sleeps while the state is [`CONTENDED`] (or returns at once).
+    #[cfg(not(loom))]
+    fn wait(&self) {
+        crate::os::thread::futex_wait(&self.state, CONTENDED, None);
+    }
+
+    /// Wakes one sleeper, if any.
+    #[cfg(not(loom))]
+    fn wake(&self) {
+        crate::os::thread::futex_wake(&self.state, 1);
+    }
+
+    #[cfg(loom)]
+    fn wait(&self) {
+        let q = self.queue.0.lock().unwrap();
+        // (The kernel reads the word under its bucket lock, which a wake
+        // takes too.)
+        if self.state.load(Ordering::SeqCst) == CONTENDED {
+            drop(self.queue.1.wait(q).unwrap());
+        }
+    }
+
+    #[cfg(loom)]
+    fn wake(&self) {
+        let _q = self.queue.0.lock().unwrap();
+        self.queue.1.notify_one();
     }
 
     /// Releases a lock taken with [`lock_raw`](Self::lock_raw).
@@ -104,7 +156,7 @@ impl<T> Mutex<T> {
     #[inline]
     pub unsafe fn unlock_raw(&self) {
         if self.state.swap(FREE, Ordering::Release) == CONTENDED {
-            futex_wake(&self.state, 1);
+            self.wake();
         }
     }
 
@@ -117,7 +169,7 @@ impl<T> Mutex<T> {
     pub unsafe fn raw_value(&self) -> &mut T {
         debug_assert_ne!(self.state.load(Ordering::Relaxed), FREE);
         // SAFETY: the lock makes the value the caller's alone.
-        unsafe { &mut *self.value.get() }
+        self.value.with_mut(|p| unsafe { &mut *p })
     }
 }
 
@@ -130,14 +182,14 @@ impl<T> Deref for MutexGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
         // SAFETY: the guard proves the lock is held.
-        unsafe { &*self.lock.value.get() }
+        self.lock.value.with(|p| unsafe { &*p })
     }
 }
 
 impl<T> DerefMut for MutexGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as above; `&mut self` makes the borrow unique.
-        unsafe { &mut *self.lock.value.get() }
+        self.lock.value.with_mut(|p| unsafe { &mut *p })
     }
 }
 
@@ -149,7 +201,7 @@ impl<T> Drop for MutexGuard<'_, T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -175,6 +227,33 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(*M.lock(), 80_000);
+    }
+
+    /// The user's program of the report: the lock held, tried twice, then a
+    /// waiter started. Before the fix the first failed try released the
+    /// holder's lock: the second try succeeded and the waiter got in while
+    /// the lock was held.
+    #[test]
+    fn a_failed_try_lock_leaves_the_lock_with_its_holder() {
+        static M: Mutex<u32> = Mutex::new(0);
+        let mut held = M.lock();
+        assert!(M.try_lock().is_none());
+        assert!(M.try_lock().is_none(), "a failed try released the holder's lock");
+        let entered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiter = {
+            let entered = entered.clone();
+            std::thread::spawn(move || {
+                let mut g = M.lock();
+                entered.store(true, Ordering::SeqCst);
+                *g += 1;
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!entered.load(Ordering::SeqCst), "the waiter got in while the lock was held");
+        *held = 10;
+        drop(held);
+        waiter.join().unwrap();
+        assert_eq!(*M.lock(), 11);
     }
 
     #[test]
