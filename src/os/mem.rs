@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::{Error, Result};
 use crate::sets::{MAX_NODES, NodeSet};
 
+use super::failpoint::{Call, check};
 use super::page_size;
 
 /// A kernel memory policy for a range of address space (`mbind`). Node ids are
@@ -148,6 +149,7 @@ pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>>
     if !page.is_power_of_two() || len == 0 || !len.is_multiple_of(page) || !align.is_power_of_two() || align < page {
         return Err(Error::LayoutTooLarge { size: len, align });
     }
+    check(Call::Mmap)?;
     // The kernel aligns hugetlb mappings to their page; a larger alignment
     // over-maps by the difference and trims whole pages.
     let extra = align - page;
@@ -280,6 +282,7 @@ pub fn map(len: usize) -> Result<NonNull<u8>> {
 pub fn map_charged(len: usize, charge: Charge) -> Result<NonNull<u8>> {
     let _errno = super::KeepErrno::new();
     let len = check_len(len)?;
+    check(Call::Mmap)?;
     let noreserve = if charge == Charge::Lazy { libc::MAP_NORESERVE } else { 0 };
     // SAFETY: an anonymous mapping at an address of the kernel's choosing
     // cannot alias anything.
@@ -325,13 +328,14 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize, charge: Charge) -
     let head = aligned - start;
     let tail = total - head - len;
     // SAFETY: head and tail are page-aligned pieces of the mapping made above,
-    // outside the range handed out.
+    // outside the range handed out. A trim the kernel refuses stays mapped:
+    // address space of nobody's, never touched, not a reason to fail.
     unsafe {
         if head != 0 {
-            unmap(base, head)?;
+            let _ = unmap(base, head);
         }
         if tail != 0 {
-            unmap(NonNull::new_unchecked((aligned + len) as *mut u8), tail)?;
+            let _ = unmap(NonNull::new_unchecked((aligned + len) as *mut u8), tail);
         }
     }
     // SAFETY: `aligned` lies inside the mapping, hence non-null.
@@ -464,6 +468,7 @@ impl Placer {
 /// Never replaces a mapping; the caller owns what it gets.
 unsafe fn map_at(at: usize, len: usize, flags: i32) -> Option<NonNull<u8>> {
     let _errno = super::KeepErrno::new();
+    check(Call::Mmap).ok()?;
     // SAFETY: `MAP_FIXED_NOREPLACE` maps the free range at `at` or nothing.
     let p = unsafe {
         libc::mmap(
@@ -493,6 +498,7 @@ unsafe fn map_at(at: usize, len: usize, flags: i32) -> Option<NonNull<u8>> {
 /// The range must be mapped by this crate, page-aligned, and unused.
 pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
     let _errno = super::KeepErrno::new();
+    check(Call::Mprotect)?;
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::mprotect(ptr.as_ptr().cast(), len, libc::PROT_NONE) }, "mprotect")
 }
@@ -503,6 +509,7 @@ pub unsafe fn protect_none(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be mapped by this crate and no live reference may point into it.
 pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> Result<()> {
     let _errno = super::KeepErrno::new();
+    check(Call::Munmap)?;
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::munmap(ptr.as_ptr().cast(), len) }, "munmap")
 }
@@ -517,6 +524,7 @@ pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> Result<()> {
 pub unsafe fn remap(ptr: NonNull<u8>, old_len: usize, new_len: usize, may_move: bool) -> Result<NonNull<u8>> {
     let _errno = super::KeepErrno::new();
     let new_len = check_len(new_len)?;
+    check(Call::Mremap)?;
     let flags = if may_move { libc::MREMAP_MAYMOVE } else { 0 };
     // SAFETY: forwarded to the caller.
     let p = unsafe { libc::mremap(ptr.as_ptr().cast(), old_len, new_len, flags) };
@@ -537,6 +545,7 @@ pub unsafe fn remap(ptr: NonNull<u8>, old_len: usize, new_len: usize, may_move: 
 pub unsafe fn remap_to(ptr: NonNull<u8>, old_len: usize, new_len: usize, to: NonNull<u8>) -> Result<NonNull<u8>> {
     let _errno = super::KeepErrno::new();
     let new_len = check_len(new_len)?;
+    check(Call::Mremap)?;
     // SAFETY: forwarded to the caller.
     let p = unsafe {
         libc::mremap(ptr.as_ptr().cast(), old_len, new_len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to.as_ptr())
@@ -559,6 +568,7 @@ pub unsafe fn remap_to(ptr: NonNull<u8>, old_len: usize, new_len: usize, to: Non
 pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindFlags) -> Result<()> {
     let _errno = super::KeepErrno::new();
     let (mode, mask) = policy.raw()?;
+    check(Call::Mbind)?;
     let mask = [mask];
     // The kernel reads `maxnode - 1` bits (a historical off-by-one that libnuma
     // also compensates for), so pass one more than the bits in the mask.
@@ -579,6 +589,7 @@ pub unsafe fn bind(ptr: NonNull<u8>, len: usize, policy: MemPolicy, flags: BindF
 /// must no longer be needed by anyone.
 pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
     let _errno = super::KeepErrno::new();
+    check(Call::Madvise)?;
     // SAFETY: forwarded to the caller.
     super::os_result(unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) }, "madvise(MADV_DONTNEED)")
 }
@@ -646,6 +657,7 @@ pub unsafe fn unlock(ptr: NonNull<u8>, len: usize) -> Result<()> {
 /// The range must be page-aligned and mapped by this crate.
 pub unsafe fn set_hugepages(ptr: NonNull<u8>, len: usize, enable: bool) -> Result<()> {
     let _errno = super::KeepErrno::new();
+    check(Call::Madvise)?;
     let advice = if enable { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
     // SAFETY: forwarded to the caller.
     super::os_result(

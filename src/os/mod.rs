@@ -21,6 +21,8 @@
 //! - `tls` (crate-private): the heap's thread-local slot, in the
 //!   initial-exec model (platform assembly).
 //! - [`abort`]: the end of a process whose heap cannot be trusted.
+//! - [`failpoint`]: with the `failpoints` feature (tests), any call of
+//!   these refused on demand, as the kernel would refuse it.
 //!
 //! Node ids at this layer are the kernel's (physical) ids. The topology layer maps
 //! the logical nodes of a synthetic topology onto them before calling here.
@@ -29,6 +31,7 @@
 //! errno, and no function here changes the caller's errno (`KeepErrno`).
 
 pub mod cpu;
+pub mod failpoint;
 // (Under loom only the concurrent structures are built: the allocator,
 // which uses most of these, is not.)
 #[cfg_attr(loom, allow(dead_code))]

@@ -40,6 +40,7 @@ pub unsafe fn move_to(addrs: &[*const u8], node: usize, status: &mut [i32]) -> R
     if status.len() < addrs.len() || node > i32::MAX as usize {
         return Err(Error::Os { call: "move_pages", errno: libc::EINVAL });
     }
+    super::failpoint::check(super::failpoint::Call::MovePages)?;
     let nodes = [node as libc::c_int; MOVE_BATCH];
     let mut failed = 0;
     for (a, s) in addrs.chunks(MOVE_BATCH).zip(status.chunks_mut(MOVE_BATCH)) {
@@ -82,6 +83,7 @@ pub fn page_nodes_of(pid: i32, addrs: &[*const u8], status: &mut [i32]) -> Resul
     if addrs.is_empty() {
         return Ok(());
     }
+    super::failpoint::check(super::failpoint::Call::MovePages)?;
     // SAFETY: `addrs` and `status` are valid for `addrs.len()` elements; null
     // nodes make it a query, which touches no memory of either process.
     let r = unsafe {
