@@ -29,6 +29,9 @@
 //!   each aborting with its report;
 //! - `tests/c/forks.c`: `fork()` where glibc's malloc makes it safe (against
 //!   stdio's locks, from a signal handler), bounded in time, preloaded;
+//! - `tests/c/prefork.c`: a forked worker that closes its inherited
+//!   descriptors and opens its own keeps them while its slab cache grows,
+//!   and gets a slab table of its own; the table cannot be truncated;
 //! - `tests/c/failures.c`: every entry point's failures (sizes, alignments,
 //!   an address-space limit) with glibc's result and errno, preloaded.
 //!
@@ -332,6 +335,19 @@ fn a_caches_regions_registered_once_and_unregistered_once() {
     for lib in &libs {
         let exe = build_linked_with(&cc, "register.c", lib, extra, link);
         passes(&exe, lib, &[]);
+    }
+}
+
+#[test]
+fn a_forked_worker_keeps_its_own_descriptors_and_gets_its_own_table() {
+    let libs = libraries();
+    let Some(cc) = c_compiler() else { return };
+    for lib in &libs {
+        let exe = build_linked(&cc, "prefork.c", lib, &["-std=gnu11"]);
+        let logs = scratch(&format!("prefork-logs-{}", lib.name));
+        let out = run_bounded(Command::new(&exe).arg(&logs), std::time::Duration::from_secs(120), "prefork.c");
+        assert!(out.status.success(), "prefork.c on the {} library: {:?}", lib.name, out.status);
+        assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
     }
 }
 

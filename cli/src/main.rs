@@ -324,36 +324,50 @@ fn numastat(pid: u32) -> ExitCode {
 }
 
 /// The process's published table of slab chunks
-/// (`numaweave::slab::published`), found among its open files.
+/// (`numaweave::slab::published`), found among its open files: a memory
+/// file of that name whose table says it is this process's (a forked
+/// child may still hold its parent's). A table that is not one (another
+/// process wrote it; nothing of it is trusted) is reported and skipped.
 fn published_table(pid: u32) -> Option<published::Table> {
     let wanted = format!("/memfd:{}", published::FILE_NAME);
     for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
         if !std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with(&wanted)) {
             continue;
         }
-        // A read that met a change under way is read again.
-        for _ in 0..10 {
-            let bytes = std::fs::read(e.path()).ok()?;
-            if let Some(t) = published::parse(&bytes).filter(|t| t.pid == pid) {
-                return Some(t);
-            }
+        match published::read_file(&e.path()) {
+            Ok(t) if t.pid == pid => return Some(t),
+            Ok(_) => {}
+            Err(err) => eprintln!("numaweave: {}: {err}", e.path().display()),
         }
     }
     None
 }
 
 /// Per cache, the bytes of its pages on each kernel node, asked of the
-/// kernel page by page (`move_pages` of the process, a query).
+/// kernel page by page (`move_pages` of the process, a query), a bounded
+/// batch at a time: a chunk's length is the other process's word
+/// (`published::parse` bounds it, and nothing here grows with it).
 fn cache_usage(pid: u32, t: &published::Table) -> BTreeMap<String, BTreeMap<usize, u64>> {
+    const BATCH: usize = 1024;
     let mut by: BTreeMap<String, BTreeMap<usize, u64>> = BTreeMap::new();
+    let (mut addrs, mut st) = ([core::ptr::null::<u8>(); BATCH], [0i32; BATCH]);
     for c in &t.chunks {
-        let page = c.page_size.max(4096);
-        let addrs: Vec<*const u8> = (c.start..c.start + c.len).step_by(page).map(|a| a as *const u8).collect();
-        let mut st = vec![0i32; addrs.len()];
-        let row = by.entry(c.name.clone()).or_default();
-        if numaweave::os::pages::page_nodes_of(pid as i32, &addrs, &mut st).is_ok() {
-            for n in st.into_iter().filter_map(|s| usize::try_from(s).ok()) {
-                *row.entry(n).or_default() += page as u64;
+        let page = c.page_size();
+        let row = by.entry(c.name().to_owned()).or_default();
+        let mut pages = (c.start..c.start.saturating_add(c.len)).step_by(page);
+        loop {
+            let mut n = 0;
+            for (slot, a) in addrs.iter_mut().zip(pages.by_ref()) {
+                *slot = a as *const u8;
+                n += 1;
+            }
+            if n == 0 || numaweave::os::pages::page_nodes_of(pid as i32, &addrs[..n], &mut st[..n]).is_err() {
+                break;
+            }
+            for &s in &st[..n] {
+                if let Ok(node) = usize::try_from(s) {
+                    *row.entry(node).or_default() += page as u64;
+                }
             }
         }
     }

@@ -2,17 +2,23 @@
 //! read through `/proc/PID/fd` (`memfd_create`): how the slab layer
 //! publishes its chunks to `numaweave numastat PID` without a thread or a
 //! socket.
+//!
+//! The file is sealed at its size (`F_SEAL_SHRINK`, `F_SEAL_GROW`): a
+//! process that opens it through `/proc/PID/fd` cannot truncate it under
+//! the writer's mapping (whose next write would be a `SIGBUS`). Its
+//! mapping is not inherited by a forked child (`MADV_DONTFORK`): a child
+//! never writes its parent's file.
 
 use core::ptr::NonNull;
 
 use super::KeepErrno;
 use crate::error::{Error, Result};
 
-/// A memory file of `len` bytes mapped shared and writable here.
+/// A memory file mapped shared and writable here. Its descriptor stays
+/// open for the life of the process that made it (readers find the file
+/// through it); no handle closes it.
 pub(crate) struct MemFile {
-    pub(crate) fd: i32,
     pub(crate) ptr: NonNull<u8>,
-    pub(crate) len: usize,
 }
 
 // SAFETY: the mapping and descriptor are process-wide resources; the
@@ -21,23 +27,30 @@ unsafe impl Send for MemFile {}
 
 impl MemFile {
     /// Makes one named `name` (shown as `/memfd:NAME (deleted)`), close-on-exec,
-    /// zero-filled (its pages are committed as they are written).
+    /// zero-filled (its pages are committed as they are written), sealed at
+    /// `len` bytes, its mapping left out of forked children.
     pub(crate) fn create(name: &core::ffi::CStr, len: usize) -> Result<MemFile> {
         let _errno = KeepErrno::new();
+        super::failpoint::check(super::failpoint::Call::Memfd)?;
         // SAFETY: a NUL-terminated name; the flags are valid.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if fd < 0 {
             return Err(super::last_error("memfd_create"));
         }
         let fail = |call| {
             let e = super::last_error(call);
-            // SAFETY: our descriptor, used by nothing else.
+            // SAFETY: our descriptor, opened above, used by nothing else.
             unsafe { libc::close(fd) };
             Err(e)
         };
         // SAFETY: our descriptor.
         if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
             return fail("ftruncate");
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: our descriptor, made with MFD_ALLOW_SEALING.
+        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+            return fail("fcntl(F_ADD_SEALS)");
         }
         // SAFETY: a fresh shared mapping of our file, placed by the kernel.
         let p = unsafe {
@@ -46,20 +59,22 @@ impl MemFile {
         if p == libc::MAP_FAILED {
             return fail("mmap");
         }
-        NonNull::new(p.cast())
-            .map(|ptr| MemFile { fd, ptr, len })
-            .ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
-    }
-
-    /// Closes and unmaps it.
-    ///
-    /// # Safety
-    /// Nothing uses the mapping any more.
-    pub(crate) unsafe fn destroy(self) {
-        // SAFETY: our mapping and descriptor (the caller's word: unused).
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-            libc::close(self.fd);
+        // SAFETY: the mapping just made, `len` bytes.
+        if unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) } != 0 {
+            let e = super::last_error("madvise(MADV_DONTFORK)");
+            // SAFETY: our mapping and descriptor, made above, used by nothing else.
+            unsafe {
+                libc::munmap(p, len);
+                libc::close(fd);
+            }
+            return Err(e);
         }
+        NonNull::new(p.cast()).map(|ptr| MemFile { ptr }).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
     }
+}
+
+/// This process's id (`getpid`): a forked child sees a new one.
+pub(crate) fn process_id() -> u32 {
+    // SAFETY: getpid has no preconditions and cannot fail.
+    unsafe { libc::getpid() as u32 }
 }

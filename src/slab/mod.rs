@@ -72,7 +72,6 @@ mod dma;
 mod hardened;
 #[cfg(not(loom))]
 mod migrate;
-#[cfg(not(loom))]
 pub mod published;
 #[cfg(not(loom))]
 pub mod register;

@@ -8,7 +8,7 @@ pub(crate) use loom::{
     cell::UnsafeCell,
     hint::spin_loop,
     sync::atomic::{
-        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
     },
     thread::yield_now,
 };
@@ -18,7 +18,7 @@ pub(crate) use loom::{
 pub(crate) use std::{
     hint::spin_loop,
     sync::atomic::{
-        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+        AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
     },
     thread::yield_now,
 };

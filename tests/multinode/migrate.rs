@@ -109,10 +109,10 @@ pub(super) fn slab_cache_migrates_between_nodes_while_in_use(t: &Topology, g: Op
         .unwrap()
         .flatten()
         .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains(published::FILE_NAME)));
-    let table = published::parse(&std::fs::read(link.expect("no published table").path()).unwrap()).unwrap();
+    let table = published::read_file(&link.expect("no published table").path()).unwrap();
     let mut by_node = [0usize; 8];
-    for c in table.chunks.iter().filter(|c| c.name == "vm_migrating") {
-        let addrs: Vec<*const u8> = (c.start..c.start + c.len).step_by(c.page_size).map(|a| a as *const u8).collect();
+    for c in table.chunks.iter().filter(|c| c.name() == "vm_migrating") {
+        let addrs: Vec<*const u8> = (c.start..c.start + c.len).step_by(c.page_size()).map(|a| a as *const u8).collect();
         let mut st = vec![0i32; addrs.len()];
         os::pages::page_nodes_of(std::process::id() as i32, &addrs, &mut st).unwrap();
         st.iter().filter_map(|&n| usize::try_from(n).ok()).for_each(|n| by_node[n] += 1);

@@ -1,0 +1,161 @@
+//! The published slab table's reader (`slab::published::parse`), as
+//! `numaweave numastat PID` runs it on another process's file: whatever
+//! the bytes, it never panics, never allocates more than the bytes it was
+//! given, and every chunk it accepts is one a query can walk (page-aligned,
+//! bounded, not wrapping). A property test over random tables and random
+//! damage to real ones (the crate's own generator: seeds are printed, and
+//! `PARSE_SEED=N` reruns one).
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use numaweave::NumaAlloc;
+use numaweave::slab::published::{self, BadTable, FILE_LEN, SLOTS};
+
+mod support;
+use support::Rng;
+
+/// The allocator, counting the bytes live while `COUNTING` is set.
+struct Counting(NumaAlloc);
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed to `NumaAlloc` unchanged; the counters are
+// bookkeeping beside it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's layout, passed on.
+        unsafe { self.0.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        if COUNTING.load(Ordering::Relaxed) {
+            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { self.0.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting(NumaAlloc::new());
+
+const SEQ: usize = 2;
+
+fn put(t: &mut [u8], word: usize, v: u64) {
+    t[word * 8..word * 8 + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get(t: &[u8], word: usize) -> u64 {
+    u64::from_le_bytes(t[word * 8..word * 8 + 8].try_into().unwrap())
+}
+
+/// A table as a writer makes it: `n` chunks of a few names.
+fn valid(r: &mut Rng, n: usize) -> Vec<u8> {
+    let mut t = vec![0u8; FILE_LEN];
+    t[..8].copy_from_slice(b"NWSLABS1");
+    put(&mut t, 1, 4242);
+    put(&mut t, 4, u64::MAX);
+    for i in 0..n {
+        let slot = r.below(SLOTS as u64) as usize;
+        let e = 8 + slot * 8;
+        let page = [4096u64, 2 << 20, 1 << 30][r.below(3) as usize];
+        put(&mut t, e, (r.below(1 << 20) + 1) * page);
+        put(&mut t, e + 1, (r.below(64) + 1) * page);
+        put(&mut t, e + 2, page);
+        let name = format!("cache{}", i % 7);
+        t[(e + 3) * 8..(e + 3) * 8 + name.len()].copy_from_slice(name.as_bytes());
+    }
+    t
+}
+
+/// Some damage: words set at random (lengths, starts, page sizes, names),
+/// bytes flipped, the file cut or lengthened.
+fn damage(r: &mut Rng, t: &mut Vec<u8>) {
+    for _ in 0..r.below(8) {
+        match r.below(6) {
+            0 => {
+                let w = 8 + r.below((SLOTS * 8) as u64) as usize;
+                put(t, w, r.next());
+            }
+            1 => {
+                let e = 8 + r.below(SLOTS as u64) as usize * 8;
+                put(t, e + 1, [u64::MAX, 1 << 62, 4095, r.next()][r.below(4) as usize]);
+            }
+            2 => {
+                let e = 8 + r.below(SLOTS as u64) as usize * 8;
+                put(t, e, u64::MAX - 4095);
+                put(t, e + 1, 8192);
+                put(t, e + 2, 4096);
+            }
+            3 => {
+                let i = r.below(t.len() as u64) as usize;
+                t[i] ^= 1 << r.below(8);
+            }
+            4 => {
+                let cut = r.below(t.len() as u64 + 1) as usize;
+                t.truncate(cut);
+                return;
+            }
+            _ => t.extend((0..r.below(100)).map(|_| r.next() as u8)),
+        }
+    }
+}
+
+#[test]
+fn any_bytes_parse_to_a_bounded_table_or_a_typed_error() {
+    let seed = std::env::var("PARSE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
+    println!("PARSE_SEED={seed}");
+    let mut r = Rng(seed);
+    let (mut ok, mut bad) = (0, 0);
+    for round in 0..600 {
+        let n = r.below(if round % 10 == 0 { 4096 } else { 64 }) as usize;
+        let mut t = valid(&mut r, n);
+        if round % 3 != 0 {
+            damage(&mut r, &mut t);
+        }
+        let seq = if t.len() > 24 { get(&t, SEQ) } else { 0 };
+        let before = LIVE.load(Ordering::Relaxed);
+        PEAK.store(before, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        let got = published::parse(&t, seq);
+        COUNTING.store(false, Ordering::Relaxed);
+        let peak = PEAK.load(Ordering::Relaxed) - before;
+        assert!(peak <= t.len(), "round {round}: {peak} bytes allocated for a file of {}", t.len());
+        match got {
+            Ok(table) => {
+                ok += 1;
+                for c in &table.chunks {
+                    let page = c.page_size();
+                    assert!(page.is_power_of_two() && (4096..=1 << 30).contains(&page));
+                    assert!(c.start.is_multiple_of(page) && c.len.is_multiple_of(page) && c.len > 0);
+                    assert!(c.len as u64 <= published::MAX_CHUNK && c.start.checked_add(c.len).is_some());
+                    assert!(c.name().len() <= 40);
+                }
+            }
+            Err(BadTable::Size { len }) => {
+                assert_ne!(len, FILE_LEN);
+                bad += 1;
+            }
+            Err(_) => bad += 1,
+        }
+    }
+    println!("{ok} tables accepted, {bad} refused");
+    assert!(ok > 100 && bad > 100, "the damage is not varied enough: {ok} accepted, {bad} refused");
+}
+
+#[test]
+fn a_table_read_while_it_changes_is_refused() {
+    let mut r = Rng(7);
+    let mut t = valid(&mut r, 3);
+    put(&mut t, SEQ, 5);
+    assert_eq!(published::parse(&t, 5), Err(BadTable::Changing), "odd seq");
+    put(&mut t, SEQ, 6);
+    assert_eq!(published::parse(&t, 8), Err(BadTable::Changing), "seq moved on during the read");
+    assert!(published::parse(&t, 6).is_ok());
+}
