@@ -666,13 +666,20 @@ pub struct numaweave_migration {
     pub pages_other: u64,
     /// Registered regions released, moved and registered again.
     pub regions_moved: u64,
+    /// Registered regions the registrar refused to register again after
+    /// the move: unregistered now.
+    pub regions_lost: u64,
+    /// Chunks the kernel refused to rebind to the node (their new pages
+    /// fault where they did).
+    pub chunks_unbound: u64,
     /// How long it took, in nanoseconds.
     pub nanoseconds: u64,
 }
 
 /// Moves the whole cache to `node` while other threads go on allocating and
 /// freeing: no object's address or contents change, new slabs come from
-/// `node` from now on (`RawCache::migrate`). Fills `*out` (if not null).
+/// `node` from now on (`RawCache::migrate`). Fills `*out` (if not null),
+/// zeroed with `to` -1 when the migration fails before it starts.
 /// `NUMAWEAVE_REGISTERED` for a cache made with a registrar and no mover
 /// (its regions are pinned; nothing moves; `numaweave_slab_create_movable`
 /// gives one), `NUMAWEAVE_INVALID_NODE` for a node that is
@@ -690,6 +697,10 @@ pub unsafe extern "C" fn numaweave_slab_migrate(
     let Some(s) = (unsafe { slab.as_ref() }) else {
         return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("slab: null"));
     };
+    if !out.is_null() {
+        // SAFETY: per the contract `out` is writable.
+        unsafe { out.write(numaweave_migration { to: -1, ..Default::default() }) };
+    }
     let node = match node_arg(node) {
         Ok(n) => n,
         Err(st) => return st,
@@ -704,6 +715,8 @@ pub unsafe extern "C" fn numaweave_slab_migrate(
         bytes_moved: m.bytes_moved,
         pages_already: m.pages_already as u64,
         regions_moved: m.regions_moved as u64,
+        regions_lost: m.registrations_lost as u64,
+        chunks_unbound: m.chunks_unbound as u64,
         nanoseconds: u64::try_from(m.took.as_nanos()).unwrap_or(u64::MAX),
         ..Default::default()
     };

@@ -124,6 +124,7 @@ impl FixedBuffers {
     /// Registers a sparse table of `slots` buffers (at most 16,384) on
     /// `ring` and returns the registrar that fills it.
     pub fn new(ring: Arc<IoUring>, slots: u16) -> Result<Arc<Self>> {
+        crate::os::failpoint::check(crate::os::failpoint::Call::UringRegister)?;
         ring.submitter()
             .register_buffers_sparse(u32::from(slots))
             .map_err(|e| io_error("io_uring_register(IORING_REGISTER_BUFFERS2)", &e))?;
@@ -179,9 +180,12 @@ impl Registrar for FixedBuffers {
         pin(len).map_err(|(limit, pinned)| Refusal::Memlock { limit, pinned })?;
         let slot = slot as u16;
         let iov = libc::iovec { iov_base: r.addr.as_ptr().cast(), iov_len: r.len };
-        if let Err(e) = self.update(slot, iov) {
+        let refused = crate::os::failpoint::check(crate::os::failpoint::Call::UringRegister)
+            .map_err(|e| e.errno().unwrap_or(libc::EIO))
+            .and_then(|()| self.update(slot, iov).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)));
+        if let Err(errno) = refused {
             unpin(len);
-            return Err(Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)));
+            return Err(Refusal::Errno(errno));
         }
         let start = r.addr.as_ptr() as usize;
         t.slots[usize::from(slot)] = Some((start, r.len));
@@ -193,28 +197,16 @@ impl Registrar for FixedBuffers {
 
     fn unregister(&self, r: &Region) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        let start = r.addr.as_ptr() as usize;
         // Its slot, through the map: one of the few that touch its first granule.
-        let Some(slot16) = Self::slot_in(&t, r) else {
+        let Some(slot) = Self::slot_in(&t, r) else {
             debug_assert!(false, "a region unregistered that this table does not hold");
             return;
         };
-        let slot = usize::from(slot16);
         // The slot empty again before the pool unmaps the region. (It
         // cannot fail for a slot this table filled; if it did, the ring
         // would keep the pages pinned, not point at freed memory.)
-        let _ = self.update(slot16, libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 });
-        t.slots[slot] = None;
-        self.generation.fetch_add(1, Ordering::Release);
-        for g in Table::granules(start, r.len) {
-            if let Some(v) = t.granules.get_mut(&g) {
-                v.retain(|&s| s != slot16);
-                if v.is_empty() {
-                    t.granules.remove(&g);
-                }
-            }
-        }
-        unpin(r.len as u64);
+        let _ = self.update(slot, libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 });
+        self.forget(&mut t, slot, r);
     }
 
     /// A ring's buffers can move: the slot is emptied (the kernel drops its
@@ -233,15 +225,44 @@ impl Registrar for FixedBuffers {
             .map_err(|e| Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)))
     }
 
+    /// A refusal gives the slot and its `RLIMIT_MEMLOCK` booking back (the
+    /// slot is empty since the release): the region is no longer this
+    /// table's, and a buffer of it finds no slot until the pool registers
+    /// it again ([`NodeRing::alloc`] asks).
     fn register_moved(&self, r: &Region) -> core::result::Result<(), Refusal> {
-        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let slot = Self::slot_in(&t, r).ok_or(Refusal::Errno(libc::ENOENT))?;
         let iov = libc::iovec { iov_base: r.addr.as_ptr().cast(), iov_len: r.len };
-        self.update(slot, iov).map_err(|e| Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)))
+        let refused = crate::os::failpoint::check(crate::os::failpoint::Call::UringRegister)
+            .map_err(|e| e.errno().unwrap_or(libc::EIO))
+            .and_then(|()| self.update(slot, iov).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)));
+        if let Err(errno) = refused {
+            self.forget(&mut t, slot, r);
+            return Err(Refusal::Errno(errno));
+        }
+        Ok(())
     }
 }
 
 impl FixedBuffers {
+    /// Takes region `r`, in `slot` (empty in the ring), off the table: the
+    /// slot free, the generation bumped (a slot found before is stale),
+    /// its pages no longer counted as pinned.
+    fn forget(&self, t: &mut Table, slot: u16, r: &Region) {
+        let start = r.addr.as_ptr() as usize;
+        t.slots[usize::from(slot)] = None;
+        self.generation.fetch_add(1, Ordering::Release);
+        for g in Table::granules(start, r.len) {
+            if let Some(v) = t.granules.get_mut(&g) {
+                v.retain(|&s| s != slot);
+                if v.is_empty() {
+                    t.granules.remove(&g);
+                }
+            }
+        }
+        unpin(r.len as u64);
+    }
+
     /// The slot `r` holds in `t`, through the granule map.
     fn slot_in(t: &Table, r: &Region) -> Option<u16> {
         let start = r.addr.as_ptr() as usize;
@@ -375,15 +396,18 @@ impl NodeRing {
     /// A buffer on the ring's node (the nearest with memory when it is out
     /// of it), in a registered region. Fails as [`DmaPool::alloc`] does, and
     /// with [`Error::MemlockLimit`] when its region would pass
-    /// `RLIMIT_MEMLOCK`.
+    /// `RLIMIT_MEMLOCK`. A region a migration left unregistered (the kernel
+    /// refused it again after the move) is registered again here, in a
+    /// slot of its own; a refusal is the error (the buffer goes back).
     pub fn alloc(&self) -> Result<FixedBuf<'_>> {
         let buf = self.pool.alloc()?;
         let (a, len) = (buf.as_ptr() as usize, self.pool.buffer_size());
         // The last region still holds its slot if no region has left the
-        // table since (slots are emptied only by unregistering, which bumps
-        // the generation); the buffer, live, is in a registered region, and
-        // registered regions do not overlap, so if it lies in the last one
-        // that is its region. Acquire pairs with the bump's release.
+        // table since (a slot is emptied only by unregistering or a refused
+        // registration after a move, which bump the generation); the buffer,
+        // live, is in a region of the pool, and regions do not overlap, so
+        // if it lies in the last one that is its region. Acquire pairs with
+        // the bump's release.
         let index = match self.last.get() {
             Some(h)
                 if a >= h.start
@@ -393,7 +417,21 @@ impl NodeRing {
                 h.slot
             }
             _ => {
-                let h = self.fixed.find(a, len).expect("a buffer of a registered pool lies in a registered region");
+                let h = match self.fixed.find(a, len) {
+                    Some(h) => h,
+                    None => {
+                        // SAFETY: a live buffer of this pool.
+                        let again = unsafe { self.pool.cache().register_again(NonNull::new_unchecked(buf.as_ptr())) };
+                        match again.map(|_| self.fixed.find(a, len)) {
+                            Ok(Some(h)) => h,
+                            Ok(None) => {
+                                debug_assert!(false, "a buffer of a registered pool in no registered region");
+                                return Err(Error::Registration { node: self.node, len, errno: libc::ENOENT });
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                };
                 self.last.set(Some(h));
                 h.slot
             }
@@ -607,12 +645,18 @@ impl NodeRing {
         // SAFETY: `mem` is a fresh writable mapping of `bytes` bytes; the
         // tail must read 0 when the kernel first looks.
         unsafe { mem.as_ptr().write_bytes(0, bytes) };
-        // SAFETY: `mem` holds `entries` entries, is page-aligned and stays
-        // mapped until `BufRing::drop` unregisters the group first.
-        let reg = unsafe { self.ring.submitter().register_buf_ring_with_flags(mem.as_ptr() as u64, entries, bgid, 0) };
+        // (The registration: `mem` holds `entries` entries, is page-aligned
+        // and stays mapped until `BufRing::drop` unregisters the group
+        // first.)
+        let reg = crate::os::failpoint::check(crate::os::failpoint::Call::UringRegister).and_then(|()| {
+            // SAFETY: `mem` holds `entries` entries, is page-aligned and
+            // stays mapped until `BufRing::drop` unregisters the group first.
+            unsafe { self.ring.submitter().register_buf_ring_with_flags(mem.as_ptr() as u64, entries, bgid, 0) }
+                .map_err(|e| io_error("io_uring_register(IORING_REGISTER_PBUF_RING, Linux 5.19)", &e))
+        });
         if let Err(e) = reg {
             unpin(bytes as u64);
-            return Err(io_error("io_uring_register(IORING_REGISTER_PBUF_RING, Linux 5.19)", &e));
+            return Err(e);
         }
         let bufs: Box<[NonNull<u8>]> =
             core::mem::take(&mut bufs.bufs).into_iter().map(|p| NonNull::new(p).expect("alloc_bulk fills")).collect();

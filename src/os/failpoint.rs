@@ -1,15 +1,15 @@
 //! Refusals on demand: with the `failpoints` feature (tests only; the
 //! feature is never part of a build anyone ships), every system call of
-//! this layer that may fail first asks [`check`] whether to fail as the
+//! this layer that may fail first asks `check` whether to fail as the
 //! kernel would, with the errno it would give. A test arms a kind of call
 //! to be refused at its Nth occurrence (and the next few), runs a workload
 //! and sees what the allocator does with the refusal: SQLite's anomaly
 //! testing, each allocation point failed in turn (`tests/failpoints.rs`).
 //!
-//! Without the feature [`check`] is an empty inline function: the calls
+//! Without the feature `check` is an empty inline function: the calls
 //! cost nothing.
 //!
-//! Only calls made by a thread inside [`scope`] count, so a test's own
+//! Only calls made by a thread inside `scope` count, so a test's own
 //! bookkeeping (its vectors, the harness) is never refused.
 
 /// A kind of call that may be refused.
@@ -26,35 +26,41 @@ pub enum Call {
     Madvise,
     /// `mbind`.
     Mbind,
-    /// `move_pages`, a move or a query.
+    /// `move_pages` that moves pages.
     MovePages,
+    /// `move_pages` that asks where pages are (null nodes).
+    PageQuery,
     /// `mprotect` (guard pages).
     Mprotect,
     /// `memfd_create` (the published slab table).
     Memfd,
     /// `io_uring_register` (fixed buffers, buffer rings).
     UringRegister,
+    /// `open` of a sysfs or procfs file (free memory, the topology, maps).
+    Open,
 }
 
 impl Call {
     /// Every kind, in order.
-    pub const ALL: [Call; 9] = [
+    pub const ALL: [Call; 11] = [
         Call::Mmap,
         Call::Munmap,
         Call::Mremap,
         Call::Madvise,
         Call::Mbind,
         Call::MovePages,
+        Call::PageQuery,
         Call::Mprotect,
         Call::Memfd,
         Call::UringRegister,
+        Call::Open,
     ];
 
     /// The errno the kernel gives when it refuses such a call for want of
     /// resources (what a full machine, a cgroup or a limit produces).
     pub fn errno(self) -> i32 {
         match self {
-            Call::Memfd => libc::EMFILE,
+            Call::Memfd | Call::Open => libc::EMFILE,
             Call::Mprotect | Call::Munmap => libc::ENOMEM,
             Call::Mbind => libc::EIO,
             _ => libc::ENOMEM,
@@ -70,9 +76,11 @@ impl Call {
             Call::Madvise => "madvise",
             Call::Mbind => "mbind",
             Call::MovePages => "move_pages",
+            Call::PageQuery => "move_pages(query)",
             Call::Mprotect => "mprotect",
             Call::Memfd => "memfd_create",
             Call::UringRegister => "io_uring_register",
+            Call::Open => "open",
         }
     }
 }
@@ -88,7 +96,7 @@ pub(crate) fn check(_call: Call) -> crate::error::Result<()> {
 #[cfg(feature = "failpoints")]
 pub(crate) use armed::check;
 #[cfg(feature = "failpoints")]
-pub use armed::{Counts, arm, counts, disarm, scope};
+pub use armed::{Counts, arm, arm_with, counts, disarm, scope};
 
 #[cfg(feature = "failpoints")]
 mod armed {
@@ -108,6 +116,8 @@ mod armed {
     static TIMES: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
     /// Per kind: refusals made since the last [`arm`].
     static FIRED: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
+    /// Per kind: the errno to refuse with (0: the kind's own).
+    static ERRNO: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
     thread_local! {
         static IN_SCOPE: Cell<bool> = const { Cell::new(false) };
@@ -122,7 +132,11 @@ mod armed {
         let from = FROM[k].load(Ordering::Relaxed);
         if from != 0 && n >= from && n - from < TIMES[k].load(Ordering::Relaxed) {
             FIRED[k].fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Os { call: call.name(), errno: call.errno() });
+            let errno = match ERRNO[k].load(Ordering::Relaxed) {
+                0 => call.errno(),
+                e => e as i32,
+            };
+            return Err(Error::Os { call: call.name(), errno });
         }
         Ok(())
     }
@@ -135,12 +149,19 @@ mod armed {
         TIMES[call as usize].store(times, Ordering::Relaxed);
     }
 
+    /// Like [`arm`], the refusals with `errno` instead of the kind's own.
+    pub fn arm_with(call: Call, nth: u64, times: u64, errno: i32) {
+        arm(call, nth, times);
+        ERRNO[call as usize].store(errno as u64, Ordering::Relaxed);
+    }
+
     /// Refuses nothing from now on; the counts start again.
     pub fn disarm() {
         for k in 0..KINDS {
             FROM[k].store(0, Ordering::Relaxed);
             SEEN[k].store(0, Ordering::Relaxed);
             FIRED[k].store(0, Ordering::Relaxed);
+            ERRNO[k].store(0, Ordering::Relaxed);
         }
     }
 

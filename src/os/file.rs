@@ -90,6 +90,7 @@ impl fmt::Write for PathBuf {
 /// and closes it.
 fn with_fd<T>(path: &CStr, extra: i32, f: impl FnOnce(i32) -> Result<T>) -> Result<T> {
     let _errno = super::KeepErrno::new();
+    super::failpoint::check(super::failpoint::Call::Open)?;
     // SAFETY: `path` is NUL-terminated; flags are valid.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | extra) };
     if fd < 0 {

@@ -83,7 +83,7 @@ pub fn page_nodes_of(pid: i32, addrs: &[*const u8], status: &mut [i32]) -> Resul
     if addrs.is_empty() {
         return Ok(());
     }
-    super::failpoint::check(super::failpoint::Call::MovePages)?;
+    super::failpoint::check(super::failpoint::Call::PageQuery)?;
     // SAFETY: `addrs` and `status` are valid for `addrs.len()` elements; null
     // nodes make it a query, which touches no memory of either process.
     let r = unsafe {

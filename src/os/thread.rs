@@ -13,7 +13,9 @@
 //! takes only locks below it; within a rank, a layer's own order). Before
 //! `fork()` of a process that has had a second thread, the handlers take
 //! every line marked *held*, top to bottom; after it, in the parent and the
-//! child, they release them bottom to top. A process that never had a
+//! child, they release them bottom to top. A line marked *reset* is not
+//! taken (a fork must not wait for its holder): the child, whose copy of
+//! it may be held by a thread it does not have, resets it. A process that never had a
 //! second thread takes none: a signal handler may fork it while the thread
 //! it interrupted holds any of them, and glibc's malloc does the same. The
 //! test below fails when a `SpinLock`, `Mutex`, `InitCell`, `OnceLock`,
@@ -28,8 +30,10 @@
 //!                                                                fork takes it before its malloc's (bug 19431)
 //! Slab        slab/stats.rs REGISTRY            Mutex     held   cache creation, slabinfo, shrink_all; held first
 //!                                                                so that the caches it lists stay alive
-//!             slab/migrate.rs moving            Mutex     held   per cache: one migration at a time (a demotion
-//!                                                                only tries it); taken before the cache's slabs
+//!             slab/cache.rs moving              Mutex     reset  per cache: one migration (or demotion step) at a
+//!                                                                time (a demotion only tries it); taken before the
+//!                                                                cache's slabs and held across its moves (seconds):
+//!                                                                a fork does not wait, the child resets it
 //!             slab/cache.rs slabs               Mutex     held   per cache and node: carving slabs (maps chunks,
 //!                                                                runs constructors and registrars, allocates)
 //!             slab/magazine.rs lists            SpinLock  held   per cache and node: the depot; never with slabs
@@ -74,7 +78,7 @@
 //! ```
 
 use std::sync::Once;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -220,11 +224,23 @@ extern "C" fn run_parent() {
 
 /// After `fork()`, in the child: as in the parent, but the list lock is
 /// reset (glibc's child resets it too; its count may hold the parent's
-/// takes).
+/// takes), and the release handlers see [`in_forked_child`] true.
 extern "C" fn run_child() {
+    IN_CHILD.store(true, Ordering::Relaxed);
     if release_ranks() & STDIO_HELD != 0 {
         stdio::reset();
     }
+    IN_CHILD.store(false, Ordering::Relaxed);
+}
+
+/// Set while the release handlers run in a forked child.
+static IN_CHILD: AtomicBool = AtomicBool::new(false);
+
+/// Whether a release handler runs in the child of a `fork()` (true) or in
+/// the parent: a lock the prepare handler did not take, because a fork
+/// must not wait for it, is reset in the child instead.
+pub fn in_forked_child() -> bool {
+    IN_CHILD.load(Ordering::Relaxed)
 }
 
 /// Runs the `release` of every rank the last `prepare` ran, last rank

@@ -30,9 +30,24 @@ macro_rules! cache_accessors {
             shrink_core(&self.core)
         }
 
-        /// A snapshot of the cache's statistics.
+        /// A snapshot of the cache's statistics: counters only, no
+        /// question to the kernel page by page (see
+        /// [`resident`](Self::resident) for where the pages are).
         pub fn stats(&self) -> CacheStats {
             CacheStats::of(&self.core)
+        }
+
+        /// Where the cache's pages are now, per node that holds any, by
+        /// node: asked of the kernel page by page (`move_pages`), over every
+        /// chunk's present part. Not the nodes the slabs were meant for,
+        /// but where their memory is; for a cache of gigabytes a query of
+        /// some milliseconds.
+        pub fn resident(&self) -> Vec<crate::slab::NodePages> {
+            self.core
+                .resident()
+                .into_iter()
+                .map(|(node, pages, bytes)| crate::slab::NodePages { node, pages, bytes })
+                .collect()
         }
 
         /// Moves the whole pool to `node` while other threads go on
@@ -49,7 +64,11 @@ macro_rules! cache_accessors {
         /// pool with a registered region whose
         /// [`Registrar`](crate::slab::Registrar) cannot release it
         /// ([`Error::RegisteredRegion`]); one that can is released, moved
-        /// and registered again region by region.
+        /// and registered again region by region. What the kernel or a
+        /// registrar refuses on the way is reported, not an error: pages
+        /// left where they were ([`Migration::unmoved`](crate::slab::Migration::unmoved)),
+        /// regions left unregistered
+        /// ([`Migration::registrations_lost`](crate::slab::Migration::registrations_lost)).
         ///
         /// ```
         /// # use numaweave::slab::RawCache;
@@ -71,13 +90,29 @@ macro_rules! cache_accessors {
         /// Sets the condition under which the pool moves itself (see
         /// [`Demotion`](crate::slab::Demotion)), or with `None` clears it.
         /// Looked at on the slow paths (a thread's magazines running empty
-        /// or full), at most once per the condition's period; the moves it
-        /// makes count in [`CacheStats::demotions`] and
+        /// or full), at most once per the condition's period, each look a
+        /// bounded step of the move (see the `migrate` module's
+        /// documentation: at most 2 MiB moved, no sleep, no registrar
+        /// called); the moves count in [`CacheStats::demotions`] and
         /// [`CacheStats::migrated_bytes`]. Fails for a node that is not
         /// online, or when no target is named and the watched node has no
         /// lower tier.
         pub fn demote_when(&self, demotion: Option<crate::slab::Demotion>) -> Result<()> {
             self.core.set_demotion(demotion)
+        }
+
+        /// Registers again, with the pool's [`Registrar`](crate::slab::Registrar),
+        /// the region holding `obj` if a migration lost its registration
+        /// (the registrar refused it after the move): `Ok(true)` when it is
+        /// registered now, `Ok(false)` for a pool without registrar; the
+        /// refusal as [`Error::Registration`] or [`Error::MemlockLimit`].
+        ///
+        /// # Safety
+        /// `obj` is a live object of this cache.
+        pub unsafe fn register_again(&self, obj: NonNull<u8>) -> Result<bool> {
+            // SAFETY: a live object of this cache (the caller's word).
+            let node = unsafe { self.core.node_of(obj) };
+            self.core.register_again(node, obj.as_ptr() as usize)
         }
 
         /// The cache's name.
@@ -773,6 +808,13 @@ impl RawCache {
     /// Alignment of every object.
     pub fn align(&self) -> usize {
         self.core.align
+    }
+
+    /// A device may hold the physical address of an object (a DMA pool
+    /// handed one out): a demotion leaves the pool where it is unless told
+    /// otherwise.
+    pub(crate) fn device_may_hold(&self) {
+        self.core.moves.device_addresses.store(true, Ordering::Relaxed);
     }
 
     /// See [`SlabCache::alloc`].

@@ -325,10 +325,109 @@ pub(crate) struct Core {
     /// The handle was dropped: no more depot caching, empty slabs go at once.
     pub(crate) dead: AtomicBool,
     /// Migrations, demotion, and the node the slabs were moved to.
-    pub(crate) moves: super::migrate::Moves,
+    pub(crate) moves: Moves,
     /// Where objects keep their misuse checks.
     #[cfg(feature = "hardened")]
     pub(crate) check: super::hardened::Check,
+}
+
+/// No node: the cache was never migrated, or no demotion is set.
+pub(crate) const NOWHERE: usize = usize::MAX;
+
+/// A cache's migration state and counters; the migrations themselves are
+/// `migrate.rs`'s.
+pub(crate) struct Moves {
+    /// One migration (or demotion step) at a time; it holds where a
+    /// demotion's pass stands. Not held across `fork()` (see
+    /// [`Core::lock_for_fork`]).
+    pub(crate) moving: Mutex<Progress>,
+    /// The node every node's slabs lie on since the last migration
+    /// (`NOWHERE`: each on its own).
+    pub(crate) placed: AtomicUsize,
+    /// The last migration or demotion pass left no page it could move off
+    /// `placed` (pages the kernel refused, busy or for want of room, make
+    /// a demotion try again).
+    pub(crate) settled: AtomicBool,
+    pub(crate) migrations: AtomicU64,
+    pub(crate) moved_bytes: AtomicU64,
+    pub(crate) demotions: AtomicU64,
+    /// A buffer's physical address was handed out (`DmaBuf::phys_addr`): a
+    /// device may hold it, and a demotion moves the pool only if told it
+    /// may ([`Demotion::moving_device_buffers`](super::Demotion::moving_device_buffers)).
+    pub(crate) device_addresses: AtomicBool,
+    /// The demotion condition: the watched node (`NOWHERE`: none), written
+    /// last when one is set, and read first.
+    pub(crate) watch: AtomicUsize,
+    pub(crate) below: AtomicU64,
+    pub(crate) target: AtomicUsize,
+    pub(crate) every_ms: AtomicU64,
+    /// Whether it may move a pool a device may hold addresses of.
+    pub(crate) device_ok: AtomicBool,
+    /// When it is next looked at (`os::monotonic_ms`).
+    pub(crate) next_ms: AtomicU64,
+}
+
+/// Where a demotion's pass stands: the next step starts at `off` bytes
+/// into the chunk at `base` of node list `list` (the chunk itself, or the
+/// next one above it if it went).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Progress {
+    pub(crate) pass: Option<Pass>,
+}
+
+/// See [`Progress`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pass {
+    pub(crate) to: usize,
+    pub(crate) list: usize,
+    pub(crate) base: usize,
+    pub(crate) off: usize,
+    /// Pages of the pass the kernel refused for now (busy, no room).
+    pub(crate) refused: usize,
+}
+
+impl Moves {
+    pub(crate) const fn new() -> Self {
+        Moves {
+            moving: Mutex::new(Progress { pass: None }),
+            placed: AtomicUsize::new(NOWHERE),
+            settled: AtomicBool::new(true),
+            migrations: AtomicU64::new(0),
+            moved_bytes: AtomicU64::new(0),
+            demotions: AtomicU64::new(0),
+            device_addresses: AtomicBool::new(false),
+            watch: AtomicUsize::new(NOWHERE),
+            below: AtomicU64::new(0),
+            target: AtomicUsize::new(NOWHERE),
+            every_ms: AtomicU64::new(0),
+            device_ok: AtomicBool::new(false),
+            next_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The node every node's slabs were moved to, if the cache was migrated.
+    pub(crate) fn placed(&self) -> Option<usize> {
+        Some(self.placed.load(Ordering::Relaxed)).filter(|&n| n != NOWHERE)
+    }
+
+    /// In a forked child: no migration is under way (its thread is not
+    /// here), the lock is free, and a demotion's pass starts over.
+    ///
+    /// # Safety
+    /// The caller is a forked child's only thread, in its fork handler.
+    unsafe fn reset_in_child(&self) {
+        if let Some(mut p) = self.moving.try_lock() {
+            p.pass = None;
+            return;
+        }
+        // SAFETY: the holder was a thread of the parent, which the child
+        // does not have; its progress may be half written, and is dropped.
+        unsafe {
+            self.moving.raw_value().pass = None;
+            self.moving.unlock_raw();
+        }
+        self.settled.store(false, Ordering::Relaxed);
+    }
 }
 
 /// What an allocation may do when its node has nothing.
@@ -424,7 +523,7 @@ impl Core {
             topo,
             nodes,
             dead: AtomicBool::new(false),
-            moves: super::migrate::Moves::new(),
+            moves: Moves::new(),
             #[cfg(feature = "hardened")]
             check,
         })
@@ -828,23 +927,37 @@ impl Core {
         got
     }
 
-    /// The `fork()` handlers' part here: the migration lock, then every
-    /// node's locks in node order. (The depot's spin lock and the slabs'
-    /// mutex are never held together.)
+    /// The `fork()` handlers' part here: every node's locks in node order.
+    /// (The depot's spin lock and the slabs' mutex are never held
+    /// together.) Not the migration lock: a migration holds it across its
+    /// moves, which may take seconds, and a fork does not wait for them;
+    /// the child resets it ([`unlock_after_fork`](Self::unlock_after_fork)).
     pub(crate) fn lock_for_fork(&self) {
-        self.moves.lock_for_fork();
         for ns in self.nodes.iter() {
             ns.slabs.lock_raw();
             ns.depot.lock_for_fork();
         }
     }
 
-    /// Releases what [`lock_for_fork`](Self::lock_for_fork) took.
+    /// Releases what [`lock_for_fork`](Self::lock_for_fork) took. In a
+    /// forked child (`child`), first forgets any migration the parent had
+    /// under way: no thread of the child runs it, so the migration lock is
+    /// reset and no chunk is left moving (the node locks, held here, keep
+    /// the chunk lists as the fork found them).
     ///
     /// # Safety
     /// Taken by `lock_for_fork` on this thread (or, in a forked child, the
     /// thread it was copied from).
-    pub(crate) unsafe fn unlock_after_fork(&self) {
+    pub(crate) unsafe fn unlock_after_fork(&self, child: bool) {
+        if child {
+            // SAFETY: in a forked child, whose only thread is this one: the
+            // lock's holder, if any, was another thread of the parent.
+            unsafe { self.moves.reset_in_child() };
+            for ns in self.nodes.iter() {
+                // SAFETY: taken by `lock_for_fork` (the copied thread's).
+                unsafe { ns.slabs.raw_value().chunks.forget_moves() };
+            }
+        }
         for ns in self.nodes.iter().rev() {
             // SAFETY: `lock_for_fork` took these on this thread (or the thread
             // the child was copied from); released in the reverse order.
@@ -853,8 +966,17 @@ impl Core {
                 ns.slabs.unlock_raw();
             }
         }
-        // SAFETY: taken first by `lock_for_fork`, released last.
-        unsafe { self.moves.unlock_after_fork() };
+    }
+
+    /// The node whose memory holds the slabs of node `list`.
+    #[inline]
+    pub(crate) fn memory_node(&self, list: usize) -> usize {
+        self.moves.placed().unwrap_or(list)
+    }
+
+    /// The kernel node new chunks of node `list` are mapped on.
+    pub(crate) fn phys_for(&self, list: usize) -> usize {
+        self.topo.physical_node(self.memory_node(list))
     }
 
     /// Flushes the depots and remote lists into the slabs and unmaps every

@@ -58,8 +58,16 @@ struct Chunk {
     /// The size of the pages behind it (hugetlb's, or the base page size).
     page_size: usize,
     /// Registered with the pool's registrar (every chunk of a pool with one,
-    /// unless registering it again after a move failed).
+    /// unless registering it again after a move failed: then registered
+    /// again on demand, [`Chunks::register_again`]).
     registered: bool,
+    /// A migration is moving its pages, without the node's lock: it stays
+    /// mapped until the move ends, even if its last slab goes meanwhile
+    /// ([`Chunks::end_move`] unmaps it then).
+    moving: bool,
+    /// Its registration is released for a move: no slab is carved from it
+    /// until it is registered again (a registrar is promised none).
+    frozen: bool,
 }
 
 /// A chunk as a migration or a placement count sees it.
@@ -73,11 +81,22 @@ pub(crate) struct Extent {
     pub(crate) used: usize,
     pub(crate) page_size: usize,
     pub(crate) registered: bool,
+    /// On huge pages (resident whole, from the first slab on).
+    pub(crate) huge: bool,
+}
+
+impl Extent {
+    /// Bytes from `base` that may hold present pages: the whole chunk when
+    /// its pages are committed whole (huge pages; a registered chunk, which
+    /// its registrar pins whole), else the part slabs used.
+    pub(crate) fn resident_len(&self) -> usize {
+        if self.huge || self.registered { self.len } else { self.used }
+    }
 }
 
 impl Chunk {
     fn has_room(&self, slot: usize) -> bool {
-        !self.free.is_empty() || (self.carved + 1) * slot <= self.len
+        !self.frozen && (!self.free.is_empty() || (self.carved + 1) * slot <= self.len)
     }
 }
 
@@ -125,6 +144,7 @@ impl Chunks {
             used: (c.carved * slot).next_multiple_of(c.page_size).min(c.len),
             page_size: c.page_size,
             registered: c.registered,
+            huge: c.huge,
         }
     }
 
@@ -143,32 +163,102 @@ impl Chunks {
     /// Binds every chunk to kernel node `phys` (`MPOL_PREFERRED`, as at
     /// mapping): pages faulted from now on land there, pages present stay
     /// where they are until moved. Regions are described as on `node` from
-    /// now on.
-    pub(crate) fn rebind(&mut self, phys: usize, node: usize) -> Result<()> {
+    /// now on. A chunk the kernel refuses keeps its old policy (its pages
+    /// still move when asked; new ones fault where they did): the errno of
+    /// the last refusal and how many, if any.
+    pub(crate) fn rebind(&mut self, phys: usize, node: usize) -> Option<(i32, usize)> {
+        let mut refused = None;
         for c in &self.list {
             // SAFETY: a live mapping of ours; a policy change moves nothing.
-            unsafe {
-                mem::bind(
-                    NonNull::new_unchecked(c.base as *mut u8),
-                    c.len,
-                    MemPolicy::Preferred(phys),
-                    BindFlags::NONE,
-                )?
+            let r = unsafe {
+                mem::bind(NonNull::new_unchecked(c.base as *mut u8), c.len, MemPolicy::Preferred(phys), BindFlags::NONE)
             };
+            if let Err(e) = r {
+                let n = refused.map_or(0, |(_, n)| n);
+                refused = Some((e.errno().unwrap_or(libc::EIO), n + 1));
+            }
         }
         if let Some((_, n)) = &mut self.registrar {
             *n = node;
         }
-        Ok(())
+        refused
+    }
+
+    fn find(&mut self, base: usize) -> Option<&mut Chunk> {
+        let i = self.list.partition_point(|c| c.base < base);
+        self.list.get_mut(i).filter(|c| c.base == base)
+    }
+
+    /// A migration starts moving the chunk at `base` (`frozen`: its
+    /// registration released): it stays mapped until [`end_move`](Self::end_move).
+    /// False if it is no longer mapped.
+    pub(crate) fn begin_move(&mut self, base: usize, frozen: bool) -> bool {
+        let Some(c) = self.find(base) else { return false };
+        debug_assert!(!c.moving && !c.frozen, "a chunk moved by two migrations");
+        c.moving = true;
+        c.frozen = frozen;
+        true
+    }
+
+    /// The move of the chunk at `base` ended (its registration, if it was
+    /// released, made again or lost): if its last slab went meanwhile, it
+    /// goes now.
+    pub(crate) fn end_move(&mut self, base: usize) {
+        let Some(c) = self.find(base) else {
+            debug_assert!(false, "a chunk unmapped while it moved");
+            return;
+        };
+        debug_assert!(c.moving);
+        c.moving = false;
+        c.frozen = false;
+        if c.used == 0 {
+            let i = self.list.partition_point(|c| c.base < base);
+            self.unmap_at(i);
+            self.first_room = self.first_room.min(i);
+        }
+    }
+
+    /// A forked child: no migration runs in it (the thread that ran one in
+    /// the parent is not there), so no chunk is moving; a chunk whose
+    /// registration the parent had released is taken as registered (a
+    /// child's registrations are its own to make).
+    pub(crate) fn forget_moves(&mut self) {
+        for c in &mut self.list {
+            c.moving = false;
+            c.frozen = false;
+        }
     }
 
     /// The chunk at `base` is no longer registered (its registration was
     /// released for a move and could not be made again): it is not
-    /// unregistered when it goes.
+    /// unregistered when it goes, and is registered again on demand.
     pub(crate) fn lose_registration(&mut self, base: usize) {
-        if let Some(c) = self.list.iter_mut().find(|c| c.base == base) {
+        if let Some(c) = self.find(base) {
             c.registered = false;
         }
+    }
+
+    /// Registers again the chunk holding `addr` if a move lost its
+    /// registration: `Ok(true)` when it is registered now (or was), `Ok(false)`
+    /// for an address of no chunk; the registrar's refusal as the error.
+    pub(crate) fn register_again(&mut self, addr: usize) -> Result<bool> {
+        let Some((r, node)) = self.registrar.clone() else { return Ok(false) };
+        let i = self.list.partition_point(|c| c.base <= addr);
+        let Some(c) = i.checked_sub(1).map(|i| &mut self.list[i]).filter(|c| addr < c.base + c.len) else {
+            return Ok(false);
+        };
+        if c.registered || c.frozen {
+            return Ok(c.registered);
+        }
+        // SAFETY: a mapped chunk's base is never 0.
+        let addr = unsafe { NonNull::new_unchecked(c.base as *mut u8) };
+        let region = Region { addr, len: c.len, node, page_size: c.page_size };
+        r.register(&region).map_err(|refusal| match refusal {
+            Refusal::Errno(errno) => Error::Registration { node, len: c.len, errno },
+            Refusal::Memlock { limit, pinned } => Error::MemlockLimit { node, limit, pinned, asked: c.len },
+        })?;
+        c.registered = true;
+        Ok(true)
     }
 
     /// Mappings held.
@@ -280,7 +370,21 @@ impl Chunks {
         let base = p.as_ptr() as usize;
         let at = self.list.partition_point(|c| c.base < base);
         let registered = self.registrar.is_some();
-        self.list.insert(at, Chunk { base, len, carved: 0, used: 0, free: Vec::new(), huge, page_size, registered });
+        self.list.insert(
+            at,
+            Chunk {
+                base,
+                len,
+                carved: 0,
+                used: 0,
+                free: Vec::new(),
+                huge,
+                page_size,
+                registered,
+                moving: false,
+                frozen: false,
+            },
+        );
         super::published::publish(base, len, page_size, &self.name);
         self.first_room = at;
         Ok(())
@@ -332,17 +436,8 @@ impl Chunks {
         let registered = c.registered;
         debug_assert!(a >= c.base && a + slot <= c.base + c.len && c.used > 0);
         c.used -= 1;
-        if c.used == 0 {
-            let c = self.list.remove(i);
-            // SAFETY: a live mapping is never at address 0.
-            let base = unsafe { NonNull::new_unchecked(c.base as *mut u8) };
-            if let Some((r, node)) = self.registrar.as_ref().filter(|_| c.registered) {
-                r.unregister(&Region { addr: base, len: c.len, node: *node, page_size: c.page_size });
-            }
-            super::published::withdraw(c.base);
-            // SAFETY: per the contract no slot of the chunk is in use; the
-            // mapping is ours, and no longer registered.
-            let _ = unsafe { mem::unmap(base, c.len) };
+        if c.used == 0 && !c.moving {
+            self.unmap_at(i);
         } else {
             // A registered chunk's pages are pinned where the registrar
             // handed them to the kernel or a device: returned and faulted in
@@ -355,6 +450,23 @@ impl Chunks {
             c.free.push(a);
         }
         self.first_room = self.first_room.min(i);
+    }
+
+    /// Unmaps the chunk at index `i`, no slot of it in use (unregistered
+    /// first, and taken off the published table).
+    fn unmap_at(&mut self, i: usize) {
+        let c = self.list.remove(i);
+        debug_assert!(c.used == 0 && !c.moving);
+        // SAFETY: a live mapping is never at address 0.
+        let base = unsafe { NonNull::new_unchecked(c.base as *mut u8) };
+        if let Some((r, node)) = self.registrar.as_ref().filter(|_| c.registered) {
+            r.unregister(&Region { addr: base, len: c.len, node: *node, page_size: c.page_size });
+        }
+        super::published::withdraw(c.base);
+        // SAFETY: no slot of the chunk is in use and no migration moves it
+        // (the callers' word); the mapping is ours, and no longer
+        // registered. (A refusal leaves address space mapped, nothing else.)
+        let _ = unsafe { mem::unmap(base, c.len) };
     }
 }
 

@@ -164,7 +164,10 @@ impl DmaPool {
     }
 
     /// Sets (or clears) the condition under which the pool moves itself,
-    /// as [`RawCache::demote_when`] does.
+    /// as [`RawCache::demote_when`] does; once a buffer's physical address
+    /// was handed out ([`DmaBuf::phys_addr`]), only a demotion that says
+    /// so ([`Demotion::moving_device_buffers`](super::Demotion::moving_device_buffers))
+    /// moves the pool (a device may hold that address).
     pub fn demote_when(&self, demotion: Option<super::Demotion>) -> Result<()> {
         self.raw.demote_when(demotion)
     }
@@ -208,6 +211,7 @@ impl DmaBuf<'_> {
     /// (else reclaim may move the page).
     pub fn phys_addr(&self) -> Result<u64> {
         self.commit();
+        self.pool.cache().device_may_hold();
         phys_addr(self.ptr.as_ptr())
     }
 
@@ -216,6 +220,7 @@ impl DmaBuf<'_> {
     /// for its needs.
     pub fn phys_segments(&self) -> Result<usize> {
         self.commit();
+        self.pool.cache().device_may_hold();
         phys_segments(self.ptr.as_ptr(), self.len())
     }
 

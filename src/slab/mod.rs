@@ -44,8 +44,8 @@
 //!
 //! `migrate(node)` moves a whole cache while it is in use, and a
 //! [`Demotion`] moves it by itself when a node runs low (see `migrate.rs`'s
-//! design notes). [`CacheStats::resident`] asks the kernel where its pages
-//! are. A process with caches also keeps one close-on-exec memory file, the
+//! design notes). `resident()` on a cache asks the kernel where its pages
+//! are ([`RawCache::resident`]). A process with caches also keeps one close-on-exec memory file, the
 //! table of its chunks that `numaweave numastat PID` reads from outside
 //! ([`published`]).
 //!

@@ -119,13 +119,13 @@ pub struct CacheStats {
     pub dropped: bool,
     /// Per node with any slab or activity, by node id.
     pub nodes: Vec<NodeCacheStats>,
-    /// Where the cache's pages are now (by `move_pages`, which asks the
-    /// kernel page by page: not the nodes the slabs were meant for, but
-    /// where their memory is), per node that holds any, by node id.
-    pub resident: Vec<NodePages>,
     /// The node every node's slabs were moved to by the last migration,
     /// if the cache was migrated.
     pub placed: Option<usize>,
+    /// Pages of the cache may lie off `placed`: the last migration or
+    /// demotion left some (the kernel refused them, a demotion leaves
+    /// registered regions to `migrate`), or a demotion is under way.
+    pub unsettled: bool,
     /// Migrations, demotions included (cumulative).
     pub migrations: u64,
     /// Of those, the ones its demotion condition made (cumulative).
@@ -188,12 +188,8 @@ impl CacheStats {
             home: core.home,
             dropped: core.dead.load(Ordering::Relaxed),
             nodes,
-            resident: core
-                .resident()
-                .into_iter()
-                .map(|(node, pages, bytes)| NodePages { node, pages, bytes })
-                .collect(),
             placed: core.moves.placed(),
+            unsettled: !core.moves.settled.load(Ordering::Relaxed),
             migrations: core.moves.migrations.load(Ordering::Relaxed),
             demotions: core.moves.demotions.load(Ordering::Relaxed),
             migrated_bytes: core.moves.moved_bytes.load(Ordering::Relaxed),
@@ -247,27 +243,21 @@ impl fmt::Display for CacheStats {
     }
 }
 
-/// The line under a cache's rows that says where its pages are, and what
-/// migrations moved.
+/// The line under a cache's rows that says what migrations moved.
 fn pages_line(f: &mut fmt::Formatter<'_>, c: &CacheStats) -> fmt::Result {
-    if c.resident.is_empty() && c.migrations == 0 {
+    if c.migrations == 0 && !c.unsettled {
         return Ok(());
     }
-    write!(f, "#   {} pages by node:", c.name)?;
-    for p in &c.resident {
-        write!(f, " N{}={}", p.node, p.pages)?;
-    }
-    if c.migrations > 0 {
-        write!(
-            f,
-            "; {} migrations ({} demotions) moved {} bytes, now on node {}",
-            c.migrations,
-            c.demotions,
-            c.migrated_bytes,
-            c.placed.map_or("-".to_string(), |n| n.to_string())
-        )?;
-    }
-    writeln!(f)
+    writeln!(
+        f,
+        "#   {}: {} migrations ({} demotions) moved {} bytes, now on node {}{}",
+        c.name,
+        c.migrations,
+        c.demotions,
+        c.migrated_bytes,
+        c.placed.map_or("-".to_string(), |n| n.to_string()),
+        if c.unsettled { " (some pages elsewhere)" } else { "" }
+    )
 }
 
 /// Every live cache's statistics, printed like `/proc/slabinfo` (one row per
@@ -357,8 +347,9 @@ fn fork_release() {
     // SAFETY: each lock was taken by `fork_prepare`, as above.
     unsafe {
         unlock_ranges_after_fork();
+        let child = crate::os::thread::in_forked_child();
         for c in held.iter().rev() {
-            c.unlock_after_fork();
+            c.unlock_after_fork(child);
         }
         REGISTRY.unlock_raw();
     }

@@ -169,6 +169,13 @@ fn main() {
         ("slab_gigantic_pages_make_one_physical_run", slab_gigantic_pages_make_one_physical_run),
         ("slab_cache_migrates_between_nodes_while_in_use", slab_cache_migrates_between_nodes_while_in_use),
         ("slab_registered_pool_moves_through_its_registrar", slab_registered_pool_moves_through_its_registrar),
+        #[cfg(feature = "failpoints")]
+        (
+            "slab_full_target_is_reported_and_a_demotion_tries_again",
+            slab_full_target_is_reported_and_a_demotion_tries_again,
+        ),
+        #[cfg(feature = "failpoints")]
+        ("slab_pinned_pages_are_retried_without_the_nodes_lock", slab_pinned_pages_are_retried_without_the_nodes_lock),
         (
             "slab_pool_demotes_to_the_memory_only_node_as_node_0_fills",
             slab_pool_demotes_to_the_memory_only_node_as_node_0_fills,

@@ -100,7 +100,9 @@ pub(super) fn slab_cache_migrates_between_nodes_while_in_use(t: &Topology, g: Op
     assert!(nodes_of_objects(&more).iter().all(|&n| n == p1), "new objects not on node 1");
     let st = pool.stats();
     assert_eq!((st.placed, st.migrations), (Some(1), 1));
-    assert!(st.resident.iter().all(|r| r.node == 1) && st.migrated_bytes >= 256 << 20, "{st}");
+    let resident = pool.resident();
+    assert!(resident.iter().all(|r| r.node == 1) && st.migrated_bytes >= 256 << 20, "{st} {resident:?}");
+    assert!(!st.unsettled, "{st}");
     println!("  every one of {} objects on node 1, contents unchanged; {st}", objs.len());
     // What `numaweave numastat PID` reads: the published table of chunks,
     // and where the kernel has their pages (this process asking about its
@@ -178,6 +180,110 @@ pub(super) fn slab_registered_pool_moves_through_its_registrar(t: &Topology, g: 
     Outcome::Pass
 }
 
+/// A target node without room fails whole `move_pages` calls (`ENOMEM`):
+/// the migration reports those pages as `NodeFull` and goes on, the pool
+/// says it is unsettled, and a demotion to the node moves them once it has
+/// room (before, the migration failed after it had rebound the pool, and a
+/// demotion never tried again: the pool stayed split). The refusal is the
+/// failpoints' (`--features failpoints`): a node really filled to the last
+/// page makes the guest's kernel kill instead.
+#[cfg(feature = "failpoints")]
+pub(super) fn slab_full_target_is_reported_and_a_demotion_tries_again(t: &Topology, g: Option<&Guest>) -> Outcome {
+    use numaweave::os::failpoint::{self, Call};
+    if g.is_none() || t.cpu_nodes().len() < 2 {
+        return Outcome::Skip("needs the guest's nodes");
+    }
+    let p1 = t.physical_node(1) as i32;
+    let pool = RawCache::builder("vm_full_target", OBJ).node(0).magazine(8).build().unwrap();
+    let objs = fill(&pool, 4000);
+    failpoint::arm_with(Call::MovePages, 1, u64::MAX, libc::ENOMEM);
+    let m = failpoint::scope(|| pool.migrate(1));
+    failpoint::disarm();
+    let m = m.expect("a full target fails no migration: it is reported");
+    assert!(m.unmoved.iter().any(|u| u.why == Stuck::NodeFull && u.pages >= objs.len()), "{m}");
+    assert!(!m.complete() && pool.stats().unsettled, "{m}");
+    // Node 1 has room again: a demotion to it finds the pool unsettled and
+    // moves the rest, step by step, on the pool's slow paths.
+    pool.demote_when(Some(Demotion::when_free_below(0, u64::MAX).to(1).every(Duration::ZERO))).unwrap();
+    let t0 = Instant::now();
+    while pool.stats().unsettled && t0.elapsed() < Duration::from_secs(60) {
+        let mine: Vec<_> = (0..32).map(|_| pool.alloc().unwrap()).collect();
+        // SAFETY: objects of this pool, each freed once.
+        unsafe { pool.free_bulk(&mine) };
+    }
+    let st = pool.stats();
+    let off = nodes_of_objects(&objs).iter().filter(|&&n| n != p1).count();
+    assert!(!st.unsettled && off == 0, "{off} objects not on node 1 after the demotion: {st}");
+    assert!(unchanged(&objs));
+    println!("\n  full target: {m}; then {st}");
+    for a in objs {
+        // SAFETY: objects of this pool, each freed once.
+        unsafe { pool.free(core::ptr::NonNull::new(a as *mut u8).unwrap()) };
+    }
+    Outcome::Pass
+}
+
+/// A registered region released for a move whose pages stay pinned (here:
+/// every move refused busy, the failpoints' `EBUSY`) is retried for its
+/// 2 s without the node's slab lock: another thread's refills of the node
+/// finish while the migration waits (before, they waited for all of it).
+#[cfg(feature = "failpoints")]
+pub(super) fn slab_pinned_pages_are_retried_without_the_nodes_lock(t: &Topology, g: Option<&Guest>) -> Outcome {
+    use numaweave::os::failpoint::{self, Call};
+    if g.is_none() || t.cpu_nodes().len() < 2 {
+        return Outcome::Skip("needs the guest's nodes");
+    }
+    struct Movable(AtomicBool);
+    impl Registrar for Movable {
+        fn register(&self, _: &Region) -> Result<(), Refusal> {
+            Ok(())
+        }
+        fn unregister(&self, _: &Region) {}
+        fn can_move(&self) -> bool {
+            true
+        }
+        fn release_for_move(&self, _: &Region) -> Result<(), Refusal> {
+            self.0.store(true, Relaxed);
+            Ok(())
+        }
+        fn register_moved(&self, _: &Region) -> Result<(), Refusal> {
+            Ok(())
+        }
+    }
+    let reg = Arc::new(Movable(AtomicBool::new(false)));
+    let pool =
+        Arc::new(RawCache::builder("vm_pinned", OBJ).node(0).magazine(4).registrar(reg.clone()).build().unwrap());
+    let objs = fill(&pool, 256);
+    let (done, migrating) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
+    let other = {
+        let (pool, reg, done, migrating) = (pool.clone(), reg.clone(), done.clone(), migrating.clone());
+        std::thread::spawn(move || {
+            while !reg.0.load(Relaxed) {
+                std::hint::spin_loop();
+            }
+            // New slabs: the node's slab lock.
+            let mine: Vec<_> = (0..512).map(|_| pool.alloc().unwrap()).collect();
+            done.store(migrating.load(Relaxed), Relaxed);
+            // SAFETY: objects of this pool, each freed once.
+            unsafe { pool.free_bulk(&mine) };
+        })
+    };
+    failpoint::arm_with(Call::MovePages, 1, u64::MAX, libc::EBUSY);
+    let m = failpoint::scope(|| pool.migrate(1)).unwrap();
+    migrating.store(false, Relaxed);
+    failpoint::disarm();
+    other.join().unwrap();
+    assert!(m.took >= Duration::from_secs(1) && m.unmoved.iter().any(|u| u.why == Stuck::Busy), "{m}");
+    assert!(done.load(Relaxed), "a refill waited for the migration's retries: {m}");
+    assert!(unchanged(&objs));
+    println!("\n  pinned: {m}; a refill meanwhile went through");
+    for a in objs {
+        // SAFETY: objects of this pool, each freed once.
+        unsafe { pool.free(core::ptr::NonNull::new(a as *mut u8).unwrap()) };
+    }
+    Outcome::Pass
+}
+
 pub(super) fn slab_pool_demotes_to_the_memory_only_node_as_node_0_fills(t: &Topology, g: Option<&Guest>) -> Outcome {
     let Some(g) = g else { return Outcome::Skip("needs the guest's nodes") };
     if g.memory_only == 0 {
@@ -217,8 +323,9 @@ pub(super) fn slab_pool_demotes_to_the_memory_only_node_as_node_0_fills(t: &Topo
         fill_len >> 20,
         t.free_memory(0).unwrap() >> 20
     );
+    // Started, then moved step by step on the worker's slow paths.
     let t0 = Instant::now();
-    while pool.stats().demotions == 0 && t0.elapsed() < Duration::from_secs(30) {
+    while (pool.stats().demotions == 0 || pool.stats().unsettled) && t0.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Relaxed);
