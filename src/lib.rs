@@ -80,3 +80,20 @@ pub use alloc::{ColdHandle, Config, InterleaveHandle, Mode, NodeHandle, NumaAllo
 pub use error::{Error, Result};
 pub use os::mem::Huge;
 pub use topology::Topology;
+
+/// Returns every free page to the OS now (`malloc_trim(0)`): the
+/// allocator's ([`NumaAlloc::trim`]) and every slab cache's empty slabs
+/// ([`slab::shrink_all`]). Returns the bytes the OS got back. (Here, above
+/// both layers, because the allocator does not know the slab caches: they
+/// sit above it.)
+///
+/// ```
+/// let v: Vec<Box<[u8; 1000]>> = (0..1000).map(|_| Box::new([1; 1000])).collect();
+/// drop(v);
+/// let back = numaweave::trim();
+/// # let _ = back;
+/// ```
+#[cfg(not(loom))]
+pub fn trim() -> u64 {
+    slab::shrink_all() as u64 + NumaAlloc::new().trim()
+}

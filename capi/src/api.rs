@@ -863,5 +863,5 @@ pub unsafe extern "C" fn numaweave_stats_print(buf: *mut c_char, len: usize) -> 
 /// Returns free memory to the OS now (as `malloc_trim`).
 #[unsafe(no_mangle)]
 pub extern "C" fn numaweave_collect() {
-    A.collect();
+    numaweave::trim();
 }

@@ -394,7 +394,7 @@ pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size
 /// heap's top. 1 if memory went back to the OS, else 0, as glibc's.
 #[unsafe(no_mangle)]
 pub extern "C" fn malloc_trim(_pad: usize) -> i32 {
-    i32::from(A.trim() > 0)
+    i32::from(numaweave::trim() > 0)
 }
 
 /// Prints the allocator's per-node statistics on stderr.

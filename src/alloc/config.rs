@@ -2,8 +2,9 @@
 //! the start-up that turns it into the process's allocator: the core's
 //! settings go to the state, the default placement to `placement.rs`.
 
-use super::core::state::{Mode, Settings, State};
-use super::placement;
+use super::core::types::{Mode, Settings, State};
+use super::placement::{self, PolicyGuard};
+use crate::error::Result;
 use crate::os::file;
 use crate::os::mem::Huge;
 use crate::policy::{Policy, SizeRules};
@@ -242,4 +243,29 @@ pub(crate) fn state() -> &'static State {
         Some(s) => s,
         None => start(&Config::new()),
     }
+}
+
+/// Sets the calling thread's policy until the guard is dropped, then puts the
+/// previous one back (guards nest). The policy is checked against the
+/// allocator's topology first.
+///
+/// Under an `Interleave` policy, blocks of a page and more follow the
+/// interleave exactly (turn by turn, a turn's blocks back to back, what the
+/// thread frees reused on its node), smaller ones page by page (see the
+/// crate's README); other policies cost nothing on the fast path.
+///
+/// ```
+/// use numaweave::policy::Policy;
+/// use numaweave::{NumaAlloc, topology::NodeSet};
+/// # static A: NumaAlloc = NumaAlloc::new();
+/// let node = numaweave::Topology::global().current_node();
+/// {
+///     let _g = numaweave::with_policy(Policy::Bind(NodeSet::single(node))).unwrap();
+///     let v = Box::new([0u8; 4096]); // from `node`'s memory under NumaAlloc
+///     # drop(v);
+/// }
+/// // The previous policy again.
+/// ```
+pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
+    placement::with_policy_in(state(), policy)
 }

@@ -12,9 +12,10 @@
 
 #[cfg(feature = "hardened")]
 use super::checked;
+use super::core::segment::segment_of;
 #[cfg(not(feature = "hardened"))]
 use super::core::segment::sink_of;
-use super::core::segment::{SegmentKind, SmallSegment, segment_of};
+use super::core::types::{SegmentKind, SmallSegment};
 use super::core::{heap, segmap};
 #[cfg(not(feature = "hardened"))]
 use super::{huge, placement};

@@ -17,7 +17,7 @@ use allocator_api2::alloc::{AllocError, Allocator};
 
 use super::core::heap;
 use super::core::size_class::{PAGE_CLASS, class_for};
-use super::core::state::State;
+use super::core::types::State;
 use super::interleave::{self, SharedInterleaver};
 use super::{MAX_ALIGN, NumaAlloc, huge, placement};
 use crate::error::Result;
@@ -54,12 +54,12 @@ impl Placer {
         let p = match &self.place {
             Place::Node(n) => match class {
                 // SAFETY: a block of class `c` just handed out (or null).
-                Some(c) => unsafe { heap::realigned(placement::alloc_on_node(state, c, *n), c, align) },
+                Some(c) => unsafe { heap::realigned(super::alloc_on_node(state, c, *n), c, align) },
                 None => huge::alloc_on(state, *n, want, align, false),
             },
             Place::Interleave(il) => interleave::handle_alloc(il, state, want, align, |node| {
                 let c = class.filter(|&c| c < PAGE_CLASS)?;
-                Some(placement::alloc_on_node(state, c, node))
+                Some(super::alloc_on_node(state, c, node))
             }),
             Place::Cold => super::cold_block(state, want, align).0,
         };

@@ -7,10 +7,11 @@
 
 use core::ptr::{self, NonNull};
 
-use super::core::arena::Arena;
 use super::core::heap::Heap;
-use super::core::segment::{SEGMENT_SIZE, Segment, SegmentKind, segment_of};
-use super::core::state::State;
+use super::core::segment::segment_of;
+use super::core::types::Arena;
+use super::core::types::State;
+use super::core::types::{SEGMENT_SIZE, Segment, SegmentKind};
 use crate::os::{self, mem};
 use crate::sync::Ordering;
 
@@ -82,7 +83,7 @@ pub(crate) fn alloc_on(state: &State, node: usize, size: usize, align: usize, ze
     alloc_in(state, state.node_arena(node), size, align, zero)
 }
 
-fn alloc_in(state: &State, arena: &super::core::arena::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {
+fn alloc_in(state: &State, arena: &super::core::types::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {
     if align > MAX_ALIGN {
         return ptr::null_mut();
     }

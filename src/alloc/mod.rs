@@ -63,16 +63,17 @@ pub mod stats;
 use ::core::alloc::{GlobalAlloc, Layout};
 use ::core::ptr::{self, NonNull};
 
-use self::core::{heap, segmap, segment, size_class, state};
+use self::core::{heap, segmap, segment, size_class, types};
 
 #[cfg(feature = "hardened")]
 use checked::handed_out;
 #[cfg(feature = "hardened")]
 pub use checked::report_misuse;
+pub use config::with_policy;
 pub use handle::{ColdHandle, InterleaveHandle, NodeHandle};
 pub use huge::MAX_ALIGN;
+pub use placement::PolicyGuard;
 use placement::Where;
-pub use placement::{PolicyGuard, with_policy};
 pub use size_class::SMALL_MAX;
 
 /// Where the allocator places its mappings (segments, large blocks,
@@ -87,15 +88,56 @@ pub use size_class::SMALL_MAX;
 /// ```
 pub const PLACED: ::core::ops::Range<usize> = segmap::PLACED;
 pub use config::Config;
-pub use state::Mode;
+pub use types::Mode;
 
 use crate::error::{Error, Result};
 #[cfg(feature = "hardened")]
 use crate::hardened;
 use heap::Heap;
-use segment::{Segment, SegmentKind, SmallSegment, page_of, segment_of};
+use segment::{page_of, segment_of};
 use size_class::class_for;
-use state::State;
+use types::{Segment, SegmentKind, SmallSegment, State};
+
+/// The calling thread's heap, made (or adopted) on first use; `None` only
+/// when the OS refuses the memory for a heap descriptor.
+#[inline]
+pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
+    let h = heap::current();
+    if !h.is_null() {
+        return Some(h);
+    }
+    first_heap(state)
+}
+
+/// A thread's heap made or adopted (its first, or its first since it
+/// exited), and what the first heap of the process brings: the thread's
+/// policy state bound to it; the configuration and default placement
+/// printed once (`NUMAWEAVE_VERBOSE`), the statistics printer registered
+/// at exit (`NUMAWEAVE_SHOW_STATS`). Both may allocate: the heap exists.
+#[cold]
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.numaweave")]
+fn first_heap(state: &'static State) -> Option<*mut Heap> {
+    let (h, adopted) = self::core::lifecycle::init_current(state)?;
+    // SAFETY: the calling thread's heap, just made or adopted.
+    unsafe { placement::bind_heap(h, adopted) };
+    if state.settle() {
+        placement::show_default(state);
+    }
+    if state.config.show_stats {
+        stats::show_at_exit();
+    }
+    Some(h)
+}
+
+/// A block of `class` on `node` from the calling thread's heap (an
+/// allocator handle's, `alloc_on`'s); null when no memory can be had.
+pub(crate) fn alloc_on_node(state: &'static State, class: usize, node: usize) -> *mut u8 {
+    match thread_heap(state) {
+        Some(heap) => placement::alloc_on_node(state, heap, class, node),
+        None => ptr::null_mut(),
+    }
+}
 
 /// The allocator. All values share one process-wide allocator, set up by the
 /// first allocation with the configuration of the value that made it (and the
@@ -165,7 +207,7 @@ impl NumaAlloc {
         let want = padded(size);
         let p = match class_for(want, align) {
             // SAFETY: a block of class `c` just handed out (or null).
-            Some(c) => unsafe { heap::realigned(placement::alloc_on_node(state, c, node), c, align) },
+            Some(c) => unsafe { heap::realigned(alloc_on_node(state, c, node), c, align) },
             None => huge::alloc_on(state, node, want, align, false),
         };
         // SAFETY: a block just handed out for `size` bytes.
@@ -430,13 +472,14 @@ impl NumaAlloc {
         usize::from(unsafe { (*segment_of(p)).arena })
     }
 
-    /// Returns every free page to the OS now (`malloc_trim(0)`): the
-    /// calling thread's cached blocks, kept and empty pages; exited
-    /// threads' heaps (their remote frees collected first); every arena's
-    /// free pages, empty segments and cached large mappings; every slab
-    /// cache's empty slabs. Other live threads give back what they hold
-    /// free at their next slow path (a thread's heap is its own). Returns
-    /// the bytes the OS got back.
+    /// Returns every free page of the allocator to the OS now: the calling
+    /// thread's cached blocks, kept and empty pages; exited threads' heaps
+    /// (their remote frees collected first); every arena's free pages,
+    /// empty segments and cached large mappings. Other live threads give
+    /// back what they hold free at their next slow path (a thread's heap is
+    /// its own). Returns the bytes the OS got back. Slab caches have memory
+    /// of their own: [`numaweave::trim`](crate::trim) gives back theirs too
+    /// (`malloc_trim(0)`).
     ///
     /// ```
     /// use numaweave::NumaAlloc;
@@ -451,9 +494,8 @@ impl NumaAlloc {
         let state = self.state();
         let returned = || -> u64 { state.nodes().iter().filter_map(|n| state.arena(n)).map(|a| a.returned()).sum() };
         let before = returned();
-        let slabs = crate::slab::shrink_all() as u64;
         self::core::lifecycle::trim(state);
-        returned().saturating_sub(before) + slabs
+        returned().saturating_sub(before)
     }
 
     /// [`trim`](Self::trim), its figure dropped.
@@ -477,7 +519,7 @@ impl NumaAlloc {
         // page alignment is enough, else directly. See `placement.rs`.
         let p = match placement::place(state, class_for(size, align), size, align) {
             Where::Turn(c, il) => {
-                let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
+                let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
                 if align > region::UNIT {
                     il.alloc_block(size, align)
                 } else {
@@ -491,7 +533,7 @@ impl NumaAlloc {
                 }
             }
             Where::Class(c) => {
-                let Some(heap) = placement::thread_heap(state) else { return ptr::null_mut() };
+                let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
                 // SAFETY: the calling thread's heap; the block holds `size`
                 // bytes; a block of class `c` just handed out.
                 unsafe { heap::realigned(alloc_class::<true>(heap, c), c, align) }

@@ -35,9 +35,10 @@ use core::marker::PhantomData;
 use core::ptr;
 
 use super::core::heap::{self, Heap, Placement, page_bytes};
-use super::core::segment::Segment;
+use super::core::lifecycle;
 use super::core::size_class::class_size;
-use super::core::state::{Mode, State};
+use super::core::types::Segment;
+use super::core::types::{Mode, State};
 use super::interleave::{self, ThreadInterleaver};
 use crate::error::Result;
 use crate::os::file;
@@ -283,7 +284,7 @@ fn spare_interleaver(state: &State) -> Option<*mut ThreadInterleaver> {
     }
     drop(g);
     let (size, align) = (core::mem::size_of::<ThreadInterleaver>(), core::mem::align_of::<ThreadInterleaver>());
-    state.alloc_meta(size, align).map(|p| p.as_ptr().cast())
+    super::core::arena::alloc_meta(state, size, align).map(|p| p.as_ptr().cast())
 }
 
 /// The key whose destructor drops a thread's default interleaver.
@@ -414,22 +415,13 @@ fn rule_active(size: usize, il: *const ThreadInterleaver) -> Active {
     }
 }
 
-/// The calling thread's heap, made (or adopted) on first use; `None` only
-/// when the OS refuses the memory for a heap descriptor. An adopted heap
-/// may hold pages of several nodes: `Local` then checks them.
-#[inline]
-pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
-    let h = heap::current();
-    if !h.is_null() {
-        return Some(h);
-    }
-    let (h, adopted) = heap::init_current(state)?;
-    if state.settle() {
-        show_default(state);
-    }
-    if state.config.show_stats {
-        super::stats::show_at_exit();
-    }
+/// A heap the calling thread was just given (made, or adopted: `adopted`)
+/// takes the thread's policy state: its word points at it, and an adopted
+/// heap, which may hold pages of several nodes, has `Local` check them.
+///
+/// # Safety
+/// `h` is the calling thread's heap, just made or adopted.
+pub(crate) unsafe fn bind_heap(h: *mut Heap, adopted: bool) {
     THREAD.with(|t| {
         // SAFETY: the calling thread's heap, which only this thread uses
         // until it exits (then another adopts it and comes here).
@@ -439,14 +431,13 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
         }
         t.mixed.set(adopted);
     });
-    Some(h)
 }
 
 /// The verbose start-up line of this layer: the default placement, and the
 /// weights `weights=auto` worked out. Out of line (formatting code).
 #[cold]
 #[inline(never)]
-fn show_default(state: &State) {
+pub(crate) fn show_default(state: &State) {
     let d = default();
     let off = if d.policies { "" } else { " (policies off)" };
     file::write_stderr(format_args!("numaweave: policy {}{off}\n", d.rules));
@@ -494,7 +485,7 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     let Some(state) = State::try_get() else { return ptr::null_mut() };
     if !default().policies {
         // SAFETY: the caller's heap.
-        return unsafe { Heap::refill(heap, class, state, &mut AnyPage { t: None, state }) };
+        return unsafe { lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state }) };
     }
     // SAFETY: the caller's heap.
     let t = unsafe { policy_of(heap) };
@@ -510,20 +501,20 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     // that installed it.
     unsafe {
         if !il.is_null() {
-            return Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class });
+            return lifecycle::refill(heap, class, state, &mut Rotation { t, il: &*il, class });
         }
         if t.local.get() && !t.mixed.get() {
             // `Local` with every page of the heap on the node it last
             // took a page for: nothing to choose, any page serves.
             let track = state.mode == Mode::PerNode;
-            return Heap::refill(heap, class, state, &mut AnyPage { t: track.then_some(t), state });
+            return lifecycle::refill(heap, class, state, &mut AnyPage { t: track.then_some(t), state });
         }
         let active = t.active(state);
         if matches!(active, Active::Local) && state.mode != Mode::PerNode {
             // One arena: `Local` has nothing to choose.
-            return Heap::refill(heap, class, state, &mut AnyPage { t: None, state });
+            return lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state });
         }
-        Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
+        lifecycle::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
     }
 }
 
@@ -542,19 +533,18 @@ unsafe fn refill_by_size(heap: *mut Heap, class: usize, state: &'static State, t
     unsafe {
         match rule_active(class_size(class), t.il.get()) {
             Active::Interleave(il) if class >= super::core::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
-            Active::Interleave(il) => Heap::refill(heap, class, state, &mut Rotation { t, il: &*il, class }),
+            Active::Interleave(il) => lifecycle::refill(heap, class, state, &mut Rotation { t, il: &*il, class }),
             Active::Local if state.mode != Mode::PerNode => {
-                Heap::refill(heap, class, state, &mut AnyPage { t: None, state })
+                lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state })
             }
-            active => Heap::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None }),
+            active => lifecycle::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None }),
         }
     }
 }
 
-/// A block of `class` on `node` (an allocator handle's), from the calling
-/// thread's heap pages of that node.
-pub(crate) fn alloc_on_node(state: &'static State, class: usize, node: usize) -> *mut u8 {
-    let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
+/// A block of `class` on `node` (an allocator handle's), from the pages of
+/// that node of `heap`, the calling thread's.
+pub(crate) fn alloc_on_node(state: &'static State, heap: *mut Heap, class: usize, node: usize) -> *mut u8 {
     let node = state.node_arena(node).node;
     THREAD.with(|t| t.note_page(node));
     // SAFETY: the calling thread's heap.
@@ -753,29 +743,8 @@ fn install(t: &ThreadPolicy, active: Active) {
     }
 }
 
-/// Sets the calling thread's policy until the guard is dropped, then puts the
-/// previous one back (guards nest). The policy is checked against the
-/// allocator's topology first.
-///
-/// Under an `Interleave` policy, blocks of a page and more follow the
-/// interleave exactly (turn by turn, a turn's blocks back to back, what the
-/// thread frees reused on its node), smaller ones page by page (see the
-/// crate's README); other policies cost nothing on the fast path.
-///
-/// ```
-/// use numaweave::policy::Policy;
-/// use numaweave::{NumaAlloc, topology::NodeSet};
-/// # static A: NumaAlloc = NumaAlloc::new();
-/// let node = numaweave::Topology::global().current_node();
-/// {
-///     let _g = numaweave::with_policy(Policy::Bind(NodeSet::single(node))).unwrap();
-///     let v = Box::new([0u8; 4096]); // from `node`'s memory under NumaAlloc
-///     # drop(v);
-/// }
-/// // The previous policy again.
-/// ```
-pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
-    let state = super::config::state();
+/// [`with_policy`](crate::with_policy), the allocator's `state` started.
+pub(crate) fn with_policy_in(state: &'static State, policy: Policy) -> Result<PolicyGuard> {
     if !default().policies {
         return Err(crate::Error::InvalidPolicy { reason: "memory policies are switched off (NUMAWEAVE_POLICY=none)" });
     }
@@ -800,7 +769,7 @@ pub fn with_policy(policy: Policy) -> Result<PolicyGuard> {
     Ok(PolicyGuard { prev, _il: il, _not_send: PhantomData })
 }
 
-/// Restores the previous policy of the thread when dropped; see [`with_policy`].
+/// Restores the previous policy of the thread when dropped; see [`with_policy`](crate::with_policy).
 #[must_use = "the policy is undone when the guard is dropped"]
 pub struct PolicyGuard {
     prev: Option<Active>,

@@ -37,8 +37,8 @@
 use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
-use super::core::segment::{Block, SEGMENT_SIZE, Segment, SegmentKind};
-use super::core::state::State;
+use super::core::types::State;
+use super::core::types::{Block, SEGMENT_SIZE, Segment, SegmentKind};
 use crate::os::mem::{self, Huge};
 use crate::sync::{AtomicUsize, Ordering, RetireCount, UnitMap};
 
@@ -186,7 +186,7 @@ pub(crate) fn map(
         arena.counters.reserved.fetch_add(len as u64, Ordering::Relaxed);
     }
     arena.counters.region_live.fetch_add(1, Ordering::Relaxed);
-    super::core::segmap::insert(base.as_ptr(), super::core::segment::SegmentKind::Region);
+    super::core::segmap::insert(base.as_ptr(), super::core::types::SegmentKind::Region);
     NonNull::new(r)
 }
 

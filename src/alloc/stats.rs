@@ -5,8 +5,8 @@
 use core::fmt;
 
 use super::core::heap::for_each_heap;
-use super::core::segment::SEGMENT_SIZE;
-use super::core::state::{Mode, State};
+use super::core::types::SEGMENT_SIZE;
+use super::core::types::{Mode, State};
 use crate::os::{file, thread};
 use crate::sync::{AtomicI32, Ordering};
 use crate::topology::{MAX_NODES, NodeSet};

@@ -51,17 +51,20 @@
 //!                                                                topology (a child would wait on a half-made one)
 //!             alloc/placement.rs KEY            InitCell  held   the exit key of default interleavers, made once
 //!             alloc/placement.rs ONCE           Once      -      registers the rank's handlers
-//! Core        alloc/core/arena/mod.rs shared    SpinLock  held   per arena: its shared heap (heap/shared.rs);
+//! Core        alloc/core/types.rs work          SpinLock  held   the lifecycle's work (a tick, a trim): one thread
+//!                                                                at a time; a tick only tries it, a trim waits; its
+//!                                                                holder takes the rest of the core's locks
+//!             alloc/core/types.rs shared        SpinLock  held   per arena: its shared heap (heap/shared.rs);
 //!                                                                taken before the rest of the core's locks, which
 //!                                                                its holder takes (pages, metadata)
-//!             alloc/core/arena/mod.rs cold      SpinLock  held   per arena: its heap of cold blocks (heap/shared.rs);
+//!             alloc/core/types.rs cold          SpinLock  held   per arena: its heap of cold blocks (heap/shared.rs);
 //!                                                                never with `shared`; its holder takes the rest
-//!             alloc/core/state.rs meta          SpinLock  held   heap descriptors' metadata chunk; its holder takes
+//!             alloc/core/types.rs meta          SpinLock  held   heap descriptors' metadata chunk; its holder takes
 //!                                                                each arena's `inner` when a chunk's mapping fails
-//!             alloc/core/state.rs heaps         SpinLock  held   the list of every heap (creation, statistics)
-//!             alloc/core/arena/mod.rs inner     SpinLock  held   per arena: segments, free slots, orphans, cached
+//!             alloc/core/types.rs heaps         SpinLock  held   the list of every heap (creation, statistics)
+//!             alloc/core/types.rs inner         SpinLock  held   per arena: segments, free slots, orphans, cached
 //!                                                                mappings, purges; alone
-//!             alloc/core/state.rs STATE         InitCell  held   the allocator's state, made by the first
+//!             alloc/core/types.rs STATE         InitCell  held   the allocator's state, made by the first
 //!                                                                allocation
 //!             topology/mod.rs GLOBAL            InitCell  held   the process's topology, read once (the state's
 //!                                                                start-up reads it)

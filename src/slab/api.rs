@@ -523,7 +523,7 @@ fn drop_core(core: &Arc<Core>) {
 
 /// Shrinks every live cache, as [`RawCache::shrink`] does one (the calling
 /// thread's magazines flushed, the depots and remote lists drained, empty
-/// slabs unmapped; `NumaAlloc::trim` and `malloc_trim` call it); returns
+/// slabs unmapped; [`crate::trim`] and `malloc_trim` call it); returns
 /// the bytes unmapped.
 ///
 /// ```

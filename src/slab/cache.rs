@@ -693,7 +693,7 @@ impl Core {
             #[cfg(feature = "hardened")]
             // SAFETY: a fresh slot of this cache.
             unsafe {
-                self.carved(obj)
+                self.check.carved(obj)
             };
             if let Some(ctor) = &self.ctor {
                 // SAFETY: a fresh slot of `stride` bytes inside the slab.
@@ -966,6 +966,30 @@ impl Core {
                 ns.slabs.unlock_raw();
             }
         }
+    }
+
+    /// An object being handed out, in a hardened build: its checks
+    /// (`hardened.rs`).
+    ///
+    /// # Safety
+    /// `obj` is an object of this cache just taken from it.
+    #[cfg(feature = "hardened")]
+    #[inline]
+    pub(crate) unsafe fn handing_out(&self, obj: NonNull<u8>) {
+        // SAFETY: forwarded contract.
+        unsafe { self.check.handing_out(obj, &self.name, self.size) }
+    }
+
+    /// An object being freed by its user, in a hardened build: false if it
+    /// must be leaked (see `hardened.rs`).
+    ///
+    /// # Safety
+    /// `obj` is the start of an object of this cache ([`Core::check_owner`]).
+    #[cfg(feature = "hardened")]
+    pub(crate) unsafe fn freeing(&self, obj: NonNull<u8>) -> bool {
+        // SAFETY: forwarded contract; `node_of` reads the header of a slab
+        // of this cache.
+        unsafe { self.check.freeing(obj, &self.name, self.size, || self.node_of(obj)) }
     }
 
     /// The node whose memory holds the slabs of node `list`.

@@ -12,7 +12,6 @@
 
 use core::ptr::NonNull;
 
-use super::cache::Core;
 use crate::hardened::{self as h, misuse};
 
 /// Where a cache's objects keep their checks (offsets into an object).
@@ -48,37 +47,37 @@ impl Check {
     }
 }
 
-impl Core {
+impl Check {
     /// A newly carved object: its red zone written (before the constructor,
     /// so that one writing past the object is caught too).
     ///
     /// # Safety
-    /// `obj` is a fresh slot of this cache.
+    /// `obj` is a fresh slot of the cache these checks are of.
     pub(crate) unsafe fn carved(&self, obj: *mut u8) {
-        let (a, b) = self.check.red;
+        let (a, b) = self.red;
         // SAFETY: the red zone lies inside the slot.
         unsafe { obj.add(a).write_bytes(h::RED, b - a) };
     }
 
     /// An object being handed out: checks its poison if it was freed (a
-    /// write after free), then clears its mark.
+    /// write after free), then clears its mark. `name` and `size` are the
+    /// cache's, for the report.
     ///
     /// # Safety
-    /// `obj` is an object of this cache just taken from it.
+    /// `obj` is an object of the cache these checks are of, just taken
+    /// from it.
     #[inline]
-    pub(crate) unsafe fn handing_out(&self, obj: NonNull<u8>) {
+    pub(crate) unsafe fn handing_out(&self, obj: NonNull<u8>, name: &str, size: usize) {
         let p = obj.as_ptr();
         // SAFETY: the mark word and the poisoned range lie inside the slot.
         unsafe {
-            let mark = p.add(self.check.mark).cast::<usize>();
+            let mark = p.add(self.mark).cast::<usize>();
             if mark.read() == h::freed_mark(p) {
-                let (a, b) = self.check.poison;
+                let (a, b) = self.poison;
                 let body = core::slice::from_raw_parts(p.add(a), b - a);
                 if let Some(off) = h::first_not(body, h::POISON) {
                     misuse(format_args!(
-                        "write after free into {p:p} (slab cache \"{}\", {}-byte objects): byte {} changed (to {:#04x})",
-                        self.name,
-                        self.size,
+                        "write after free into {p:p} (slab cache \"{name}\", {size}-byte objects): byte {} changed (to {:#04x})",
                         a + off,
                         body[off]
                     ));
@@ -90,32 +89,39 @@ impl Core {
 
     /// An object being freed by its user: false (after the report, under
     /// `NUMAWEAVE_ON_ERROR=report`) if it is already free or its red zone
-    /// was overwritten, and then it must be leaked; else marks and poisons it.
+    /// was overwritten, and then it must be leaked; else marks and poisons
+    /// it. `name`, `size` and `node` (asked only for a report) are the
+    /// cache's and the object's.
     ///
     /// # Safety
-    /// `obj` is the start of an object of this cache ([`Core::check_owner`]).
-    pub(crate) unsafe fn freeing(&self, obj: NonNull<u8>) -> bool {
+    /// `obj` is the start of an object of the cache these checks are of
+    /// (`Core::check_owner`).
+    pub(crate) unsafe fn freeing(
+        &self,
+        obj: NonNull<u8>,
+        name: &str,
+        size: usize,
+        node: impl FnOnce() -> usize,
+    ) -> bool {
         let p = obj.as_ptr();
         // SAFETY: the mark word, the red zone and the poisoned range lie
         // inside the slot, which stays mapped while its slab holds objects.
         unsafe {
-            let mark = p.add(self.check.mark).cast::<usize>();
+            let mark = p.add(self.mark).cast::<usize>();
             if mark.read() == h::freed_mark(p) {
-                // SAFETY (node_of): the object is this cache's.
-                let node = self.node_of(obj);
-                misuse(format_args!("double free of {p:p} (slab cache \"{}\", node {node})", self.name));
+                let node = node();
+                misuse(format_args!("double free of {p:p} (slab cache \"{name}\", node {node})"));
                 return false;
             }
-            let (a, b) = self.check.red;
+            let (a, b) = self.red;
             let zone = core::slice::from_raw_parts(p.add(a), b - a);
             if let Some(off) = h::first_not(zone, h::RED) {
                 misuse(format_args!(
-                    "write past the end of {p:p} (slab cache \"{}\", {}-byte objects): byte {off} after its end changed",
-                    self.name, self.size
+                    "write past the end of {p:p} (slab cache \"{name}\", {size}-byte objects): byte {off} after its end changed"
                 ));
                 return false;
             }
-            let (a, b) = self.check.poison;
+            let (a, b) = self.poison;
             p.add(a).write_bytes(h::POISON, b - a);
             mark.write(h::freed_mark(p));
         }

@@ -34,7 +34,9 @@
 
 use core::ptr::{self, NonNull};
 
-use super::segment::{SEGMENT_SHIFT, SegmentKind, segment_of};
+use super::segment::segment_of;
+
+use super::types::{SEGMENT_SHIFT, SegmentKind};
 use crate::os::mem::{self, Placer};
 use crate::sync::{AtomicPtr, AtomicU8, Ordering};
 

@@ -29,6 +29,17 @@
 //! the 8-byte class for 1 to 8 bytes and the multiples of 16 above, as
 //! glibc, jemalloc, mimalloc and tcmalloc give.
 
+/// The geometry blocks are cut from: 4 MiB segments of 64 KiB slots (see
+/// `types.rs`'s `Segment`).
+pub(crate) const SEGMENT_SHIFT: usize = 22;
+/// Size and alignment of a small segment (4 MiB).
+pub(crate) const SEGMENT_SIZE: usize = 1 << SEGMENT_SHIFT;
+pub(crate) const SEGMENT_MASK: usize = SEGMENT_SIZE - 1;
+pub(crate) const SLOT_SHIFT: usize = 16;
+/// A page is 1 to 4 slots of 64 KiB (see [`page_slots`]).
+pub(crate) const SLOT_SIZE: usize = 1 << SLOT_SHIFT;
+pub(crate) const SLOTS: usize = SEGMENT_SIZE / SLOT_SIZE;
+
 /// Largest size served from size-class pages; larger blocks get their own
 /// node-bound mapping.
 pub const SMALL_MAX: usize = 256 * 1024;
@@ -279,7 +290,7 @@ pub fn class_for(size: usize, align: usize) -> Option<usize> {
     if align <= CLASS_ALIGN {
         return (size <= SMALL_MAX).then(|| class_of_aligned(size, align));
     }
-    if align > super::segment::SLOT_SIZE || size > SMALL_MAX {
+    if align > SLOT_SIZE || size > SMALL_MAX {
         return None;
     }
     let mut c = class_of(size.max(align));

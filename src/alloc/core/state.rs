@@ -1,109 +1,18 @@
-//! Process-wide allocator state, set up once at the first allocation: the
-//! topology, the mode, the arenas, and the registry of heaps.
+//! Process-wide allocator state (its type is in `types.rs`), set up once at
+//! the first allocation: the topology, the mode, the arenas, the registry
+//! of heaps; the core's `fork()` handlers. The top floor of the core.
 //!
 //! Start-up never recurses: topology discovery and the environment are read
 //! without the heap, and heap descriptors come from `mmap`ed metadata chunks.
 
 use core::mem::MaybeUninit;
-use core::ptr::{self, NonNull};
+use core::ptr;
 
-use super::arena::Arena;
-use super::heap::Heap;
-use super::lifecycle::Lifecycle;
-use crate::os::mem::Huge;
-use crate::os::{file, mem, thread};
-use crate::sync::{AtomicBool, InitCell, Ordering, SpinLock};
-use crate::topology::{MAX_NODES, NodeSet, Topology};
-
-/// How arenas map to nodes, chosen once at start-up (as knfsd chose its pool
-/// mode).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// `Flat` on one node, `PerNode` on several.
-    Auto,
-    /// One arena, memory placed by first touch: what a NUMA-unaware
-    /// allocator does.
-    Flat,
-    /// One arena per node with memory, each bound to its node; threads take
-    /// pages from the arena of the node they run on.
-    PerNode,
-}
-
-/// What the core reads of the configuration (the facade's `Config` holds it,
-/// with the default placement the core never sees).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Settings {
-    pub(crate) mode: Mode,
-    pub(crate) strict: bool,
-    pub(crate) purge_threshold: usize,
-    pub(crate) purge_delay_ms: u64,
-    pub(crate) verbose: bool,
-    pub(crate) show_stats: bool,
-    pub(crate) huge: Huge,
-}
-
-impl Settings {
-    /// The defaults: `Auto`, not strict, an 8 MiB purge threshold, a 100 ms
-    /// purge delay, no huge pages, nothing printed.
-    pub(crate) const fn new() -> Self {
-        Self {
-            mode: Mode::Auto,
-            strict: false,
-            purge_threshold: 8 << 20,
-            purge_delay_ms: 100,
-            verbose: false,
-            show_stats: false,
-            huge: Huge::Off,
-        }
-    }
-}
-
-pub(crate) struct State {
-    pub(crate) config: Settings,
-    /// The mode after resolving `Auto`.
-    pub(crate) mode: Mode,
-    pub(crate) topology: Topology,
-    /// More than one node with memory (and per-node mode): fallbacks are checked.
-    pub(crate) multi_node: bool,
-    pub(crate) arenas: [Arena; MAX_NODES],
-    /// For each logical node, the arena its threads use (nearest allowed node
-    /// with memory).
-    home: [u8; MAX_NODES],
-    /// Every heap ever made, linked through `Heap::next_all` (never shrinks:
-    /// heaps are adopted, not freed).
-    pub(crate) heaps: SpinLock<*mut Heap>,
-    meta: SpinLock<MetaChunk>,
-    /// Runs `heap::thread_exit` when a thread with a heap exits.
-    pub(crate) exit_key: ExitHook,
-    /// Whether the first thread's start-up work (`settle`) was done.
-    settled: AtomicBool,
-    /// The memory lifecycle: what is due to go back, and when.
-    pub(crate) life: Lifecycle,
-}
-
-// SAFETY: raw pointers inside are guarded by the spin locks around them.
-unsafe impl Sync for State {}
-// SAFETY: as above.
-unsafe impl Send for State {}
-
-struct MetaChunk {
-    next: *mut u8,
-    end: *mut u8,
-}
-
-static STATE: InitCell<State> = InitCell::new();
-
-/// The thread-exit key, if libc gave one.
-pub(crate) struct ExitHook(Option<thread::ExitKey>);
-
-impl ExitHook {
-    /// Sets the calling thread's value (its heap).
-    pub(crate) fn set(&self, value: *mut libc::c_void) {
-        if let Some(k) = &self.0 {
-            k.set(value);
-        }
-    }
-}
+use super::lifecycle;
+use super::types::{Arena, ExitHook, Lifecycle, MetaChunk, Mode, STATE, Settings, State};
+use crate::os::{file, thread};
+use crate::sync::{AtomicBool, Ordering, SpinLock};
+use crate::topology::{MAX_NODES, Topology};
 
 impl State {
     /// The state, set up by the first caller with `config`; `upper` runs
@@ -119,12 +28,6 @@ impl State {
             // list against the struct).
             None => unsafe { STATE.get_or_init_in_place(|slot| State::init(*config, upper, slot)) },
         }
-    }
-
-    /// The state if it exists.
-    #[inline]
-    pub(crate) fn try_get() -> Option<&'static State> {
-        STATE.get()
     }
 
     /// Sets the state up in `slot`, field by field: built as a value it
@@ -175,7 +78,7 @@ impl State {
         upper(topology);
         // Without it exited threads' heaps wait for adoption only when a
         // thread of the same node exits cleanly; nothing breaks.
-        let exit_key = match thread::ExitKey::new(super::heap::thread_exit) {
+        let exit_key = match thread::ExitKey::new(lifecycle::thread_exit) {
             Ok(k) => Some(k),
             Err(e) => {
                 file::report(format_args!(
@@ -240,79 +143,25 @@ impl State {
             self.mode, c.mode, c.strict, c.purge_threshold, c.purge_delay_ms, c.huge, self.topology
         ));
     }
-
-    /// The arena for logical node `node` (`None` if it has no memory here).
-    pub(crate) fn arena(&self, node: usize) -> Option<&Arena> {
-        match self.mode {
-            Mode::PerNode => (node < MAX_NODES && self.arenas[node].bind_to.is_some()).then(|| &self.arenas[node]),
-            _ => (node == 0).then(|| &self.arenas[0]),
-        }
-    }
-
-    /// The arena a thread running on `node` draws from.
-    #[inline]
-    pub(crate) fn home_arena(&self, node: usize) -> &Arena {
-        match self.mode {
-            Mode::PerNode => &self.arenas[usize::from(self.home[node % MAX_NODES])],
-            _ => &self.arenas[0],
-        }
-    }
-
-    /// The arena that places memory on `node`: its own, or for a node
-    /// without memory (and in flat mode) the arena its threads draw from.
-    #[inline]
-    pub(crate) fn node_arena(&self, node: usize) -> &Arena {
-        self.arena(node).unwrap_or_else(|| self.home_arena(node))
-    }
-
-    /// The arena of the calling thread's current node.
-    #[inline]
-    pub(crate) fn current_arena(&self) -> &Arena {
-        match self.mode {
-            Mode::PerNode => self.home_arena(self.topology.current_node()),
-            _ => &self.arenas[0],
-        }
-    }
-
-    /// Memory for one heap descriptor, from `mmap`ed chunks (never the heap
-    /// itself: this runs when a thread has no heap yet).
-    #[unsafe(link_section = ".text.hot.numaweave")]
-    pub(crate) fn alloc_meta(&self, size: usize, align: usize) -> Option<NonNull<u8>> {
-        const CHUNK: usize = 1 << 20;
-        let mut g = self.meta.lock();
-        let mut p = (g.next as usize).next_multiple_of(align);
-        if g.next.is_null() || p + size > g.end as usize {
-            // (The arenas' locks are taken alone, after `meta`: the lock
-            // table's order.)
-            let chunk = super::arena::map_or_reclaim(self, || mem::map(CHUNK).ok())?;
-            g.next = chunk.as_ptr();
-            // SAFETY: end of the fresh chunk.
-            g.end = unsafe { chunk.as_ptr().add(CHUNK) };
-            p = (g.next as usize).next_multiple_of(align);
-        }
-        g.next = (p + size) as *mut u8;
-        NonNull::new(p as *mut u8)
-    }
-
-    /// The memory nodes the allocator places on.
-    pub(crate) fn nodes(&self) -> NodeSet {
-        match self.mode {
-            Mode::PerNode => (0..MAX_NODES).filter(|&n| self.arenas[n].bind_to.is_some()).collect(),
-            _ => NodeSet::single(0),
-        }
-    }
 }
 
 /// Every lock of the allocator core, in one fixed order (`ForkRank::Core`
 /// among the layers': the interleaving's and the slab caches' are taken
-/// before these): the arenas' `shared` and `cold` locks first (a thread
-/// holding one takes the others, never both: `heap/shared.rs`), then the
-/// rest, of which no code path holds two at once.
+/// before these): the lifecycle's `work` first (its holder takes the
+/// others: a tick purges arenas and claims orphans), the arenas' `shared`
+/// and `cold` locks next (a thread holding one takes the others, never
+/// both: `heap/shared.rs`), then the rest, of which no code path holds two
+/// at once.
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
     let shared = state.arenas.iter().map(|a| &a.shared as &dyn RawLock);
     let cold = state.arenas.iter().map(|a| &a.cold as &dyn RawLock);
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
-    shared.chain(cold).chain([&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock]).chain(arenas)
+    [&state.life.work as &dyn RawLock]
+        .into_iter()
+        .chain(shared)
+        .chain(cold)
+        .chain([&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock])
+        .chain(arenas)
 }
 
 /// The two raw operations the fork handlers need, over locks of any content.

@@ -24,11 +24,10 @@ mod window;
 use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
-use super::heap::Heap;
+use super::core::heap::{self, Heap};
+use super::core::size_class::{PAGE_CLASS, class_size};
+use super::core::types::{Block, Segment, State};
 use super::region::{NodeRegion, REGION_ALIGN_MAX, REGION_MAX, UNIT, units_for};
-use super::segment::{Block, Segment};
-use super::size_class::{PAGE_CLASS, class_size};
-use super::state::State;
 use crate::os::mem::Huge;
 use crate::policy::{Cursor, Granularity, Interleave, Pick};
 use crate::topology::Topology;
@@ -196,7 +195,7 @@ impl ThreadInterleaver {
         // SAFETY: a thread interleaver is used by its thread only; the pool
         // and the window are booked before the cursor moves.
         unsafe {
-            self.reclaim(super::heap::current());
+            self.reclaim(heap::current());
             self.close_window();
             self.follow(true);
             self.cursor().pick_exclusive(size).node
@@ -210,7 +209,7 @@ impl ThreadInterleaver {
         debug_assert!(size <= REGION_MAX && align <= REGION_ALIGN_MAX);
         // SAFETY: a thread interleaver is used by its thread only.
         unsafe {
-            self.reclaim(super::heap::current());
+            self.reclaim(heap::current());
             if let Some(p) = self.window_alloc(size, align) {
                 return p;
             }
@@ -498,7 +497,7 @@ impl Drop for ThreadInterleaver {
         // SAFETY: `&mut self`: nobody else uses it. The space's credit must
         // be settled before it retires its regions (when `space` drops).
         unsafe {
-            self.reclaim(super::heap::current());
+            self.reclaim(heap::current());
             self.close_window();
         }
     }

@@ -18,7 +18,7 @@
 use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
-use crate::alloc::core::segment::{Block, Page};
+use crate::alloc::core::types::{Block, Page};
 use crate::alloc::region::NodeRegion;
 
 /// Most bytes carved for a pool at once (carving writes each block's first

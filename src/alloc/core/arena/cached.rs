@@ -6,16 +6,11 @@
 use core::ptr::{self, NonNull};
 
 use super::purge::{delay_of, soonest};
-use super::*;
-
-/// A cached mapping's own description, in its first bytes.
-#[repr(C)]
-pub(super) struct Cached {
-    pub(super) next: *mut Cached,
-    pub(super) len: usize,
-    /// When it was freed (ms), for the purge delay.
-    pub(super) freed_at: u64,
-}
+use super::{Arena, ArenaInner, SEGMENT_SIZE, State, delay_clock, guard_len};
+use crate::alloc::core::segmap;
+use crate::alloc::core::types::Cached;
+use crate::os::mem;
+use crate::sync::Ordering;
 
 /// Without a purge delay (the behaviour before it): at most this many
 /// cached mappings, and `purge_threshold` bytes of them.

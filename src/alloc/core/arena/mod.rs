@@ -7,159 +7,26 @@
 
 use core::ptr::{self, NonNull};
 
-use super::heap::{Heap, OWNER_NONE, OWNER_RECLAIM, OWNER_THREAD};
 use super::segmap;
+use super::segment::{segment_of, store_sinks};
 use super::size_class::{COLOURS, class_size, coloured, page_blocks, page_slots};
-use super::state::{Mode, State};
-use crate::alloc::core::segment::{Page, SEGMENT_SIZE, SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment};
+use super::types::{
+    Arena, ArenaCounters, ArenaInner, Heap, Mode, OWNER_NONE, OWNER_RECLAIM, OWNER_THREAD, Page, SEGMENT_SIZE,
+    SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment, State,
+};
 use crate::os::mem::{self, BindFlags, MemPolicy};
-use crate::sync::{AtomicU64, AtomicUsize, Ordering, SpinLock};
+use crate::sync::{AtomicUsize, Ordering};
 use crate::topology::NodeSet;
 
 mod cached;
 mod purge;
 
-use cached::{CACHED_BYTES_FACTOR, Cached};
+use cached::CACHED_BYTES_FACTOR;
 pub(crate) use purge::delay_clock;
 pub(crate) use purge::map_or_reclaim;
 use purge::{committed_bound, delay_of, note_reuse, soonest};
 
-/// Counters of one arena, written under its lock or with single atomic adds.
-#[derive(Default)]
-pub(crate) struct ArenaCounters {
-    /// Address space mapped (segments and huge blocks).
-    pub(crate) reserved: AtomicU64,
-    /// Memory returned to the OS with `MADV_DONTNEED` (cumulative).
-    pub(crate) purged: AtomicU64,
-    /// Pages' bytes currently handed to heaps.
-    pub(crate) pages_in_use: AtomicU64,
-    /// Free page bytes still committed (not yet purged).
-    pub(crate) dirty: AtomicU64,
-    /// Segments this arena's heaps had to take from another node.
-    pub(crate) fallbacks: AtomicU64,
-    /// Huge blocks live, and their bytes.
-    pub(crate) huge_live: AtomicU64,
-    pub(crate) huge_bytes: AtomicU64,
-    pub(crate) huge_allocs: AtomicU64,
-    pub(crate) huge_frees: AtomicU64,
-    /// Bump regions (interleave, per-call handles) mapped and not yet released.
-    pub(crate) region_live: AtomicU64,
-    /// Regions mapped on hugetlb pages, and those that asked and got base
-    /// pages (the node's pool was short) (cumulative).
-    pub(crate) huge_regions: AtomicU64,
-    pub(crate) huge_fallbacks: AtomicU64,
-}
-
-pub(crate) struct ArenaInner {
-    /// Segments with at least one free slot first; all segments are listed.
-    segments: *mut SmallSegment,
-    /// Heaps of exited threads, for adoption (linked through `Heap::next_orphan`).
-    pub(crate) orphans: *mut Heap,
-    /// Set when this node was found out of memory; segment requests go to
-    /// the nearest node until it counts down.
-    exhausted: u32,
-    /// Freed segment-aligned mappings (huge blocks', dead regions') kept for
-    /// reuse, newest first, linked through a header in their own first page;
-    /// their pages stay committed on this node. Their count and bytes.
-    cached: *mut Cached,
-    cached_count: usize,
-    cached_bytes: usize,
-    /// The earliest time (ms, monotonic) a segment's free pages or a cached
-    /// mapping is due to go back to the OS; 0: none waiting.
-    purge_at: u64,
-    /// The delay in force is the configured one shifted left by this: see
-    /// [`note_reuse`].
-    delay_shift: u32,
-    /// When the shift last rose, and when purged pages were last taken back
-    /// within the delay (ms, monotonic).
-    raised_at: u64,
-    early_at: u64,
-    /// The bound of free memory kept committed is the configured one
-    /// shifted left by this: see [`purge::note_bound_purge`].
-    bound_shift: u32,
-    /// When free memory last passed the bound (ms, monotonic; 0: never),
-    /// the most that was free since the bound was last looked at, and
-    /// when that was.
-    bound_at: u64,
-    dirty_peak: u64,
-    bound_seen: u64,
-    /// What the bound's purges returned since `burst_from` (ms,
-    /// monotonic), four delays at most: one burst of frees past the bound
-    /// is purged each time it passes it again, and only the sum says how
-    /// much the program frees at a time.
-    burst: u64,
-    burst_from: u64,
-}
-
-// SAFETY: the raw pointers are owned by the arena and only used under its lock.
-unsafe impl Send for ArenaInner {}
-
-pub(crate) struct Arena {
-    /// Logical node (index in `State::arenas`).
-    pub(crate) node: usize,
-    /// Kernel node to bind to, or `None` (flat mode: first touch decides).
-    pub(crate) bind_to: Option<usize>,
-    pub(crate) inner: SpinLock<ArenaInner>,
-    /// The node's shared heap (null until a thread first takes a block of
-    /// it; see `heap/shared.rs`), and the lock it is used under: taken
-    /// before any other lock of the core.
-    pub(crate) shared: SpinLock<SharedHeap>,
-    /// The node's heap of cold blocks (null until the first one; see
-    /// `heap/shared.rs`): its pages hold cold blocks only, so a hot block
-    /// never shares a page with one. Taken alone among the heaps' locks,
-    /// before the arenas' `inner`.
-    pub(crate) cold: SpinLock<SharedHeap>,
-    pub(crate) counters: ArenaCounters,
-}
-
-/// [`Arena::shared`]'s and [`Arena::cold`]'s content.
-pub(crate) struct SharedHeap(pub(crate) *mut Heap);
-
-// SAFETY: the heap is used only under the lock around it.
-unsafe impl Send for SharedHeap {}
-
 impl Arena {
-    pub(crate) const fn new(node: usize, bind_to: Option<usize>) -> Self {
-        Self {
-            node,
-            bind_to,
-            inner: SpinLock::new(ArenaInner {
-                segments: ptr::null_mut(),
-                orphans: ptr::null_mut(),
-                exhausted: 0,
-                cached: ptr::null_mut(),
-                cached_count: 0,
-                cached_bytes: 0,
-                purge_at: 0,
-                delay_shift: 0,
-                raised_at: 0,
-                early_at: 0,
-                bound_shift: 0,
-                bound_at: 0,
-                dirty_peak: 0,
-                bound_seen: 0,
-                burst: 0,
-                burst_from: 0,
-            }),
-            shared: SpinLock::new(SharedHeap(ptr::null_mut())),
-            cold: SpinLock::new(SharedHeap(ptr::null_mut())),
-            counters: ArenaCounters {
-                reserved: AtomicU64::new(0),
-                purged: AtomicU64::new(0),
-                pages_in_use: AtomicU64::new(0),
-                dirty: AtomicU64::new(0),
-                fallbacks: AtomicU64::new(0),
-                huge_live: AtomicU64::new(0),
-                huge_bytes: AtomicU64::new(0),
-                huge_allocs: AtomicU64::new(0),
-                huge_frees: AtomicU64::new(0),
-                huge_regions: AtomicU64::new(0),
-                huge_fallbacks: AtomicU64::new(0),
-                region_live: AtomicU64::new(0),
-            },
-        }
-    }
-
     /// The kernel policy for this arena's mappings.
     pub(crate) fn policy(&self, state: &State) -> MemPolicy {
         match self.bind_to {
@@ -214,11 +81,11 @@ impl Arena {
         let g = self.inner.lock();
         let mut k = 0;
         let mut h = g.orphans;
-        // SAFETY: as in `adopt_orphan`; `kept_since` of an unowned heap was
+        // SAFETY: as in `adopt_orphan`; the decay of an unowned heap was
         // last written by an owner before it let go under this lock.
         unsafe {
             while !h.is_null() && k < out.len() {
-                let kept = (*h).life.kept_since;
+                let kept = (*h).life.decay.kept_since();
                 let due = kept_due.is_some_and(|d| kept != 0 && kept <= d);
                 if (*h).owned.load(Ordering::Relaxed) == OWNER_NONE && (due || !(*h).remote_pages.0.is_empty()) {
                     (*h).owned.store(OWNER_RECLAIM, Ordering::Relaxed);
@@ -454,7 +321,7 @@ impl Arena {
             return None;
         }
         self.counters.reserved.fetch_add(SEGMENT_SIZE as u64, Ordering::Relaxed);
-        segmap::insert(base.as_ptr(), crate::alloc::core::segment::SegmentKind::Small);
+        segmap::insert(base.as_ptr(), SegmentKind::Small);
         // SAFETY: non-null mapping.
         Some(unsafe { NonNull::new_unchecked(seg) })
     }
@@ -483,7 +350,7 @@ impl Arena {
         // unreferenced (the caller's word): its segment header is live and the
         // page's slots are ours to return.
         let (seg, first, slots) = unsafe {
-            let seg = crate::alloc::core::segment::segment_of((*page).info.start) as *mut SmallSegment;
+            let seg = segment_of((*page).info.start) as *mut SmallSegment;
             ((seg), (*page).info.first_slot as usize, (*page).info.slots as usize)
         };
         let mask = slot_mask(first, slots);
@@ -537,6 +404,26 @@ impl Arena {
             self.purge_expired(state, &mut g, now);
         }
     }
+}
+
+/// Memory for one heap descriptor, from `mmap`ed chunks (never the heap
+/// itself: this runs when a thread has no heap yet).
+#[unsafe(link_section = ".text.hot.numaweave")]
+pub(crate) fn alloc_meta(state: &State, size: usize, align: usize) -> Option<NonNull<u8>> {
+    const CHUNK: usize = 1 << 20;
+    let mut g = state.meta.lock();
+    let mut p = (g.next as usize).next_multiple_of(align);
+    if g.next.is_null() || p + size > g.end as usize {
+        // (The arenas' locks are taken alone, after `meta`: the lock
+        // table's order.)
+        let chunk = map_or_reclaim(state, || mem::map(CHUNK).ok())?;
+        g.next = chunk.as_ptr();
+        // SAFETY: end of the fresh chunk.
+        g.end = unsafe { chunk.as_ptr().add(CHUNK) };
+        p = (g.next as usize).next_multiple_of(align);
+    }
+    g.next = (p + size) as *mut u8;
+    NonNull::new(p as *mut u8)
 }
 
 /// Bytes of the guard page after every mapping (`NUMAWEAVE_GUARD=1` in a
@@ -657,8 +544,9 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         (*page).info.node = (*seg).seg.arena;
         (*page).info.start = start;
         (*page).info.heap.store(heap, Ordering::Relaxed);
-        let sink = if heap.is_null() { page } else { Heap::sink_for(heap, page, class) };
-        crate::alloc::core::segment::store_sinks(seg, page, sink);
+        // Its own sink: the heap that takes it points the slots at its free
+        // cache, if it keeps one (`Heap::fresh_page`).
+        store_sinks(seg, page, page);
         #[cfg(feature = "hardened")]
         {
             (*page).info.key = crate::hardened::page_key(page.cast());

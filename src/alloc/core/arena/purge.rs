@@ -6,8 +6,10 @@
 
 use core::ptr::{self, NonNull};
 
-use super::cached::Cached;
-use super::*;
+use super::{Arena, ArenaInner, CACHED_BYTES_FACTOR, SEGMENT_SIZE, SLOT_SIZE, SmallSegment, State, slot_mask};
+use crate::alloc::core::types::Cached;
+use crate::os::mem;
+use crate::sync::Ordering;
 
 /// The purge delay grows to at most this many doublings of the configured
 /// one (100 ms: 1.6 s; jemalloc decays over 10 s).

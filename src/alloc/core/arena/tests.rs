@@ -1,8 +1,13 @@
 //! The arena's unit tests: pages, the purge delay, cached mappings.
 
+use core::ptr;
+
 use super::purge::{self, DELAY_DECAY};
-use super::*;
-use crate::alloc::core::size_class::{COLOURS, class_of, coloured};
+use super::{Arena, State, guard_len};
+use crate::alloc::core::size_class::{COLOURS, class_of, class_size, coloured, page_slots};
+use crate::alloc::core::types::{Page, SEGMENT_SIZE, SLOT_SIZE};
+use crate::os::mem;
+use crate::sync::Ordering;
 
 fn state() -> &'static State {
     crate::alloc::config::state()

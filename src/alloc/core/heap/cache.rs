@@ -5,13 +5,17 @@
 
 use core::ptr;
 
-use super::*;
+use super::{Heap, Placement, empty_page, in_page, link, node_of};
+use crate::alloc::core::segment::{self, segment_of};
+use crate::alloc::core::size_class::{self, CLASSES};
+use crate::alloc::core::types::{Block, Page, SmallSegment, State};
+use crate::sync::{AtomicPtr, Ordering};
 
 /// Whether local frees go through the class's free cache. Not in hardened
 /// builds: their free-list links are encoded with each page's key and
 /// checked against the page's bounds, which a list of many pages' blocks
 /// has not.
-pub(super) const CACHING: bool = cfg!(not(feature = "hardened"));
+pub(crate) const CACHING: bool = cfg!(not(feature = "hardened"));
 
 /// The most blocks a class's free cache holds before a free gives all but
 /// the newest half of them back to their pages (more when a page's long
@@ -22,7 +26,7 @@ pub(super) const CACHING: bool = cfg!(not(feature = "hardened"));
 /// its peak RSS fell from 27 to 17 and 13 MiB (tcmalloc's: 17): blocks
 /// freed are reused before pages are touched. Little enough that an idle
 /// class's blocks are not missed while they wait for `expire_kept`.
-pub(super) const fn cache_room(class: usize) -> u32 {
+pub(crate) const fn cache_room(class: usize) -> u32 {
     let n = (512 * 1024 / size_class::class_size(class)) as u32;
     if n < 8 {
         8
@@ -265,7 +269,7 @@ impl Heap {
             }
             while !rest.is_null() {
                 let next = (*rest).next;
-                let seg = segment_of(rest.cast()).cast::<segment::SmallSegment>();
+                let seg = segment_of(rest.cast()).cast::<SmallSegment>();
                 let page = segment::page_of(seg, rest.cast());
                 if bypass {
                     segment::set_sink(seg, page, page);

@@ -5,7 +5,13 @@
 
 use core::ptr;
 
-use super::*;
+use super::{Heap, bump, current, current_or_none, in_page, link, next_of};
+#[cfg(not(feature = "hardened"))]
+use crate::alloc::core::segment;
+#[cfg(not(feature = "hardened"))]
+use crate::alloc::core::types::SmallSegment;
+use crate::alloc::core::types::{Block, OWNER_THREAD, Page, State};
+use crate::sync::Ordering;
 
 impl Heap {
     /// Frees `block` of a page this heap owns onto `page`: the block's page,
@@ -206,7 +212,7 @@ pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
 /// `p` is a live block of `seg`; `sink` its slot's sink.
 #[cfg(not(feature = "hardened"))]
 #[inline(always)]
-pub(crate) unsafe fn free_to_sink(seg: *mut segment::SmallSegment, sink: *mut Page, p: *mut u8) {
+pub(crate) unsafe fn free_to_sink(seg: *mut SmallSegment, sink: *mut Page, p: *mut u8) {
     // (`NO_HEAP` owns no page, nor is it a free cache's heap.)
     let heap = current_or_none();
     // SAFETY: per the contract; the sink's `info.heap` is the page's owner
@@ -235,16 +241,15 @@ pub(crate) unsafe fn free_to_sink(seg: *mut segment::SmallSegment, sink: *mut Pa
 
 /// A page of an exited thread's heap got its first remote free since its
 /// remote frees were last collected: the lifecycle collects them at its
-/// next tick, which the freeing thread runs now (at most once a clock
-/// tick: a thread that only frees, as a consumer of a producer that has
-/// exited, has no refills of its own to run it), and which its heap is
-/// armed to reach again.
+/// next tick, and the freeing thread's heap is armed so that its next
+/// allocation refills and so ticks (a thread that only frees, as a
+/// consumer of a producer that has exited, reaches the tick that way; the
+/// heap floor does not call the lifecycle above it).
 #[cold]
 #[inline(never)]
 fn orphan_freed() {
     let Some(state) = State::try_get() else { return };
     state.life.note_orphan_work();
-    super::super::lifecycle::tick(state, crate::os::monotonic_ms());
     let me = current();
     if !me.is_null() {
         // SAFETY: the calling thread's heap, between operations (a free's

@@ -2,12 +2,15 @@
 //! its page, plainly, or in a hardened build encoded with the page's key
 //! and checked against the page's bounds before it is followed.
 
-use super::*;
+#[cfg(feature = "hardened")]
+use core::ptr;
+
+use crate::alloc::core::types::{Block, Page};
 
 /// The link a free block of `page` stores to the next one: encoded in a
 /// hardened build, plain otherwise.
 #[inline(always)]
-pub(super) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
+pub(crate) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
     #[cfg(feature = "hardened")]
     // SAFETY: the caller passes a live page.
     return crate::hardened::encode(next, unsafe { (*page).info.key });
@@ -49,7 +52,7 @@ pub(super) fn prefetch(block: *mut Block) {
 /// `page` is a live page.
 #[cfg(feature = "hardened")]
 #[inline(always)]
-pub(super) unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
+pub(crate) unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
     // SAFETY: `page` is live (the caller's word); its `info` is written
     // once, when the page is taken, so reading it races with nothing.
     let (start, links) = unsafe { ((*page).info.start as usize, (*page).info.links) };
@@ -77,7 +80,7 @@ pub(super) unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
 #[cfg(feature = "hardened")]
 #[cold]
 #[inline(never)]
-pub(super) unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut Block {
+pub(crate) unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut Block {
     // SAFETY: `page` is live (the caller's word): its `info` is read for
     // the report, nothing is read through `next`.
     unsafe {
@@ -94,7 +97,7 @@ pub(super) unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut B
 /// The block a free block of `page` links to (see [`link`]); a hardened
 /// build checks it lies in the page (a corrupted list is reported).
 #[inline(always)]
-pub(super) unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
+pub(crate) unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
     // SAFETY: the caller passes a free block of the page.
     let stored = unsafe { (*block).next };
     #[cfg(feature = "hardened")]
@@ -120,7 +123,7 @@ pub(super) unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
 /// # Safety
 /// `page` is live.
 #[inline(always)]
-pub(super) unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::BlockKind) {
+pub(crate) unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::BlockKind) {
     // SAFETY: `page` is live (the caller's word); `info` is written once,
     // when the page is taken.
     let (bs, node, slots) =

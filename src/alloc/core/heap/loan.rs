@@ -4,7 +4,9 @@
 
 use core::ptr;
 
-use super::*;
+use super::{Heap, bump, empty_page};
+use crate::alloc::core::types::{Loan, Page};
+use crate::sync::Ordering;
 
 impl Heap {
     /// Lends the class's direct slot to `page`, a page this heap does not own
@@ -30,7 +32,7 @@ impl Heap {
 
     /// Whether the class's direct slot is lent.
     #[inline(always)]
-    pub(super) unsafe fn is_lent(heap: *mut Heap, class: usize) -> bool {
+    pub(crate) unsafe fn is_lent(heap: *mut Heap, class: usize) -> bool {
         // SAFETY: the caller's heap.
         unsafe {
             let l = (*heap).loan;

@@ -27,49 +27,51 @@
 //! on its node's arena for a new thread to adopt it: spawning and joining
 //! threads reuses heaps instead of growing memory.
 //!
-//! This file holds the heap's state and what every part reads; the parts:
+//! This file holds what every part reads; the parts:
 //! `pop.rs` (the fast path and the refill), `free.rs` (local and remote
 //! frees, gathering remote ones), `cache.rs` (the free cache), `pages.rs`
 //! (page lists, the direct slot's references, empty and idle pages),
-//! `loan.rs` (lent slots), `life.rs` (a thread's heap made, adopted, given
-//! up), `decay.rs` (the heap's part in giving memory back), `shared.rs`
-//! (a thread's first blocks of a class from its node's shared heap) and
-//! `links.rs` (free-list links, encoded in hardened builds).
+//! `loan.rs` (lent slots), `registry.rs` (a heap made and listed),
+//! `giveback.rs` (what the heap holds free given back, and arming: the
+//! mechanisms the lifecycle uses), `shared.rs` (a thread's first blocks of
+//! a class from its node's shared heap) and `links.rs` (free-list links,
+//! encoded in hardened builds). The heap's type is in `types.rs`; when it
+//! gives memory back and how a thread's exit leaves it is the lifecycle's
+//! (`lifecycle/`).
 
 mod cache;
-mod decay;
 mod free;
-mod life;
+mod giveback;
 mod links;
 mod loan;
 mod pages;
 mod pop;
+mod registry;
 mod shared;
 
-use cache::{CACHING, cache_room};
-use decay::{Beat, HeapLife};
+pub(crate) use cache::{CACHING, cache_room};
 #[cfg(feature = "hardened")]
 pub(crate) use free::free_block;
 #[cfg(not(feature = "hardened"))]
 pub(crate) use free::free_to_sink;
-pub(crate) use life::{for_each_heap, init_current, thread_exit};
-use links::link;
-use links::next_of;
 #[cfg(feature = "hardened")]
-use links::{corrupted_list, kind_of, outside};
-use pages::EXPIRE_EVERY;
+pub(crate) use links::{corrupted_list, kind_of, outside};
+pub(crate) use links::{link, next_of};
+pub(crate) use pages::EXPIRE_EVERY;
+pub(crate) use registry::for_each_heap;
 
 use core::ptr;
-#[cfg(feature = "hardened")]
-use core::ptr::NonNull;
 
-use super::arena::Arena;
-use super::segment::{Block, Page, SegmentKind, segment_of};
-use super::size_class::{CLASSES, page_slots};
-use super::state::State;
-use super::{segment, size_class};
-use crate::sync::{AtomicPtr, AtomicStack, AtomicU64, CachePadded, Ordering};
+#[cfg(debug_assertions)]
+use super::segment::{self, segment_of};
+use super::size_class::{self, CLASSES, page_slots};
+#[cfg(debug_assertions)]
+use super::types::SmallSegment;
+use super::types::{Page, SLOT_SIZE};
+use crate::sync::{AtomicU64, Ordering};
 use crate::topology::NodeSet;
+
+pub(crate) use super::types::Heap;
 
 /// The page every empty direct slot points to, so the fast path needs no null
 /// check: its free list is always empty.
@@ -81,7 +83,7 @@ struct EmptyPage(Page);
 unsafe impl Sync for EmptyPage {}
 
 #[inline(always)]
-const fn empty_page() -> *mut Page {
+pub(crate) const fn empty_page() -> *mut Page {
     ptr::addr_of!(EMPTY_PAGE.0).cast_mut()
 }
 
@@ -126,171 +128,12 @@ core::arch::global_asm!(
     none = sym NO_HEAP,
 );
 
-/// Per-heap counters: written only by the thread that owns the heap (relaxed
-/// load + store, no read-modify-write), read by anyone and summed into
-/// [`Stats`](super::stats::Stats).
-///
-/// Allocations are counted per class, indexed by the class the pop already
-/// has in a register: one counter written, no load of the block size; their
-/// bytes are each class's count times its block size, summed when read.
-/// Frees keep a count and a byte total at fixed places: a free learns its
-/// class only from the page, two loads into it, and a counter indexed by
-/// that class puts a store whose address comes last on the path (Larson's
-/// pattern ran 5–10% slower with it, where these two cost nothing
-/// measurable).
-pub(crate) struct HeapCounters {
-    /// Blocks handed out, per class.
-    pub(crate) allocs: [AtomicU64; CLASSES],
-    /// Blocks freed into the heap's pages, remote frees included.
-    pub(crate) frees: AtomicU64,
-    /// Their bytes.
-    pub(crate) bytes_freed: AtomicU64,
-    /// Blocks other threads freed into this heap's pages, collected here.
-    pub(crate) remote_frees: AtomicU64,
-}
-
-impl HeapCounters {
-    const fn new() -> HeapCounters {
-        HeapCounters {
-            allocs: [const { AtomicU64::new(0) }; CLASSES],
-            frees: AtomicU64::new(0),
-            bytes_freed: AtomicU64::new(0),
-            remote_frees: AtomicU64::new(0),
-        }
-    }
-
-    /// Allocations of every class.
-    fn allocs_total(&self) -> u64 {
-        self.allocs.iter().fold(0u64, |s, a| s.wrapping_add(a.load(Ordering::Relaxed)))
-    }
-
-    /// (allocations, frees, bytes allocated, bytes freed, remote frees), summed over the classes.
-    fn sums(&self) -> (u64, u64, u64, u64, u64) {
-        let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
-        let mut s = (0u64, ld(&self.frees), 0u64, ld(&self.bytes_freed), ld(&self.remote_frees));
-        for class in 0..CLASSES {
-            let a = ld(&self.allocs[class]);
-            s.0 = s.0.wrapping_add(a);
-            s.2 = s.2.wrapping_add(a.wrapping_mul(super::size_class::class_size(class) as u64));
-        }
-        s
-    }
-}
-
+/// Adds to a counter its owner alone writes (a load and a store, no
+/// read-modify-write).
 #[inline(always)]
-pub(super) fn bump(c: &AtomicU64, by: u64) {
+pub(crate) fn bump(c: &AtomicU64, by: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
 }
-
-/// A list of pages of one class that (may) have free blocks: fresh pages
-/// at the head, pages that got a block back while full at the tail (see
-/// [`Heap::page_event_with`]).
-#[derive(Clone, Copy)]
-struct PageList {
-    head: *mut Page,
-    tail: *mut Page,
-}
-
-/// A direct slot lent to a page the heap does not own (see the module docs).
-#[derive(Clone, Copy)]
-struct Loan {
-    /// The lent page (null: no loan).
-    page: *mut Page,
-    class: usize,
-    /// The page's `used` when lent: the fast path counts what it takes.
-    used0: u32,
-}
-
-#[repr(C)]
-pub(crate) struct Heap {
-    /// Per class, the page to allocate from: hot, first.
-    direct: [*mut Page; CLASSES],
-    /// Written by the owner on every operation: next to `direct`, away from
-    /// anything other threads write.
-    pub(crate) counters: HeapCounters,
-    lists: [PageList; CLASSES],
-    /// Per class, one page kept when it became empty, so that a heap whose
-    /// blocks are freed elsewhere (producer/consumer) does not hand a page to
-    /// its arena and take it back over and over. Checked lazily: if it is in
-    /// use again when another page empties, that one is kept instead. A
-    /// class gone idle gives its kept page back (see [`Heap::expire_kept`]).
-    kept_empty: [*mut Page; CLASSES],
-    /// Refills of this heap, all classes (wrapping): the clock by which a
-    /// class is found idle.
-    refills: u32,
-    /// Per class, `refills` at its last refill.
-    last_refill: [u32; CLASSES],
-    /// The node the heap was made or adopted on (stats are booked there).
-    pub(crate) node: usize,
-    loan: Loan,
-    /// Links: all heaps (registry), orphans of an arena.
-    pub(crate) next_all: *mut Heap,
-    pub(crate) next_orphan: *mut Heap,
-    /// Who owns it: [`OWNER_THREAD`] (a live thread), [`OWNER_NONE`] (an
-    /// exited thread's, waiting on its arena's orphan list) or
-    /// [`OWNER_RECLAIM`] (an orphan a thread is collecting). Changed under
-    /// the arena's lock while the heap is listed there.
-    pub(crate) owned: AtomicU64,
-    /// A word for the layer above: the owning thread's policy state, which
-    /// the placement sets when a thread makes or adopts the heap and reads
-    /// on refills (cheaper than its thread-local in the C library). Opaque
-    /// here: the heap never reads it; a thread's exit clears it.
-    pub(crate) policy: *const (),
-    /// Pages with remote frees waiting in `thread_free` (doubly linked through
-    /// `pend_prev`/`pend_next`).
-    pending: *mut Page,
-    /// Pages of this heap with remote frees waiting: written by other threads.
-    pub(crate) remote_pages: CachePadded<AtomicStack<Page>>,
-    /// Per class, the heap's free cache: a page descriptor of no page
-    /// ([`Heap::cache_page`]; its `info` names the heap and the class's
-    /// block size), whose free list holds blocks of the heap's pages of the
-    /// class on the heap's node, the most recently freed first. The owner's
-    /// frees of such blocks go here (the slots' sink, `segment::sink_of`),
-    /// and where the placement would take any such page the cache is the
-    /// class's direct page: a block freed is the next one handed out, its
-    /// line still in the CPU's cache, and a class whose pages hold few
-    /// blocks is not refilled page after page. Emptied, it is refilled
-    /// with a page's whole free list. Its `used` is the room left (length
-    /// plus room is [`cache_room`]; a page's list taken whole may leave a
-    /// room of one): the free that fills it gives all but the room's newest
-    /// half back to the blocks' pages ([`Heap::flush_cache`]), and a refill
-    /// under a policy that chooses among pages gives all of it back first.
-    /// A cached block is in use for its page, which therefore stays.
-    cache: [Page; CLASSES],
-    /// Per class, whether the last refill's placement let the free cache
-    /// serve; cleared with the direct pages.
-    cache_serves: [bool; CLASSES],
-    /// Per class, the page the free cache was last filled from (null:
-    /// none), tried first at the next fill, as a direct page is: the
-    /// blocks freed to it (remote frees, given-back ones) are the
-    /// recently used ones, and a producer whose consumer frees its blocks
-    /// keeps to one page. It holds a reference on the page, as the direct
-    /// slot does (`Heap::set_cache_src`).
-    cache_src: [*mut Page; CLASSES],
-    /// Per class, the free cache's room at the last look of
-    /// [`Heap::expire_kept`]: unchanged at the next, the class is idle and
-    /// its cached blocks go back to their pages.
-    cache_seen: [u32; CLASSES],
-    /// Per class, the heap's `allocs` counter when its free cache last
-    /// filled up (see `Heap::page_event`).
-    cache_filled_at: [u64; CLASSES],
-    /// Per class, the blocks taken from the node's shared heap
-    /// (`shared.rs`).
-    sparse: [u8; CLASSES],
-    /// The heap's part in the memory lifecycle (`decay.rs`): last, away
-    /// from what the fast paths read.
-    pub(crate) life: HeapLife,
-}
-
-/// [`Heap::owned`]: an exited thread's heap, waiting for adoption.
-pub(crate) const OWNER_NONE: u64 = 0;
-/// [`Heap::owned`]: a live thread's heap.
-pub(crate) const OWNER_THREAD: u64 = 1;
-/// [`Heap::owned`]: an exited thread's heap a thread is collecting.
-pub(crate) const OWNER_RECLAIM: u64 = 2;
-/// [`Heap::owned`]: a node's shared heap (`shared.rs`), used under its
-/// arena's `shared` lock.
-pub(crate) const OWNER_SHARED: u64 = 3;
 
 /// What a refill may use: the caller's rule for where memory comes from.
 /// Implemented by the memory policies (`placement.rs`); the heap only asks.
@@ -335,34 +178,17 @@ pub(crate) fn current_or_none() -> *mut Heap {
     h
 }
 
-impl Heap {
-    /// Whether a live thread owns the heap.
-    pub(crate) fn is_owned(&self) -> bool {
-        self.owned.load(Ordering::Relaxed) == OWNER_THREAD
-    }
-
-    /// Whether it is a node's shared heap.
-    pub(crate) fn is_shared(&self) -> bool {
-        self.owned.load(Ordering::Relaxed) == OWNER_SHARED
-    }
-
-    /// The heap's node and (allocs, frees, bytes allocated, bytes freed, remote frees).
-    pub(crate) fn node_and_counters(&self) -> (usize, (u64, u64, u64, u64, u64)) {
-        (self.node, self.counters.sums())
-    }
-}
-
 /// Whether a pop of a page with free blocks served `p`: always, but in a
 /// hardened build whose pop found the list corrupted and, under
 /// `NUMAWEAVE_ON_ERROR=report`, dropped it (null: the caller looks further).
 #[inline(always)]
-pub(super) fn served(p: *mut u8) -> bool {
+pub(crate) fn served(p: *mut u8) -> bool {
     cfg!(not(feature = "hardened")) || !p.is_null()
 }
 
 /// Whether a hardened build may have dropped a corrupted free list (its
 /// free blocks lost to their page) since a report it went on from.
-pub(super) fn lists_dropped() -> bool {
+pub(crate) fn lists_dropped() -> bool {
     #[cfg(feature = "hardened")]
     return crate::hardened::went_on();
     #[cfg(not(feature = "hardened"))]
@@ -376,8 +202,7 @@ pub(super) fn lists_dropped() -> bool {
 /// # Safety
 /// `page` is a live heap page (its `info` is read).
 #[inline]
-pub(super) unsafe fn page_span(page: *mut Page) -> core::ops::Range<usize> {
-    use super::segment::SLOT_SIZE;
+pub(crate) unsafe fn page_span(page: *mut Page) -> core::ops::Range<usize> {
     // SAFETY: the caller passes a live page.
     let (start, slots) = unsafe { ((*page).info.start as usize, usize::from((*page).info.slots)) };
     let base = start & !(SLOT_SIZE - 1);
@@ -388,7 +213,7 @@ pub(super) unsafe fn page_span(page: *mut Page) -> core::ops::Range<usize> {
 ///
 /// # Safety
 /// `page` is a live heap page (its `info` is read).
-pub(super) unsafe fn in_page(page: *mut Page, p: *const u8) -> bool {
+pub(crate) unsafe fn in_page(page: *mut Page, p: *const u8) -> bool {
     // SAFETY: the caller passes a live page.
     unsafe { page_span(page) }.contains(&(p as usize))
 }
@@ -412,13 +237,13 @@ pub(crate) unsafe fn realigned(p: *mut u8, class: usize, align: usize) -> *mut u
     if !size_class::coloured(class) || (p as usize).is_multiple_of(align) {
         return p;
     }
-    debug_assert!(align.is_power_of_two() && align <= super::segment::SLOT_SIZE && !p.is_null());
+    debug_assert!(align.is_power_of_two() && align <= SLOT_SIZE && !p.is_null());
     let q = (p as usize & !(align - 1)) as *mut u8;
     // SAFETY: a block of a small page (the caller's word): its segment
     // header and page descriptor are live.
     #[cfg(debug_assertions)]
     unsafe {
-        let page = segment::page_of(segment_of(p).cast::<segment::SmallSegment>(), p);
+        let page = segment::page_of(segment_of(p).cast::<SmallSegment>(), p);
         debug_assert!((*page).info.capacity == 1 && usize::from((*page).info.class) == class);
         debug_assert!(
             page_span(page).start <= q as usize && p as usize + size_class::class_size(class) <= page_span(page).end
@@ -429,14 +254,14 @@ pub(crate) unsafe fn realigned(p: *mut u8, class: usize, align: usize) -> *mut u
 
 /// The node (arena) of one of the heap's pages.
 #[inline(always)]
-pub(super) unsafe fn node_of(page: *mut Page) -> usize {
+pub(crate) unsafe fn node_of(page: *mut Page) -> usize {
     // SAFETY: the caller passes a live page.
     usize::from(unsafe { (*page).info.node })
 }
 
 /// Bytes of memory a fresh page of `class` takes from its arena.
 pub(crate) const fn page_bytes(class: usize) -> usize {
-    page_slots(class) * super::segment::SLOT_SIZE
+    page_slots(class) * SLOT_SIZE
 }
 
 #[cfg(test)]

@@ -5,10 +5,14 @@
 
 use core::ptr;
 
-use super::*;
+use super::{Heap, bump, cache_room, empty_page, page_bytes};
+use crate::alloc::core::segment::segment_of;
+use crate::alloc::core::size_class::CLASSES;
+use crate::alloc::core::types::{Page, SegmentKind, State};
+use crate::sync::Ordering;
 
 /// A heap looks for idle classes' kept pages once in this many refills.
-pub(super) const EXPIRE_EVERY: u32 = 64;
+pub(crate) const EXPIRE_EVERY: u32 = 64;
 /// A class that has not refilled in this many of its heap's refills is
 /// idle. (Refills come once per [`CARVE_BYTES`] of a fresh page's blocks or
 /// per page of freed ones: a class in steady use refills well within this
@@ -243,7 +247,7 @@ impl Heap {
     /// `heap` is the calling thread's heap (or its exiting owner's), no loan
     /// in the slot; `page` is the empty page or a live page the heap owns.
     #[unsafe(link_section = ".text.hot.numaweave")]
-    pub(super) unsafe fn set_direct(heap: *mut Heap, class: usize, page: *mut Page) {
+    pub(crate) unsafe fn set_direct(heap: *mut Heap, class: usize, page: *mut Page) {
         // SAFETY: the heap is the calling thread's (or its exiting owner's),
         // so its direct slots and its pages' `used` are written by no other
         // thread; `old`, in the slot and not lent, is the empty page or a

@@ -5,8 +5,21 @@
 //! arena it names.
 
 use core::ptr;
+#[cfg(feature = "hardened")]
+use core::ptr::NonNull;
 
-use super::*;
+use super::{
+    CACHING, EXPIRE_EVERY, Heap, Placement, bump, empty_page, in_page, link, lists_dropped, next_of, no_heap, node_of,
+    page_bytes, page_span, served,
+};
+#[cfg(feature = "hardened")]
+use super::{corrupted_list, kind_of, outside};
+use crate::alloc::core::segment::{self, segment_of};
+use crate::alloc::core::size_class::CLASSES;
+use crate::alloc::core::types::Arena;
+use crate::alloc::core::types::{Block, Page, SmallSegment, State};
+use crate::sync::Ordering;
+use crate::topology::NodeSet;
 
 /// How much of a page's untouched tail one [`carve`] puts on its free list:
 /// one OS page's worth, as mimalloc extends its free lists
@@ -134,7 +147,7 @@ impl Heap {
         unsafe {
             debug_assert!(class < CLASSES);
             (*page).free = next;
-            links::prefetch(next);
+            super::links::prefetch(next);
             (*page).used += 1;
             bump((*heap).counters.allocs.get_unchecked(class), 1);
         }
@@ -179,8 +192,9 @@ impl Heap {
     /// The slow path: a page of the heap that `placement` accepts and that
     /// can serve (remote frees taken, blocks carved), else a fresh page from
     /// the arena it names, becomes the class's direct page and serves. Null
-    /// when no memory can be had. The memory lifecycle's heartbeat first
-    /// (`decay.rs`): a quiet refill leaves the slot empty after serving.
+    /// when no memory can be had. (The facade's slow paths call it through
+    /// the lifecycle, `lifecycle::refill`, which beats its heartbeat
+    /// around it; the shared heaps' refills call it directly.)
     ///
     /// # Safety
     /// `heap` is the calling thread's heap.
@@ -191,10 +205,8 @@ impl Heap {
         state: &State,
         placement: &mut impl Placement,
     ) -> *mut u8 {
-        // SAFETY: the caller's heap, between operations on it (the
-        // heartbeat's) and after the refill (the rest).
+        // SAFETY: the caller's heap, between operations on it.
         unsafe {
-            let beat = Heap::heartbeat(heap, state);
             let mut p = ptr::null_mut();
             if Heap::sparse(heap, class, placement) {
                 // (The node the placement would take a fresh page from: the
@@ -207,14 +219,11 @@ impl Heap {
             if p.is_null() {
                 p = Heap::refill_now(heap, class, state, placement);
             }
-            if beat != Beat::Busy {
-                Heap::after_beat(heap, class, beat);
-            }
             p
         }
     }
 
-    /// [`refill`](Self::refill) past the heartbeat.
+    /// [`refill`](Self::refill) past the shared heap.
     ///
     /// # Safety
     /// As [`refill`](Self::refill).
@@ -371,8 +380,15 @@ impl Heap {
         within: Option<NodeSet>,
     ) -> Option<*mut Page> {
         let page = arena.alloc_page(state, class, heap, within)?.as_ptr();
-        // SAFETY: a fresh page of ours.
+        // SAFETY: a fresh page of ours, none of its blocks handed out: no
+        // thread frees into it yet.
         unsafe {
+            // Its slots' sink: the heap's free cache of the class where it
+            // keeps one (the arena made the page its own sink).
+            let sink = Heap::sink_for(heap, page, class);
+            if sink != page {
+                segment::store_sinks(segment_of((*page).info.start).cast::<SmallSegment>(), page, sink);
+            }
             bump(&(*heap).life.page_bytes, page_bytes(class) as u64);
             debug_assert!((*page).used == 0 && (*page).carved == 0 && (*page).free.is_null());
             debug_assert_eq!(usize::from((*page).info.class), class);

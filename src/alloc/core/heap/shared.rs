@@ -25,8 +25,15 @@
 //! (the lower tier, or the thread's own when there is none). Their frees
 //! are remote frees, collected as the shared heap's are.
 
-use super::*;
-use crate::alloc::core::arena::SharedHeap;
+use core::ptr;
+
+use super::{Heap, Placement, empty_page};
+use crate::alloc::core::segment::{self, segment_of};
+use crate::alloc::core::size_class::CLASSES;
+use crate::alloc::core::types::SharedHeap;
+use crate::alloc::core::types::{OWNER_SHARED, OWNER_THREAD, SmallSegment, State};
+use crate::sync::Ordering;
+use crate::topology::NodeSet;
 
 /// Blocks of a class a heap takes from its node's shared heap before it
 /// takes a page of its own for it.
@@ -90,7 +97,7 @@ impl Heap {
                 p = Heap::refill(sh, class, state, &mut Home(node));
             }
             if !p.is_null() {
-                let seg = segment_of(p).cast::<segment::SmallSegment>();
+                let seg = segment_of(p).cast::<SmallSegment>();
                 let pg = segment::page_of(seg, p);
                 debug_assert!((*pg).info.heap.load(Ordering::Relaxed) == sh, "a shared block of another heap's page");
                 debug_assert_eq!(usize::from((*pg).info.class), class);

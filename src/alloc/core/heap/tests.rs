@@ -1,8 +1,22 @@
 //! The heap's unit tests: the free cache, counters, loans, kept pages.
 
+use core::ptr;
+
 use super::pages::IDLE_REFILLS;
-use super::*;
-use crate::alloc::core::size_class::{class_of, class_size};
+use super::{EXPIRE_EVERY, Heap, Placement, link};
+#[cfg(not(feature = "hardened"))]
+use super::{cache_room, empty_page, free_to_sink};
+use crate::alloc::core::lifecycle::init_current;
+#[cfg(not(feature = "hardened"))]
+use crate::alloc::core::segment::sink_of;
+use crate::alloc::core::segment::{page_of, segment_of};
+use crate::alloc::core::size_class::{CLASSES, class_of, class_size};
+#[cfg(not(feature = "hardened"))]
+use crate::alloc::core::types::SmallSegment;
+use crate::alloc::core::types::{ALL_CLASSES, Block, Page, State};
+#[cfg(not(feature = "hardened"))]
+use crate::sync::Ordering;
+use crate::topology::NodeSet;
 
 /// Any page serves; fresh pages from the thread's node.
 struct Anywhere(usize);
@@ -54,9 +68,9 @@ unsafe fn alloc_via(heap: *mut Heap, class: usize, state: &State, placement: &mu
 /// `p` is a live small block.
 #[cfg(not(feature = "hardened"))]
 unsafe fn free_small(p: *mut u8) {
-    let seg = segment_of(p).cast::<super::super::segment::SmallSegment>();
+    let seg = segment_of(p).cast::<SmallSegment>();
     // SAFETY: a live small block of `seg`.
-    unsafe { free_to_sink(seg, super::super::segment::sink_of(seg, p), p) }
+    unsafe { free_to_sink(seg, sink_of(seg, p), p) }
 }
 
 /// The blocks on the class's free cache.
@@ -116,7 +130,7 @@ fn the_free_cache_serves_frees_newest_first_across_pages_and_gives_back_when_ful
             }
             assert!(cached(heap, class).len() <= room, "the cache holds at most its room");
             // At exit every block is back on its page, every page empty.
-            Heap::give_back_free(heap);
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
             assert!(cached(heap, class).is_empty());
             for &pg in &pages {
                 assert!(!listed(heap, class, pg as *mut Page), "an emptied page goes back");
@@ -134,9 +148,9 @@ fn a_burst_of_frees_goes_to_the_pages_until_the_cache_takes_from_them() {
         let room = cache_room(class) as usize;
         let node = state.current_arena().node;
         let sink = |b: *mut u8| {
-            let seg = segment_of(b).cast::<super::super::segment::SmallSegment>();
+            let seg = segment_of(b).cast::<SmallSegment>();
             // SAFETY: a live small block.
-            unsafe { super::super::segment::sink_of(seg, b) }
+            unsafe { sink_of(seg, b) }
         };
         // SAFETY: this thread's heap; blocks of it, freed once.
         unsafe {
@@ -164,7 +178,7 @@ fn a_burst_of_frees_goes_to_the_pages_until_the_cache_takes_from_them() {
             for b in taken {
                 free_small(b);
             }
-            Heap::give_back_free(heap);
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
         }
     });
 }
@@ -201,7 +215,7 @@ fn an_idle_free_cache_gives_its_blocks_back() {
             let b = alloc_via(heap, class, state, &mut Cached(node));
             assert_eq!((*heap).direct[class], Heap::cache_page(heap, class));
             free_small(b);
-            Heap::give_back_free(heap);
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
         }
     });
 }
@@ -237,7 +251,7 @@ fn a_policy_that_chooses_pages_gets_the_cached_blocks_back_first() {
             // (Nothing left in use: the next test to adopt this heap
             // finds its pages as fresh as a new heap's.)
             free_small(b);
-            Heap::give_back_free(heap);
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
         }
     });
 }
@@ -368,7 +382,7 @@ fn counters_count_every_block_and_byte_once() {
             })
             .join()
             .unwrap();
-            Heap::give_back_free(heap);
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
             let (_, c2) = (*heap).node_and_counters();
             assert_eq!(
                 (c2.0 - c0.0, c2.1 - c0.1, c2.2 - c0.2, c2.3 - c0.3, c2.4 - c0.4),
@@ -453,7 +467,7 @@ fn a_loan_serves_the_fast_path_and_leaves_the_counters_as_they_were() {
 /// `b` is a live small block.
 unsafe fn page_of_block(b: *mut u8) -> *mut Page {
     // SAFETY: a small block lies in a page of its small segment.
-    unsafe { super::super::segment::page_of(segment_of(b).cast(), b) }
+    unsafe { page_of(segment_of(b).cast(), b) }
 }
 
 /// Whether `page` is on the heap's list of `class`'s pages (a page given
@@ -519,7 +533,7 @@ fn an_emptied_page_is_kept_once_then_released() {
         // SAFETY: this thread's heap and its blocks.
         unsafe {
             let (rest, first) = keep_an_emptied_page(state, heap, class);
-            Heap::give_back_free(heap);
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
             assert!((*heap).kept_empty[class].is_null());
             assert!(!listed(heap, class, first), "released to the arena");
             free_all(heap, &rest);
@@ -581,7 +595,7 @@ fn the_direct_page_stays_while_a_pair_loop_empties_it_and_is_kept_when_it_leaves
             Heap::clear_direct(heap);
             assert_eq!((*page).used, 0);
             assert_eq!((*heap).kept_empty[class], page, "emptied as it left the slot: kept");
-            Heap::give_back_free(heap);
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
             assert!(!listed(heap, class, page), "released to the arena");
         }
     });
