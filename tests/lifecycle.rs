@@ -118,15 +118,7 @@ fn memory_comes_back_without_a_call() {
     // threshold): what is freed waits out the purge delay.
     let blocks = burst(&mut Rng(3), 40 * MIB);
     let peak = resident() - base;
-    if std::env::var_os("DBGBEAT").is_some() {
-        eprintln!("DBG after burst {:?}", std::thread::current().id());
-        let _ = A.stats();
-    }
     free_all(blocks);
-    if std::env::var_os("DBGBEAT").is_some() {
-        eprintln!("DBG after free {:?}", std::thread::current().id());
-        let _ = A.stats();
-    }
     // One small allocation and free every 10 ms, served by the fast path:
     // the lifecycle still reaches the purge when it is due.
     let start = Instant::now();

@@ -24,7 +24,7 @@ pub struct NodeStats {
     /// Bytes returned to the OS with `MADV_DONTNEED`, `MADV_FREE` or unmapping
     /// (cumulative).
     pub returned: u64,
-    /// Allocations and frees served (cumulative).
+    /// Allocations served (cumulative).
     pub allocs: u64,
     /// Frees (cumulative), remote ones included.
     pub frees: u64,
@@ -46,10 +46,13 @@ pub struct NodeStats {
     /// pool was short (cumulative).
     pub huge_fallbacks: u64,
     /// Bytes of the node's segments and cached mappings the kernel holds in
-    /// memory (`mincore`), plus live huge blocks whole.
+    /// memory (`mincore`), plus live huge blocks whole. At least
+    /// `free_resident + in_use` where every live block was written (a block
+    /// handed out and never touched may not be resident).
     pub resident: u64,
-    /// Free memory still committed: free pages waiting out the purge delay
-    /// and cached large mappings.
+    /// Of `resident`, the bytes of free memory the kernel still holds:
+    /// free pages waiting out the purge delay and cached large mappings
+    /// (`mincore`, as `resident`).
     pub free_resident: u64,
     /// Bytes of the pages live threads' heaps and the node's shared heap
     /// hold (of heaps made on this node), their free blocks included.
@@ -131,9 +134,10 @@ impl Stats {
             s.in_use = ld(&c.huge_bytes);
             s.allocs = ld(&c.huge_allocs);
             s.frees = ld(&c.huge_frees);
-            s.free_resident = ld(&c.dirty);
+            let (resident, free_resident) = a.resident();
+            s.free_resident = free_resident;
             s.retained = s.reserved.saturating_sub(s.committed);
-            s.resident = a.resident() + ld(&c.huge_bytes);
+            s.resident = resident + ld(&c.huge_bytes);
         }
         let (mut heaps, mut orphan_heaps) = (0, 0);
         for_each_heap(state, |h| {

@@ -594,6 +594,27 @@ pub unsafe fn decommit(ptr: NonNull<u8>, len: usize) -> Result<()> {
     super::os_result(unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTNEED) }, "madvise(MADV_DONTNEED)")
 }
 
+/// Which pages of `len` at `ptr` (page-aligned, mapped) the kernel holds
+/// in memory (`mincore`): `out[i]` is true for the `i`-th page; `out` holds
+/// at least a byte per page of the range, at most 4,096 pages (16 MiB of
+/// base pages) a call.
+pub fn resident_pages(ptr: NonNull<u8>, len: usize, out: &mut [bool]) -> Result<()> {
+    let _errno = super::KeepErrno::new();
+    let page = super::page_size();
+    let pages = len.div_ceil(page);
+    let mut vec = [0u8; 4096];
+    if pages > vec.len() || out.len() < pages {
+        return Err(Error::Os { call: "mincore", errno: libc::EINVAL });
+    }
+    // SAFETY: a mapped, page-aligned range of the caller's; `vec` holds a
+    // byte for each of its pages.
+    super::os_result(unsafe { libc::mincore(ptr.as_ptr().cast(), len, vec.as_mut_ptr()) }, "mincore")?;
+    for (o, &v) in out.iter_mut().zip(&vec[..pages]) {
+        *o = v & 1 != 0;
+    }
+    Ok(())
+}
+
 /// Bytes of `len` at `ptr` (page-aligned, mapped) the kernel holds in
 /// memory (`mincore`), counted a page at a time in chunks of 16 MiB.
 pub fn resident_bytes(ptr: NonNull<u8>, len: usize) -> Result<u64> {

@@ -111,25 +111,45 @@ impl Arena {
     }
 
     /// Bytes of the arena's segments and cached mappings the kernel holds
-    /// in memory (`mincore`, under the lock: a statistic, not a hot path).
-    pub(crate) fn resident(&self) -> u64 {
+    /// in memory (`mincore`, under the lock: a statistic, not a hot path),
+    /// and of those, the bytes of free slots and cached mappings: what is
+    /// resident and free, measured, so that the two figures add up (free
+    /// slots are counted whole in `dirty`, touched or not).
+    pub(crate) fn resident(&self) -> (u64, u64) {
+        let page = crate::os::page_size();
+        let per_slot = SLOT_SIZE / page;
         let g = self.inner.lock();
-        let mut n = 0;
+        let (mut all, mut free) = (0u64, 0u64);
+        let mut present = [false; SEGMENT_SIZE / 4096];
         let mut seg = g.segments;
         // SAFETY: listed segments and cached mappings are live under the
-        // lock we hold; each is a page-aligned mapping of ours.
+        // lock we hold; each is a page-aligned mapping of ours; a
+        // segment's slot maps are read under the lock that guards them.
         unsafe {
             while !seg.is_null() {
-                n += mem::resident_bytes(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE).unwrap_or(0);
+                let pages = SEGMENT_SIZE / page;
+                if pages <= present.len()
+                    && mem::resident_pages(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE, &mut present).is_ok()
+                {
+                    for (slot, chunk) in present[..pages].chunks(per_slot).enumerate() {
+                        let n = chunk.iter().filter(|&&p| p).count() as u64 * page as u64;
+                        all += n;
+                        if (*seg).free_slots & (1 << slot) != 0 {
+                            free += n;
+                        }
+                    }
+                }
                 seg = (*seg).seg.next;
             }
             let mut c = g.cached;
             while !c.is_null() {
-                n += mem::resident_bytes(NonNull::new_unchecked(c.cast()), (*c).len).unwrap_or(0);
+                let n = mem::resident_bytes(NonNull::new_unchecked(c.cast()), (*c).len).unwrap_or(0);
+                all += n;
+                free += n;
                 c = (*c).next;
             }
         }
-        n
+        (all, free)
     }
 
     /// Whether the node looked out of memory at its last attempt (a racy
