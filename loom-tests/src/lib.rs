@@ -69,3 +69,26 @@ pub mod region_model {
         }
     }
 }
+
+/// Runs `f` under loom with at most `preemptions` preemptions per
+/// execution (`None`: unbounded), prints how many executions it explored
+/// under `name`, and returns that number.
+#[cfg(loom)]
+pub fn explore(name: &str, preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) -> usize {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = preemptions;
+    // Spin locks yield in their loops under loom: more branches than its
+    // default 1,000 in an execution where three threads contend.
+    b.max_branches = 20_000;
+    b.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        f()
+    });
+    let n = runs.load(Ordering::Relaxed);
+    println!("loom model {name}: {n} executions");
+    n
+}

@@ -18,10 +18,11 @@
 use loom::sync::Arc;
 use loom::thread;
 use numaweave::sync::Mutex;
+use numaweave_loom_tests::explore;
 
 #[test]
 fn threads_take_turns_and_a_sleeper_is_woken() {
-    loom::model(|| {
+    explore("mutex: two lockers", None, || {
         let m = Arc::new(Mutex::new(0u32));
         let t = {
             let m = m.clone();
@@ -36,7 +37,7 @@ fn threads_take_turns_and_a_sleeper_is_woken() {
 /// The holder's side: holds the lock across two writes; another thread
 /// tries it twice, and writes only under a guard it got.
 fn try_model(release_on_failure: bool) {
-    loom::model(move || {
+    explore("mutex: a failed try under a holder", None, move || {
         let m = Arc::new(Mutex::new(0u32));
         let holder = {
             let m = m.clone();

@@ -17,6 +17,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
 use numaweave::slab::published::{BadTable, Table, Words, read_words, table_words};
+use numaweave_loom_tests::explore;
 
 fn table() -> Arc<Vec<AtomicU64>> {
     let w: Vec<AtomicU64> = (0..table_words(1)).map(|_| AtomicU64::new(0)).collect();
@@ -36,10 +37,8 @@ fn whole(t: &Table) {
     }
 }
 
-fn model(read: fn(&[AtomicU64]) -> Result<Table, BadTable>) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(2);
-    b.check(move || {
+fn model(name: &str, read: fn(&[AtomicU64]) -> Result<Table, BadTable>) {
+    explore(name, Some(2), move || {
         let w = table();
         let writer = {
             let w = w.clone();
@@ -62,7 +61,7 @@ fn model(read: fn(&[AtomicU64]) -> Result<Table, BadTable>) {
 
 #[test]
 fn a_reader_never_accepts_a_torn_entry() {
-    model(read_words);
+    model("published table: a writer and a reader", read_words);
 }
 
 /// The planted bug: `seq` tested once, before the copy.
@@ -78,5 +77,5 @@ fn read_testing_seq_once(words: &[AtomicU64]) -> Result<Table, BadTable> {
 #[test]
 #[should_panic(expected = "a torn entry accepted")]
 fn planted_reader_that_tests_seq_once_accepts_a_torn_entry() {
-    model(read_testing_seq_once);
+    model("published table: planted reader", read_testing_seq_once);
 }
