@@ -813,6 +813,63 @@ pub struct numaweave_node_stats {
     pub huge_regions: u64,
     /// Regions that asked for hugetlb pages and got base pages (cumulative).
     pub huge_fallbacks: u64,
+    /// Bytes of the node's segments and cached mappings in memory, plus
+    /// live huge blocks whole.
+    pub resident: u64,
+    /// Of `resident`, free memory the kernel still holds.
+    pub free_resident: u64,
+    /// Bytes of the pages live threads' heaps hold.
+    pub in_heaps: u64,
+    /// Bytes of the pages exited threads' heaps hold, waiting for adoption.
+    pub orphaned: u64,
+    /// Address space mapped but not committed.
+    pub retained: u64,
+}
+
+impl From<&numaweave::stats::NodeStats> for numaweave_node_stats {
+    /// Field by field, by name on both sides and with no `..`: a counter
+    /// added to `NodeStats` fails to compile here until this struct (and
+    /// so `numaweave.h`) has it too.
+    fn from(s: &numaweave::stats::NodeStats) -> Self {
+        let numaweave::stats::NodeStats {
+            reserved,
+            committed,
+            in_use,
+            returned,
+            allocs,
+            frees,
+            remote_frees,
+            fallbacks,
+            huge_live,
+            regions,
+            huge_regions,
+            huge_fallbacks,
+            resident,
+            free_resident,
+            in_heaps,
+            orphaned,
+            retained,
+        } = *s;
+        numaweave_node_stats {
+            reserved,
+            committed,
+            in_use,
+            returned,
+            allocs,
+            frees,
+            remote_frees,
+            fallbacks,
+            huge_live,
+            regions,
+            huge_regions,
+            huge_fallbacks,
+            resident,
+            free_resident,
+            in_heaps,
+            orphaned,
+            retained,
+        }
+    }
 }
 
 /// Fills `out[node]` for every node below `max` (nodes the allocator does
@@ -826,24 +883,8 @@ pub unsafe extern "C" fn numaweave_stats(out: *mut numaweave_node_stats, max: c_
     let s = A.stats();
     let top = s.nodes.iter().last().map_or(0, |n| n + 1);
     for n in 0..(max.max(0) as usize).min(s.per_node.len()) {
-        let p = &s.per_node[n];
         // SAFETY: per the contract, `n < max`.
-        unsafe {
-            out.add(n).write(numaweave_node_stats {
-                reserved: p.reserved,
-                committed: p.committed,
-                in_use: p.in_use,
-                returned: p.returned,
-                allocs: p.allocs,
-                frees: p.frees,
-                remote_frees: p.remote_frees,
-                fallbacks: p.fallbacks,
-                huge_live: p.huge_live,
-                regions: p.regions,
-                huge_regions: p.huge_regions,
-                huge_fallbacks: p.huge_fallbacks,
-            })
-        };
+        unsafe { out.add(n).write((&s.per_node[n]).into()) };
     }
     top as c_int
 }

@@ -271,9 +271,14 @@ static void test_api(void) {
     numaweave_node_stats st[64];
     int n = numaweave_stats(st, 64);
     CHECK(n >= 1);
-    unsigned long long allocs = 0;
-    for (int i = 0; i < n; i++) allocs += st[i].allocs;
-    CHECK(allocs > 0);
+    unsigned long long allocs = 0, resident = 0;
+    for (int i = 0; i < n; i++) {
+        allocs += st[i].allocs;
+        resident += st[i].resident;
+        /* The lifecycle's figures reach C too, and add up. */
+        CHECK(st[i].resident >= st[i].free_resident);
+    }
+    CHECK(allocs > 0 && resident > 0);
     char table[4096];
     CHECK(numaweave_stats_print(table, sizeof table) > 0 && strstr(table, "node") != NULL);
     numaweave_collect();
