@@ -33,7 +33,8 @@
 //!   descriptors and opens its own keeps them while its slab cache grows,
 //!   and gets a slab table of its own; the table cannot be truncated;
 //! - `tests/c/failures.c`: every entry point's failures (sizes, alignments,
-//!   an address-space limit) with glibc's result and errno, preloaded.
+//!   an address-space limit) with glibc's result and errno, and four
+//!   threads going on with every mmap refused (seccomp), preloaded.
 //!
 //! The preloaded programs run under glibc's malloc too, as the control that
 //! what they expect is what glibc does.
@@ -304,6 +305,7 @@ fn every_failure_sets_errno_as_glibcs_malloc_does() {
     let limit = std::time::Duration::from_secs(120);
     passes_preloaded_and_under_glibc(&exe, &["all"], limit);
     passes_preloaded_and_under_glibc(&exe, &["limit"], limit);
+    passes_preloaded_and_under_glibc(&exe, &["nommap"], limit);
 }
 
 #[test]

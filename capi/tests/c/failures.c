@@ -25,7 +25,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -192,10 +200,158 @@ static void limit(void) {
     fill_free_and_refill(16 << 10, 4096);
 }
 
+#if defined(__x86_64__)
+#define OUR_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define OUR_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+/* From now on every thread's mmap and mremap fail with ENOMEM. */
+static void refuse_mappings(void) {
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, OUR_ARCH, 0, 4),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_mmap, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_mremap, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOMEM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof code / sizeof code[0], code};
+    CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+    CHECK(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) == 0);
+    /* The filter holds: a mapping of our own is refused too. */
+    errno = 0;
+    CHECK(mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED && errno == ENOMEM);
+}
+
+enum { STRESSERS = 4, LIVE = 256, ROUNDS = 40000 };
+static pthread_barrier_t warmed, filtered;
+
+struct stress {
+    int id;
+    long served, refused;
+};
+
+/* The byte of block `slot` of thread `id` at offset `at`. */
+static unsigned char pattern(int id, int slot, size_t at) {
+    return (unsigned char)(id * 31 + slot * 7 + at);
+}
+
+/* Fills (or checks) the first and last 64 bytes of a block, and every 4 KiB. */
+static void fill(unsigned char *p, size_t n, int id, int slot, int check) {
+    for (size_t at = 0; at < n; at = at < 64 || at + 64 >= n ? at + 1 : (at | 4095) + 1 < n - 64 ? (at | 4095) + 1 : n - 64) {
+        if (check)
+            CHECK_AT(p[at] == pattern(id, slot, at), at);
+        else
+            p[at] = pattern(id, slot, at);
+    }
+}
+
+static size_t size_of_round(unsigned *seed) {
+    unsigned r = rand_r(seed);
+    switch (r % 100) {
+    case 0: return ((size_t)1 << 20) + r % 4096 * 4096; /* 1-17 MiB */
+    case 1: return (size_t)64 << 20;
+    case 2 ... 9: return 16384 + r % (256 << 10);
+    default: return 16 + r % 2048;
+    }
+}
+
+static void *stress(void *arg) {
+    struct stress *s = arg;
+    unsigned seed = 12345u + s->id;
+    unsigned char *blocks[LIVE] = {0};
+    size_t sizes[LIVE] = {0};
+    /* Warm: a heap of every size this thread will ask, freed. */
+    for (int i = 0; i < LIVE; i++) {
+        sizes[i] = size_of_round(&seed);
+        blocks[i] = malloc(sizes[i]);
+        CHECK(blocks[i] != NULL);
+    }
+    for (int i = 0; i < LIVE; i++) free(blocks[i]), blocks[i] = NULL;
+    pthread_barrier_wait(&warmed);
+    pthread_barrier_wait(&filtered);
+    for (int round = 0; round < ROUNDS; round++) {
+        int i = rand_r(&seed) % LIVE;
+        if (blocks[i]) {
+            fill(blocks[i], sizes[i], s->id, i, 1);
+            if (rand_r(&seed) % 2) {
+                free(blocks[i]);
+                blocks[i] = NULL;
+                continue;
+            }
+            size_t n = size_of_round(&seed);
+            errno = 4242;
+            unsigned char *q = realloc(blocks[i], n);
+            if (!q) {
+                CHECK(errno == ENOMEM);
+                s->refused++;
+                continue; /* the old block is kept, checked when next met */
+            }
+            s->served++;
+            size_t kept = n < sizes[i] ? n : sizes[i];
+            for (size_t at = 0; at < kept && at < 64; at++) CHECK_AT(q[at] == pattern(s->id, i, at), at);
+            blocks[i] = q;
+            sizes[i] = n;
+            fill(q, n, s->id, i, 0);
+            continue;
+        }
+        size_t n = size_of_round(&seed);
+        errno = 4242;
+        int zero = rand_r(&seed) % 4 == 0;
+        unsigned char *p = zero ? calloc(1, n) : malloc(n);
+        if (!p) {
+            CHECK(errno == ENOMEM);
+            s->refused++;
+            continue;
+        }
+        s->served++;
+        if (zero)
+            for (size_t at = 0; at < n; at += 4093) CHECK_AT(p[at] == 0, at);
+        blocks[i] = p;
+        sizes[i] = n;
+        fill(p, n, s->id, i, 0);
+    }
+    for (int i = 0; i < LIVE; i++) {
+        if (blocks[i]) fill(blocks[i], sizes[i], s->id, i, 1);
+        free(blocks[i]);
+    }
+    return NULL;
+}
+
+static void no_mappings(void) {
+    pthread_t t[STRESSERS];
+    struct stress s[STRESSERS];
+    /* (stdout's buffer before the filter: printing allocates.) */
+    printf("failures nommap: %d threads, %d rounds each, every mmap and mremap refused\n", STRESSERS, ROUNDS);
+    fflush(stdout);
+    CHECK(pthread_barrier_init(&warmed, NULL, STRESSERS + 1) == 0);
+    CHECK(pthread_barrier_init(&filtered, NULL, STRESSERS + 1) == 0);
+    for (int i = 0; i < STRESSERS; i++) {
+        s[i] = (struct stress){.id = i};
+        CHECK(pthread_create(&t[i], NULL, stress, &s[i]) == 0);
+    }
+    pthread_barrier_wait(&warmed);
+    refuse_mappings();
+    pthread_barrier_wait(&filtered);
+    long served = 0, refused = 0;
+    for (int i = 0; i < STRESSERS; i++) {
+        CHECK(pthread_join(t[i], NULL) == 0);
+        served += s[i].served;
+        refused += s[i].refused;
+    }
+    printf("failures nommap: %ld served, %ld refused with ENOMEM, contents intact\n", served, refused);
+    /* Warm heaps serve on: most small requests were had. */
+    CHECK(served > refused);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
     if (strcmp(what, "limit") == 0) {
         limit();
+    } else if (strcmp(what, "nommap") == 0) {
+        no_mappings();
     } else {
         sizes();
         alignments();
