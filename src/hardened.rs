@@ -1,6 +1,12 @@
 //! Hardened builds (cargo feature `hardened`): misuse of the allocator is
-//! caught and reported instead of silently corrupting a heap. Compiled away
-//! otherwise: nothing here exists in a default build.
+//! caught and reported instead of silently corrupting a heap. The checks
+//! are a layer, as snmalloc's are: this module is compiled in every build,
+//! and every use of it sits behind `if HARDENED { … }` ([`HARDENED`], a
+//! constant), so a default build's code has none of it (the compiler drops
+//! the branch before optimising) while both builds type-check the same
+//! code. Data a default build must not carry is sized by the constant (the
+//! map of freed huge mappings, a huge segment's block start, a slab cache's
+//! checks: no bytes); `cfg` is left for the public report hook.
 //!
 //! - Free-list links of heap pages are stored encoded with a per-page key
 //!   (mimalloc's encoded free lists, SLUB's hardened free pointer) and
@@ -32,6 +38,10 @@ use core::fmt;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::os::file;
+
+/// Whether this is a hardened build (cargo feature `hardened`): the one
+/// switch every check of the allocator and the slab caches sits behind.
+pub(crate) const HARDENED: bool = cfg!(feature = "hardened");
 
 /// The process secret (odd once set).
 static SECRET: AtomicU64 = AtomicU64::new(0);
@@ -124,23 +134,23 @@ fn secret() -> u64 {
     SECRET.load(Ordering::Relaxed)
 }
 
-/// Whether `NUMAWEAVE_CHECK=full` is on.
+/// Whether `NUMAWEAVE_CHECK=full` is on (never in a default build).
 #[inline(always)]
 pub(crate) fn full() -> bool {
-    flags() & FULL != 0
+    HARDENED && flags() & FULL != 0
 }
 
-/// Whether guard pages are on.
+/// Whether guard pages are on (never in a default build).
 #[inline]
 pub(crate) fn guards() -> bool {
-    flags() & GUARD != 0
+    HARDENED && flags() & GUARD != 0
 }
 
 /// Whether `NUMAWEAVE_CHECK=full` is on, once the switches were read (on
 /// paths only a block that exists can reach: its allocation read them).
 #[inline(always)]
 pub(crate) fn full_now() -> bool {
-    FLAGS.load(Ordering::Relaxed) & FULL != 0
+    HARDENED && FLAGS.load(Ordering::Relaxed) & FULL != 0
 }
 
 /// The switches, read on first use: the very first allocation must know

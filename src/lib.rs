@@ -57,9 +57,10 @@
 #[cfg(not(loom))]
 pub mod alloc;
 pub mod error;
-// The loom build models the concurrent structures, not the allocator, which
-// alone uses these checks.
-#[cfg(all(feature = "hardened", not(loom)))]
+// Compiled in every build, used behind `if HARDENED` (`hardened::HARDENED`):
+// a default build's optimizer drops every use. The loom build models the
+// concurrent structures, not the allocator, which alone uses these checks.
+#[cfg(not(loom))]
 pub(crate) mod hardened;
 pub mod os;
 pub mod policy;

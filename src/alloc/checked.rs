@@ -21,6 +21,7 @@ use crate::hardened::{self, BlockKind as B, misuse};
 /// `realloc` of a pointer that is not ours) as the allocator's own: one
 /// line on stderr, then `abort()` unless `NUMAWEAVE_ON_ERROR=report`.
 #[doc(hidden)]
+#[cfg(feature = "hardened")]
 pub fn report_misuse(what: core::fmt::Arguments<'_>) {
     misuse(what);
 }
@@ -234,14 +235,14 @@ pub(super) unsafe fn region(seg: *mut Segment, p: *mut u8) {
 pub(super) unsafe fn huge(seg: *mut Segment, p: *mut u8) {
     // SAFETY: the segment is live; its block's red zone lies in it.
     unsafe {
-        if (*seg).block != p {
+        if (*seg).block() != p {
             // Past the block's mapping the chunk is anyone's address space.
             if (p as usize).wrapping_sub((*seg).map_base as usize) >= (*seg).map_len {
                 foreign(p);
             } else {
                 misuse(format_args!(
                     "free of {p:p}, inside the huge block at {:p} (node {})",
-                    (*seg).block,
+                    (*seg).block(),
                     (*seg).arena
                 ));
             }

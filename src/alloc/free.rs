@@ -10,15 +10,12 @@
 //! Small blocks fall straight through to their `ret`; every other kind is
 //! reached by a tail call, so `free` keeps no stack frame.
 
-#[cfg(feature = "hardened")]
 use super::checked;
-use super::core::segment::segment_of;
-#[cfg(not(feature = "hardened"))]
-use super::core::segment::sink_of;
+use super::core::segment::{segment_of, sink_of};
 use super::core::types::{SegmentKind, SmallSegment};
 use super::core::{heap, segmap};
-#[cfg(not(feature = "hardened"))]
 use super::{huge, placement};
+use crate::hardened::HARDENED;
 
 /// The kinds as the segment map's byte and `free_as` name them.
 const SMALL: u8 = SegmentKind::Small as u8;
@@ -33,19 +30,20 @@ pub(super) unsafe fn free(p: *mut u8) {
     // whether `p` is ours at all (`checked`); a misuse reported without
     // aborting leaks the block. Null is in no segment of ours: C's
     // `free(NULL)` costs its test only on the way out.
-    // SAFETY: `p` is a live block (caller's contract) or, a misuse, in no
-    // segment of ours: then nothing of it is read.
-    #[cfg(feature = "hardened")]
-    unsafe {
-        if !free_if_small(p) {
-            free_checked_not_small(p);
+    if HARDENED {
+        // SAFETY: `p` is a live block (caller's contract) or, a misuse, in
+        // no segment of ours: then nothing of it is read.
+        unsafe {
+            if !free_if_small(p) {
+                free_checked_not_small(p);
+            }
         }
+        return;
     }
     // Small blocks fall straight through; the other kinds are reached by a
     // tail call.
     // SAFETY: `p` is a live block (caller's contract), so its segment
     // header is live.
-    #[cfg(not(feature = "hardened"))]
     unsafe {
         let kind = (*segment_of(p)).kind as u8;
         if kind == SMALL {
@@ -60,7 +58,6 @@ pub(super) unsafe fn free(p: *mut u8) {
 ///
 /// # Safety
 /// As [`free`]; `kind` is `p`'s segment's.
-#[cfg(not(feature = "hardened"))]
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_not_small(p: *mut u8, kind: u8) {
@@ -77,7 +74,6 @@ unsafe fn free_not_small(p: *mut u8, kind: u8) {
 ///
 /// # Safety
 /// As [`free`].
-#[cfg(feature = "hardened")]
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_checked_not_small(p: *mut u8) {
@@ -92,7 +88,6 @@ unsafe fn free_checked_not_small(p: *mut u8) {
 ///
 /// # Safety
 /// As [`free`].
-#[cfg(feature = "hardened")]
 #[inline(never)]
 #[unsafe(link_section = ".text.hot.numaweave")]
 unsafe fn free_checked_other(p: *mut u8) {
@@ -127,8 +122,7 @@ pub(super) unsafe fn free_if_ours(p: *mut u8) -> bool {
                 // (the rest may be another allocator's): tested here, off
                 // the small path. A hardened build checks it in
                 // `checked::huge`, which names the misuse.
-                #[cfg(not(feature = "hardened"))]
-                if !segmap::is_huge_block(p, huge) {
+                if !HARDENED && !segmap::is_huge_block(p, huge) {
                     return false;
                 }
                 free_as(p, huge)
@@ -176,25 +170,16 @@ unsafe fn free_as(p: *mut u8, kind: u8) {
             "the segment map names another kind"
         );
         match kind {
-            SMALL => {
-                #[cfg(feature = "hardened")]
+            SMALL if HARDENED => {
                 let page = checked::small(seg.cast::<SmallSegment>(), p);
-                #[cfg(feature = "hardened")]
-                if page.is_null() {
-                    return;
+                if !page.is_null() {
+                    heap::free_block(page, p)
                 }
-                #[cfg(not(feature = "hardened"))]
-                return heap::free_to_sink(seg.cast::<SmallSegment>(), sink_of(seg.cast::<SmallSegment>(), p), p);
-                #[cfg(feature = "hardened")]
-                heap::free_block(page, p)
             }
-            #[cfg(feature = "hardened")]
-            REGION => checked::region(seg, p),
-            #[cfg(not(feature = "hardened"))]
+            SMALL => heap::free_to_sink(seg.cast::<SmallSegment>(), sink_of(seg.cast::<SmallSegment>(), p), p),
+            REGION if HARDENED => checked::region(seg, p),
             REGION => placement::free_region(seg, p),
-            #[cfg(feature = "hardened")]
-            _ => checked::huge(seg, p),
-            #[cfg(not(feature = "hardened"))]
+            _ if HARDENED => checked::huge(seg, p),
             _ => huge::free_block(seg),
         }
     }

@@ -12,6 +12,7 @@ use super::core::segment::segment_of;
 use super::core::types::Arena;
 use super::core::types::State;
 use super::core::types::{SEGMENT_SIZE, Segment, SegmentKind};
+use crate::hardened::HARDENED;
 use crate::os::{self, mem};
 use crate::sync::Ordering;
 
@@ -129,9 +130,8 @@ fn alloc_in(state: &State, arena: &super::core::types::Arena, size: usize, align
     // SAFETY: inside the mapping, which holds `off + size` bytes.
     unsafe {
         let p = base.as_ptr().add(off);
-        #[cfg(feature = "hardened")]
-        {
-            (*h).seg.block = p;
+        if HARDENED {
+            (*h).seg.set_block(p);
         }
         if zero && !fresh {
             ptr::write_bytes(p, 0, size);
@@ -170,10 +170,11 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     c.huge_live.fetch_sub(1, Ordering::Relaxed);
     c.huge_bytes.fetch_sub(len as u64, Ordering::Relaxed);
     c.huge_frees.fetch_add(1, Ordering::Relaxed);
-    #[cfg(feature = "hardened")]
-    super::core::segmap::remove_huge(base);
-    #[cfg(not(feature = "hardened"))]
-    super::core::segmap::remove(base);
+    if HARDENED {
+        super::core::segmap::remove_huge(base);
+    } else {
+        super::core::segmap::remove(base);
+    }
     // SAFETY: the whole mapping of a block nobody uses any more.
     let base = unsafe { NonNull::new_unchecked(base) };
     // Segment-aligned mappings can be reused for any huge block of this node.
@@ -269,9 +270,8 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
         (*h).seg.map_base = b.as_ptr();
         (*h).seg.map_len = total;
         (*h).asked = new_size;
-        #[cfg(feature = "hardened")]
-        {
-            (*h).seg.block = b.as_ptr().add(off);
+        if HARDENED {
+            (*h).seg.set_block(b.as_ptr().add(off));
         }
     }
     if total >= len {
@@ -318,9 +318,8 @@ fn grow_into_cached(
                 asked: (*old.as_ptr().cast::<HugeHeader>()).asked,
             },
         );
-        #[cfg(feature = "hardened")]
-        {
-            (*h).seg.block = b.add(off);
+        if HARDENED {
+            (*h).seg.set_block(b.add(off));
         }
         ptr::copy_nonoverlapping(old.as_ptr().add(off), b.add(off), len - off);
         super::core::segmap::remove(old.as_ptr());

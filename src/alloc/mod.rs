@@ -48,7 +48,6 @@
 //! memory, for sizes whose mapping would exceed `isize::MAX / 2`, and for
 //! alignments above [`MAX_ALIGN`] (1 GiB).
 
-#[cfg(feature = "hardened")]
 mod checked;
 mod config;
 pub(crate) mod core;
@@ -65,7 +64,6 @@ use ::core::ptr::{self, NonNull};
 
 use self::core::{heap, segmap, segment, size_class, types};
 
-#[cfg(feature = "hardened")]
 use checked::handed_out;
 #[cfg(feature = "hardened")]
 pub use checked::report_misuse;
@@ -91,8 +89,7 @@ pub use config::Config;
 pub use types::Mode;
 
 use crate::error::{Error, Result};
-#[cfg(feature = "hardened")]
-use crate::hardened;
+use crate::hardened::{self, HARDENED};
 use heap::Heap;
 use segment::{page_of, segment_of};
 use size_class::class_for;
@@ -334,10 +331,7 @@ impl NumaAlloc {
         // zones need the slow path), so one compare tests both; otherwise
         // it is SMALL_MAX (`State`'s start-up sets it), so `class_of` sees
         // no larger size.
-        #[cfg(feature = "hardened")]
-        let small = hardened::fast_size(size);
-        #[cfg(not(feature = "hardened"))]
-        let small = size.wrapping_sub(1) < SMALL_MAX;
+        let small = if HARDENED { hardened::fast_size(size) } else { size.wrapping_sub(1) < SMALL_MAX };
         if small {
             let heap = heap::current_or_none();
             // SAFETY: the calling thread's heap or `NO_HEAP`; the class is
@@ -362,7 +356,6 @@ impl NumaAlloc {
     #[inline(always)]
     pub unsafe fn alloc_miss(&self, size: usize) -> *mut u8 {
         debug_assert!(size != 0, "malloc(0) is malloc(1)");
-        #[cfg(feature = "hardened")]
         if hardened::full() {
             // SAFETY: forwarded contract.
             return unsafe { self.alloc(Layout::from_size_align_unchecked(size, malloc_align(size))) };
@@ -449,7 +442,6 @@ impl NumaAlloc {
     /// non-zero and, rounded up to 16, at most `isize::MAX`.
     #[unsafe(link_section = ".text.hot.numaweave")]
     pub unsafe fn realloc_unsized(&self, p: *mut u8, new_size: usize) -> *mut u8 {
-        #[cfg(feature = "hardened")]
         if hardened::full() {
             // SAFETY: forwarded contract; the asked size with alignment 8
             // is the block's layout as far as the red zone is concerned.
@@ -542,19 +534,17 @@ impl NumaAlloc {
             // Fresh huge mappings are zero already: zeroed inside if reused.
             Where::Node(node) => {
                 let p = huge::alloc_on(state, node, size, align, zero);
-                #[cfg(feature = "hardened")]
-                // SAFETY: a block just handed out.
-                unsafe {
-                    handed_out(p)
-                };
+                if HARDENED {
+                    // SAFETY: a block just handed out.
+                    unsafe { handed_out(p) };
+                }
                 return p;
             }
         };
-        #[cfg(feature = "hardened")]
-        // SAFETY: a block just handed out.
-        unsafe {
-            handed_out(p)
-        };
+        if HARDENED {
+            // SAFETY: a block just handed out.
+            unsafe { handed_out(p) };
+        }
         if zero && !p.is_null() {
             // SAFETY: a block of at least `size` bytes.
             unsafe { ptr::write_bytes(p, 0, size) };
@@ -596,7 +586,6 @@ unsafe fn alloc_class<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *
 /// API (a hardened build under `NUMAWEAVE_CHECK=full` adds a red zone).
 #[inline(always)]
 pub(crate) fn padded(size: usize) -> usize {
-    #[cfg(feature = "hardened")]
     if hardened::full() {
         return size + hardened::PAD;
     }
@@ -632,19 +621,18 @@ pub(crate) fn cold_block(state: &'static State, size: usize, align: usize) -> (*
 /// `p` is null or such a block.
 #[inline(always)]
 pub(crate) unsafe fn handed_out_for(p: *mut u8, size: usize) {
-    #[cfg(feature = "hardened")]
-    // SAFETY: `p` is null or a block of this allocator just handed out for
-    // `size` bytes (the caller's word).
-    unsafe {
-        checked::handed_out(p);
-        if hardened::full() && !p.is_null() {
-            hardened::set_red_zone(p, size, raw_usable_size(p));
+    if HARDENED {
+        // SAFETY: `p` is null or a block of this allocator just handed out
+        // for `size` bytes (the caller's word).
+        unsafe {
+            checked::handed_out(p);
+            if hardened::full() && !p.is_null() {
+                hardened::set_red_zone(p, size, raw_usable_size(p));
+            }
         }
     }
-    let _ = (p, size);
 }
 
-#[cfg(feature = "hardened")]
 /// `NUMAWEAVE_CHECK=full`: `layout` with the red zone's bytes more; the
 /// block gets its red zone.
 ///
@@ -677,7 +665,6 @@ unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) -> *mut u8 
 unsafe fn usable_size(p: *const u8) -> usize {
     // SAFETY: forwarded contract.
     let bs = unsafe { raw_usable_size(p) };
-    #[cfg(feature = "hardened")]
     if hardened::full() {
         // SAFETY: a live block, handed out with its red zone.
         return unsafe { hardened::asked_size(p, bs) };
@@ -724,8 +711,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
         // A small size under the fast bound answers "switches read, `full`
         // off" in one compare: its pop need not look at `full` again. Only
         // the others ask.
-        #[cfg(feature = "hardened")]
-        {
+        if HARDENED {
             if hardened::fast_size(layout.size()) {
                 // SAFETY: forwarded contract; `full` is off.
                 return unsafe { self.alloc_checked_off(layout) };
@@ -747,7 +733,6 @@ unsafe impl GlobalAlloc for NumaAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        #[cfg(feature = "hardened")]
         if hardened::full() {
             // SAFETY: forwarded contract.
             return unsafe { alloc_red_zoned(self, layout, true) };
@@ -759,7 +744,6 @@ unsafe impl GlobalAlloc for NumaAlloc {
 
     #[unsafe(link_section = ".text.hot.numaweave")]
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        #[cfg(feature = "hardened")]
         if hardened::full() {
             // Every size change moves the block: its red zone follows the size.
             // SAFETY: forwarded contract; `new_size` with the old alignment
@@ -803,7 +787,6 @@ impl NumaAlloc {
     ///
     /// # Safety
     /// As `GlobalAlloc::alloc`; `layout.size() <= SMALL_MAX`.
-    #[cfg(feature = "hardened")]
     #[inline(always)]
     unsafe fn alloc_checked_off(&self, layout: Layout) -> *mut u8 {
         debug_assert!(layout.size() <= SMALL_MAX && !hardened::full());

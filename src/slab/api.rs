@@ -15,6 +15,7 @@ use super::register::Registrar;
 use super::stats::{CacheStats, register_cache};
 use super::thread::{self, Start};
 use crate::error::{DeviceKind, Error, Result};
+use crate::hardened::HARDENED;
 use crate::os::mem::Huge;
 use crate::topology::Topology;
 
@@ -423,11 +424,10 @@ fn alloc_raw<const RAW: bool>(core: &Arc<Core>, start: Start, on_empty: OnEmpty)
     if let Start::Default = start
         && let Some(p) = thread::alloc_fast(core, None)
     {
-        #[cfg(feature = "hardened")]
-        // SAFETY: just taken from the cache.
-        unsafe {
-            core.handing_out(p)
-        };
+        if HARDENED {
+            // SAFETY: just taken from the cache.
+            unsafe { core.handing_out(p) };
+        }
         if RAW && core.zero {
             // SAFETY: a fresh object of `size` bytes, ours.
             unsafe { p.as_ptr().write_bytes(0, core.size) };
@@ -447,11 +447,10 @@ fn alloc_raw_slow(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<N
         Some(p) => p,
         None => thread::alloc_slow(core, start, on_empty)?,
     };
-    #[cfg(feature = "hardened")]
-    // SAFETY: just taken from the cache.
-    unsafe {
-        core.handing_out(p)
-    };
+    if HARDENED {
+        // SAFETY: just taken from the cache.
+        unsafe { core.handing_out(p) };
+    }
     if core.zero {
         // SAFETY: a fresh object of `size` bytes, ours.
         unsafe { p.as_ptr().write_bytes(0, core.size) };
@@ -477,10 +476,11 @@ fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
         // refills it a magazine at a time (one depot or slab lock round trip
         // per `rounds` objects).
         let got = thread::alloc_fast_many(core, &mut out[i..]);
-        #[cfg(feature = "hardened")]
-        for &p in &out[i..i + got] {
-            // SAFETY: just taken from the cache (non-null).
-            unsafe { core.handing_out(NonNull::new_unchecked(p)) };
+        if HARDENED {
+            for &p in &out[i..i + got] {
+                // SAFETY: just taken from the cache (non-null).
+                unsafe { core.handing_out(NonNull::new_unchecked(p)) };
+            }
         }
         i += got;
         if i == out.len() {
@@ -858,9 +858,8 @@ impl RawCache {
         if !unsafe { self.core.check_owner(obj) } {
             return;
         }
-        #[cfg(feature = "hardened")]
         // SAFETY: checked to be an object of this cache.
-        if !unsafe { self.core.freeing(obj) } {
+        if HARDENED && !unsafe { self.core.freeing(obj) } {
             return;
         }
         // SAFETY: checked to be ours; the caller gives it up.
@@ -873,19 +872,17 @@ impl RawCache {
     /// # Safety
     /// As [`free`](Self::free), for each object (no duplicates).
     pub unsafe fn free_bulk(&self, objs: &[NonNull<u8>]) {
-        #[cfg(not(feature = "hardened"))]
-        {
+        if !HARDENED {
             for &o in objs {
-                // SAFETY: per the contract (a wrong one panics).
+                // SAFETY: each lies in a slab (the caller's word), which is
+                // what the check reads; a wrong one panics.
                 unsafe { self.core.check_owner(o) };
             }
             // SAFETY: checked; the caller gives them up.
             unsafe { thread::free_bulk(&self.core, objs) };
-        }
-        // Under `NUMAWEAVE_ON_ERROR=report` the objects found wrong are left
-        // out (leaked), the others freed.
-        #[cfg(feature = "hardened")]
-        {
+        } else {
+            // Under `NUMAWEAVE_ON_ERROR=report` the objects found wrong are
+            // left out (leaked), the others freed.
             // SAFETY: per the contract each lies in a slab; checked to be
             // this cache's before its mark is looked at.
             let ok: Vec<_> =

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 use super::chunk::Chunks;
+use super::hardened::{Check, Checks};
 use super::magazine::{Depot, Magazine, RemoteList};
 use super::register::Registrar;
 use crate::error::{Error, Result};
+use crate::hardened::HARDENED;
 use crate::os::mem::{self, Huge};
 use crate::os::thread::{futex_wait, futex_wake};
 use crate::sync::{CachePadded, Mutex, MutexGuard};
@@ -37,10 +39,12 @@ const DEPOT_MAX_FULL: usize = 32;
 /// Every slab's range, in debug and hardened builds, so that a pointer from
 /// another cache (whose slab alignment may differ) or from no cache at all
 /// is named rather than followed blindly.
-#[cfg(any(debug_assertions, feature = "hardened"))]
 static SLAB_RANGES: Mutex<std::collections::BTreeMap<usize, usize>> = Mutex::new(std::collections::BTreeMap::new());
 
-#[cfg(any(debug_assertions, feature = "hardened"))]
+/// Whether frees look their slab up in [`SLAB_RANGES`] (and check the
+/// offset is an object's start): debug and hardened builds.
+const RANGES: bool = cfg!(debug_assertions) || HARDENED;
+
 fn ranges() -> MutexGuard<'static, std::collections::BTreeMap<usize, usize>> {
     SLAB_RANGES.lock()
 }
@@ -48,8 +52,9 @@ fn ranges() -> MutexGuard<'static, std::collections::BTreeMap<usize, usize>> {
 /// The `fork()` handlers' part here: the table of slab ranges, taken after
 /// every node lock (under which it is used).
 pub(crate) fn lock_ranges_for_fork() {
-    #[cfg(any(debug_assertions, feature = "hardened"))]
-    SLAB_RANGES.lock_raw();
+    if RANGES {
+        SLAB_RANGES.lock_raw();
+    }
 }
 
 /// Releases what [`lock_ranges_for_fork`] took.
@@ -58,12 +63,12 @@ pub(crate) fn lock_ranges_for_fork() {
 /// Taken by `lock_ranges_for_fork` on this thread (or, in a forked child,
 /// the thread it was copied from).
 pub(crate) unsafe fn unlock_ranges_after_fork() {
-    // SAFETY: `lock_ranges_for_fork` took it on this thread (or the thread the
-    // child was copied from), so it is held and ours to release.
-    #[cfg(any(debug_assertions, feature = "hardened"))]
-    unsafe {
-        SLAB_RANGES.unlock_raw()
-    };
+    if RANGES {
+        // SAFETY: `lock_ranges_for_fork` took it on this thread (or the
+        // thread the child was copied from), so it is held and ours to
+        // release.
+        unsafe { SLAB_RANGES.unlock_raw() };
+    }
 }
 
 /// A wrong pointer handed to a cache's free: a panic, or in hardened builds
@@ -71,13 +76,11 @@ pub(crate) unsafe fn unlock_ranges_after_fork() {
 #[cold]
 #[inline(never)]
 fn reject(what: core::fmt::Arguments<'_>) -> bool {
-    #[cfg(feature = "hardened")]
-    {
-        crate::hardened::misuse(what);
-        false
+    if !HARDENED {
+        panic!("numaweave: {what}");
     }
-    #[cfg(not(feature = "hardened"))]
-    panic!("numaweave: {what}")
+    crate::hardened::misuse(what);
+    false
 }
 
 /// A constructor for raw objects.
@@ -326,9 +329,8 @@ pub(crate) struct Core {
     pub(crate) dead: AtomicBool,
     /// Migrations, demotion, and the node the slabs were moved to.
     pub(crate) moves: Moves,
-    /// Where objects keep their misuse checks.
-    #[cfg(feature = "hardened")]
-    pub(crate) check: super::hardened::Check,
+    /// Where objects keep their misuse checks (hardened builds).
+    pub(crate) check: Checks,
 }
 
 /// No node: the cache was never migrated, or no demotion is set.
@@ -447,15 +449,7 @@ impl Core {
             return Err(Error::LayoutTooLarge { size, align: spec.align });
         }
         let align = spec.align.max(core::mem::align_of::<*mut u8>());
-        // With a constructor the object's state must survive being free, so
-        // the link lives after it (as SLUB does); otherwise in its first word.
-        #[cfg(not(feature = "hardened"))]
-        let (link, stride) = {
-            let link = if spec.ctor.is_some() { size.next_multiple_of(8) } else { 0 };
-            (link, (link + 8).max(size).next_multiple_of(align))
-        };
-        #[cfg(feature = "hardened")]
-        let (link, stride, check) = super::hardened::Check::layout(size, align, spec.ctor.is_some());
+        let (link, stride, check) = Check::layout(size, align, spec.ctor.is_some());
         let first = core::mem::size_of::<Slab>().next_multiple_of(align);
         if first + 2 * stride > MAX_SLAB {
             return Err(Error::LayoutTooLarge { size, align });
@@ -524,7 +518,6 @@ impl Core {
             nodes,
             dead: AtomicBool::new(false),
             moves: Moves::new(),
-            #[cfg(feature = "hardened")]
             check,
         })
     }
@@ -555,18 +548,17 @@ impl Core {
     /// readable. (Debug and hardened builds need neither: they look the slab
     /// up in the registry of slabs.)
     pub(crate) unsafe fn check_owner(&self, obj: NonNull<u8>) -> bool {
-        #[cfg(not(any(debug_assertions, feature = "hardened")))]
-        let s = self.slab_of(obj);
         // Found from the registry, an object of a cache with another slab
         // size is named, not misread, and a pointer into no slab at all (a
         // stack address) is never followed.
-        #[cfg(any(debug_assertions, feature = "hardened"))]
-        let s = {
+        let s = if RANGES {
             let a = obj.as_ptr() as usize;
             match ranges().range(..=a).next_back() {
                 Some((&start, &len)) if a < start + len => start as *mut Slab,
                 _ => return reject(format_args!("{obj:p} freed into slab cache \"{}\" is not in any slab", self.name)),
             }
+        } else {
+            self.slab_of(obj)
         };
         // SAFETY: per the contract the header address is readable.
         let (magic, owner) = unsafe { ((*s).magic, (*s).core) };
@@ -588,8 +580,7 @@ impl Core {
         // Debug and hardened builds also check the offset (a division: kept
         // off the default release build's free path).
         let off = obj.as_ptr() as usize - s as usize;
-        let checked = cfg!(any(debug_assertions, feature = "hardened"));
-        if off < self.first || (checked && !(off - self.first).is_multiple_of(self.stride)) {
+        if off < self.first || (RANGES && !(off - self.first).is_multiple_of(self.stride)) {
             return reject(format_args!(
                 "{obj:p} is inside an object of slab cache \"{}\", not at its start",
                 self.name
@@ -690,11 +681,10 @@ impl Core {
             }
             let obj = slab.cast::<u8>().wrapping_add(self.first + st.carved as usize * self.stride);
             st.carved += 1;
-            #[cfg(feature = "hardened")]
-            // SAFETY: a fresh slot of this cache.
-            unsafe {
-                self.check.carved(obj)
-            };
+            if let Some(check) = self.check.first() {
+                // SAFETY: a fresh slot of this cache.
+                unsafe { check.carved(obj) };
+            }
             if let Some(ctor) = &self.ctor {
                 // SAFETY: a fresh slot of `stride` bytes inside the slab.
                 ctor(unsafe { NonNull::new_unchecked(obj) });
@@ -771,8 +761,9 @@ impl Core {
                 },
             });
             s.empty.push(slab, ListId::Empty);
-            #[cfg(any(debug_assertions, feature = "hardened"))]
-            ranges().insert(slab as usize, len);
+            if RANGES {
+                ranges().insert(slab as usize, len);
+            }
             // Each slab keeps the cache alive (see `Core`).
             Arc::increment_strong_count(self);
         }
@@ -796,8 +787,9 @@ impl Core {
         };
         s.capacity -= cap;
         s.mapped -= len;
-        #[cfg(any(debug_assertions, feature = "hardened"))]
-        ranges().remove(&(slab as usize));
+        if RANGES {
+            ranges().remove(&(slab as usize));
+        }
         // SAFETY: no object of an empty slab is in use; its slot is ours
         // (locked by `new_slab` when the cache locks).
         unsafe {
@@ -973,11 +965,13 @@ impl Core {
     ///
     /// # Safety
     /// `obj` is an object of this cache just taken from it.
-    #[cfg(feature = "hardened")]
     #[inline]
     pub(crate) unsafe fn handing_out(&self, obj: NonNull<u8>) {
-        // SAFETY: forwarded contract.
-        unsafe { self.check.handing_out(obj, &self.name, self.size) }
+        if let Some(check) = self.check.first() {
+            // SAFETY: `obj` is an object of this cache just taken from it
+            // (the caller's word), which is what the check reads and writes.
+            unsafe { check.handing_out(obj, &self.name, self.size) }
+        }
     }
 
     /// An object being freed by its user, in a hardened build: false if it
@@ -985,11 +979,12 @@ impl Core {
     ///
     /// # Safety
     /// `obj` is the start of an object of this cache ([`Core::check_owner`]).
-    #[cfg(feature = "hardened")]
     pub(crate) unsafe fn freeing(&self, obj: NonNull<u8>) -> bool {
-        // SAFETY: forwarded contract; `node_of` reads the header of a slab
-        // of this cache.
-        unsafe { self.check.freeing(obj, &self.name, self.size, || self.node_of(obj)) }
+        let Some(check) = self.check.first() else { return true };
+        // SAFETY: `obj` is the start of an object of this cache (the
+        // caller's word), so its mark word is within it; `node_of` reads the
+        // header of a slab of this cache.
+        unsafe { check.freeing(obj, &self.name, self.size, || self.node_of(obj)) }
     }
 
     /// The node whose memory holds the slabs of node `list`.

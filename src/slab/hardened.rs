@@ -1,5 +1,5 @@
-//! Hardened slab caches (cargo feature `hardened`; see the allocator's
-//! `alloc/hardened.rs` for the switches and the report): a freed raw object
+//! Hardened slab caches (cargo feature `hardened`; see `hardened.rs` at the
+//! crate's root for the switches and the report): a freed raw object
 //! carries a freed mark, so a second free is caught on any thread; with
 //! `NUMAWEAVE_CHECK=full` every object is followed by a red zone checked at
 //! free, and a freed object of a cache without constructor is poisoned,
@@ -12,7 +12,7 @@
 
 use core::ptr::NonNull;
 
-use crate::hardened::{self as h, misuse};
+use crate::hardened::{self as h, HARDENED, misuse};
 
 /// Where a cache's objects keep their checks (offsets into an object).
 #[derive(Clone, Copy, Debug)]
@@ -25,9 +25,24 @@ pub(crate) struct Check {
     poison: (usize, usize),
 }
 
+/// A cache's checks as it keeps them: one in hardened builds, none (and no
+/// bytes of the cache's state) in default ones.
+pub(crate) type Checks = [Check; HARDENED as usize];
+
 impl Check {
-    /// The link offset, stride and checks of a cache's objects.
-    pub(crate) fn layout(size: usize, align: usize, ctor: bool) -> (usize, usize, Check) {
+    /// No checks (what a default build's layout yields, in no bytes).
+    const NONE: Check = Check { mark: 0, red: (0, 0), poison: (0, 0) };
+
+    /// The link offset, stride and checks of a cache's objects. With a
+    /// constructor the object's state must survive being free, so the link
+    /// lives after it (as SLUB does); otherwise in its first word. A
+    /// hardened build's free object also carries its freed mark (and under
+    /// `NUMAWEAVE_CHECK=full` the object its red zone).
+    pub(crate) fn layout(size: usize, align: usize, ctor: bool) -> (usize, usize, Checks) {
+        if !HARDENED {
+            let link = if ctor { size.next_multiple_of(8) } else { 0 };
+            return (link, (link + 8).max(size).next_multiple_of(align), [Check::NONE; HARDENED as usize]);
+        }
         h::init();
         let full = h::full();
         // At least one byte of red zone: an overflow by one is the common one.
@@ -37,12 +52,12 @@ impl Check {
             let stride = (link + 16).next_multiple_of(align);
             let red = if full { (size, link) } else { (0, 0) };
             let poison = if full && !ctor { (0, size) } else { (0, 0) };
-            (link, stride, Check { mark: link + 8, red, poison })
+            (link, stride, [Check { mark: link + 8, red, poison }; HARDENED as usize])
         } else {
             let stride = (size + pad).next_multiple_of(align);
             let red = if full { (size, stride) } else { (0, 0) };
             let poison = if full { (16, size) } else { (0, 0) };
-            (0, stride, Check { mark: 8, red, poison })
+            (0, stride, [Check { mark: 8, red, poison }; HARDENED as usize])
         }
     }
 }

@@ -68,7 +68,7 @@ mod cache;
 mod chunk;
 #[cfg(not(loom))]
 mod dma;
-#[cfg(all(feature = "hardened", not(loom)))]
+#[cfg(not(loom))]
 mod hardened;
 #[cfg(not(loom))]
 mod migrate;

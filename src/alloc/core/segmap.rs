@@ -37,6 +37,7 @@ use core::ptr::{self, NonNull};
 use super::segment::segment_of;
 
 use super::types::{SEGMENT_SHIFT, SegmentKind};
+use crate::hardened::HARDENED;
 use crate::os::mem::{self, Placer};
 use crate::sync::{AtomicPtr, AtomicU8, Ordering};
 
@@ -97,9 +98,10 @@ fn entry(i: usize, make: bool) -> Option<&'static AtomicU8> {
 
 /// Hardened builds: the marks of chunks below 8 TiB that held a huge block
 /// freed since (a second free of its start is a double free, not a foreign
-/// pointer; above 8 TiB it is reported as a foreign one).
-#[cfg(feature = "hardened")]
-static FREED_HUGE: [AtomicU8; CHUNKS] = [const { AtomicU8::new(0) }; CHUNKS];
+/// pointer; above 8 TiB it is reported as a foreign one). Empty in a
+/// default build, which would carry 2 MiB of `.bss` for nothing.
+static FREED_HUGE: [AtomicU8; FREED_CHUNKS] = [const { AtomicU8::new(0) }; FREED_CHUNKS];
+const FREED_CHUNKS: usize = if HARDENED { CHUNKS } else { 0 };
 
 /// The bit of a huge block's mark; the low five bits are the log2 of the
 /// block's offset from its header. (Small and region marks have it clear.)
@@ -158,7 +160,6 @@ fn mark(base: *const u8, mark: u8) {
     };
     let old = e.swap(mark, Ordering::Relaxed);
     debug_assert_eq!(old, 0, "a segment marked twice");
-    #[cfg(feature = "hardened")]
     if let Some(f) = FREED_HUGE.get(i) {
         f.store(0, Ordering::Relaxed);
     }
@@ -166,7 +167,6 @@ fn mark(base: *const u8, mark: u8) {
 
 /// Hardened builds: unmarks the chunk of a huge block being freed, and
 /// remembers its mark.
-#[cfg(feature = "hardened")]
 pub(crate) fn remove_huge(base: *const u8) {
     let i = base as usize >> SEGMENT_SHIFT;
     if let Some(e) = entry(i, false) {
@@ -180,7 +180,6 @@ pub(crate) fn remove_huge(base: *const u8) {
 
 /// Hardened builds: whether `p` is the start of a huge block freed since
 /// (rather than any other address of its chunk, which may be anyone's).
-#[cfg(feature = "hardened")]
 pub(crate) fn was_freed_huge(p: *const u8) -> bool {
     FREED_HUGE.get(segment_of(p) as usize >> SEGMENT_SHIFT).is_some_and(|f| {
         let m = f.load(Ordering::Relaxed);

@@ -51,7 +51,6 @@ pub(crate) unsafe fn page_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page 
 ///
 /// # Safety
 /// `p` must point into a slot of `seg` that belongs to a page.
-#[cfg(not(feature = "hardened"))]
 #[inline(always)]
 pub(crate) unsafe fn sink_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page {
     let slot = (p as usize - seg as usize) >> SLOT_SHIFT;

@@ -29,6 +29,8 @@
 //! the 8-byte class for 1 to 8 bytes and the multiples of 16 above, as
 //! glibc, jemalloc, mimalloc and tcmalloc give.
 
+use crate::hardened::HARDENED;
+
 /// The geometry blocks are cut from: 4 MiB segments of 64 KiB slots (see
 /// `types.rs`'s `Segment`).
 pub(crate) const SEGMENT_SHIFT: usize = 22;
@@ -99,10 +101,7 @@ fn last_of_nonzero(size: usize) -> usize {
     debug_assert!(size != 0 && size <= SMALL_MAX);
     // The hardened build keeps a freed mark in a block's second word: its
     // smallest block is 16 bytes.
-    #[cfg(feature = "hardened")]
-    return (size - 1).max(15);
-    #[cfg(not(feature = "hardened"))]
-    return size - 1;
+    if HARDENED { (size - 1).max(15) } else { size - 1 }
 }
 
 /// The class of C's `malloc(size)` (`size` at most [`SMALL_MAX`]; 0 is
@@ -326,7 +325,7 @@ pub const COLOURS: usize = 64;
 /// its block moved down to the alignment, inside its own page
 /// ([`realigned`](super::heap::realigned)).
 pub const fn coloured(c: usize) -> bool {
-    !cfg!(feature = "hardened") && one_block(c)
+    !HARDENED && one_block(c)
 }
 
 /// Whether a page of class `c` holds one block: from 64 KiB, the classes
@@ -374,7 +373,7 @@ mod tests {
             assert!(class_size(c) <= 128 || class_size(c).is_multiple_of(CLASS_ALIGN));
             prev = class_size(c);
         }
-        let smallest = if cfg!(feature = "hardened") { 16 } else { 1 };
+        let smallest = if HARDENED { 16 } else { 1 };
         for size in 1..=SMALL_MAX {
             let c = class_of(size);
             assert_eq!(class_of_nonzero(size), c, "the fast paths' class of {size}");
@@ -415,7 +414,7 @@ mod tests {
         }
         assert_eq!(class_of(0), class_of(1));
         assert_eq!(class_of_malloc(0), class_of(1));
-        assert_eq!(class_size(class_of_malloc(8)), if cfg!(feature = "hardened") { 16 } else { 8 });
+        assert_eq!(class_size(class_of_malloc(8)), if HARDENED { 16 } else { 8 });
         assert_eq!(class_size(class_of_malloc(40)), 48, "C23: a 40-byte block holds a 16-aligned header");
         assert_eq!(class_size(class_of(56)), 56, "word-sized objects get their own class");
         assert_eq!(class_size(class_of(4104)), 4608, "a page and a header: 12% waste, not 25%");
@@ -449,7 +448,7 @@ mod tests {
                 assert!(!coloured(c));
             } else {
                 assert_eq!(page_blocks(c), 1, "class {c}: one block a page");
-                assert_eq!(coloured(c), !cfg!(feature = "hardened"));
+                assert_eq!(coloured(c), !HARDENED);
                 // The last colour still fits the block, and no slot less would.
                 let need = bs + (COLOURS - 1) * 64;
                 assert!(room >= need && room - 65536 < need, "class {c}");

@@ -10,6 +10,7 @@ use core::ptr;
 
 use super::lifecycle;
 use super::types::{Arena, ExitHook, Lifecycle, MetaChunk, Mode, STATE, Settings, State};
+use crate::hardened::{self, HARDENED};
 use crate::os::{file, thread};
 use crate::sync::{AtomicBool, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, Topology};
@@ -43,10 +44,9 @@ impl State {
         if let Err(e) = thread::at_fork(thread::ForkRank::Core, fork_prepare, fork_release) {
             file::report(format_args!("numaweave: no fork handlers ({e}): fork() from a threaded program may hang"));
         }
-        #[cfg(feature = "hardened")]
-        {
-            crate::hardened::init();
-            crate::hardened::set_fast_bound(super::size_class::SMALL_MAX);
+        if HARDENED {
+            hardened::init();
+            hardened::set_fast_bound(super::size_class::SMALL_MAX);
         }
         let s = slot.as_mut_ptr();
         // SAFETY: writes the field in place (nothing was there to drop); the

@@ -13,6 +13,7 @@ use core::ptr;
 
 use super::size_class::{self, CLASSES};
 pub(crate) use super::size_class::{SEGMENT_MASK, SEGMENT_SHIFT, SEGMENT_SIZE, SLOT_SHIFT, SLOT_SIZE, SLOTS};
+use crate::hardened::HARDENED;
 use crate::os::mem::Huge;
 use crate::os::thread;
 use crate::sync::{
@@ -52,10 +53,10 @@ pub(crate) struct Segment {
     pub(crate) map_len: usize,
     /// Small: link in the arena's segment list (under the arena lock).
     pub(crate) next: *mut SmallSegment,
-    /// Hardened builds, huge: where the block starts (an interior pointer
-    /// is told from it).
-    #[cfg(feature = "hardened")]
-    pub(crate) block: *mut u8,
+    /// Huge, in hardened builds: where the block starts (an interior
+    /// pointer is told from it). No bytes in default builds, where it would
+    /// push a small segment's page descriptors a cache line further.
+    block: [*mut u8; HARDENED as usize],
 }
 
 impl Segment {
@@ -71,8 +72,22 @@ impl Segment {
             map_base,
             map_len,
             next: ptr::null_mut(),
-            #[cfg(feature = "hardened")]
-            block: ptr::null_mut(),
+            block: [ptr::null_mut(); HARDENED as usize],
+        }
+    }
+
+    /// A huge segment's block start (hardened builds; null in default ones).
+    #[inline]
+    pub(crate) fn block(&self) -> *mut u8 {
+        self.block.first().copied().unwrap_or(ptr::null_mut())
+    }
+
+    /// Records a huge segment's block start (hardened builds; nothing in
+    /// default ones).
+    #[inline]
+    pub(crate) fn set_block(&mut self, p: *mut u8) {
+        if let Some(b) = self.block.first_mut() {
+            *b = p;
         }
     }
 }
@@ -144,24 +159,23 @@ pub(crate) struct Info {
     /// The segment's arena (node), copied here so a policy's slow-path check
     /// reads the line it already has.
     pub(crate) node: u8,
-    /// Hardened builds: the key its free-list links are encoded with.
-    #[cfg(feature = "hardened")]
+    /// The fields below are set and read in hardened builds only; they fill
+    /// what would be the line's padding (28 bytes of fields before them),
+    /// so the descriptor is one line in both builds.
+    ///
+    /// The key its free-list links are encoded with.
     pub(crate) key: usize,
-    /// Hardened builds: `ceil(2^64 / block_size)`, so that a free tells a
-    /// block's start by one multiplication (Lemire's divisibility test), not
-    /// a division.
-    #[cfg(feature = "hardened")]
+    /// `ceil(2^64 / block_size)`, so that a free tells a block's start by
+    /// one multiplication (Lemire's divisibility test), not a division.
     pub(crate) inv: u64,
-    /// Hardened builds: `capacity * block_size`, the bytes the blocks span,
-    /// where `free` checks a block on its fast path; 0 where it must not:
-    /// a descriptor of no live page (the header's, a free page's) and every
-    /// page under `NUMAWEAVE_CHECK=full` (whose frees are checked out of
-    /// line), so that one bound sends all of them to the slow path.
-    #[cfg(feature = "hardened")]
+    /// `capacity * block_size`, the bytes the blocks span, where `free`
+    /// checks a block on its fast path; 0 where it must not: a descriptor
+    /// of no live page (the header's, a free page's) and every page under
+    /// `NUMAWEAVE_CHECK=full` (whose frees are checked out of line), so
+    /// that one bound sends all of them to the slow path.
     pub(crate) span: u32,
-    /// Hardened builds: how far past `start` a free block's link may point
-    /// (the page's slots); `usize::MAX` for a page not checked (a pool's).
-    #[cfg(feature = "hardened")]
+    /// How far past `start` a free block's link may point (the page's
+    /// slots); `usize::MAX` for a page not checked (a pool's).
     pub(crate) links: usize,
 }
 
@@ -208,13 +222,9 @@ impl Page {
                 slots: 0,
                 first_slot: 0,
                 node: 0,
-                #[cfg(feature = "hardened")]
                 key: 0,
-                #[cfg(feature = "hardened")]
                 inv: 0,
-                #[cfg(feature = "hardened")]
                 span: 0,
-                #[cfg(feature = "hardened")]
                 links: usize::MAX,
             },
             remote: Remote { thread_free: CountedStack::new(), remote_next: ptr::null_mut() },

@@ -20,6 +20,7 @@ use core::ptr;
 
 use crate::alloc::core::types::{Block, Page};
 use crate::alloc::region::NodeRegion;
+use crate::hardened::{self, HARDENED};
 
 /// Most bytes carved for a pool at once (carving writes each block's first
 /// word).
@@ -90,11 +91,10 @@ impl Pool {
         let page = self.page.get();
         // SAFETY: the pool's own page, not lent now (no pool is open).
         unsafe {
-            #[cfg(feature = "hardened")]
-            {
+            if HARDENED {
                 // The heap pops with the page's key: encode the links. (The
                 // node is for reports.)
-                (*page).info.key = crate::hardened::page_key(page.cast());
+                (*page).info.key = hardened::page_key(page.cast());
                 (*page).info.node = (*crate::alloc::core::segment::segment_of(list.cast())).arena;
                 let mut b = list;
                 while !b.is_null() {
@@ -126,12 +126,11 @@ impl Pool {
         unsafe {
             let taken = (*page).used.wrapping_sub(self.used0.get()) as usize;
             let rest = core::mem::replace(&mut (*page).free, ptr::null_mut());
-            #[cfg(feature = "hardened")]
-            {
+            if HARDENED {
                 // Plain links again, for the region's lists.
                 let mut b = rest;
                 while !b.is_null() {
-                    let next = crate::hardened::decode((*b).next, (*page).info.key);
+                    let next = hardened::decode((*b).next, (*page).info.key);
                     (*b).next = next;
                     b = next;
                 }
@@ -159,14 +158,7 @@ impl Pool {
         let b = p.cast::<Block>();
         // SAFETY: per the contract; the page's free list is this thread's.
         unsafe {
-            #[cfg(feature = "hardened")]
-            {
-                (*b).next = crate::hardened::encode((*page).free, (*page).info.key);
-            }
-            #[cfg(not(feature = "hardened"))]
-            {
-                (*b).next = (*page).free;
-            }
+            (*b).next = if HARDENED { hardened::encode((*page).free, (*page).info.key) } else { (*page).free };
             (*page).free = b;
         }
         true

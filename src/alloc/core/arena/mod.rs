@@ -14,6 +14,7 @@ use super::types::{
     Arena, ArenaCounters, ArenaInner, Heap, Mode, OWNER_NONE, OWNER_RECLAIM, OWNER_THREAD, Page, SEGMENT_SIZE,
     SLOT_SIZE, SLOTS, Segment, SegmentKind, SmallSegment, State,
 };
+use crate::hardened::{self, HARDENED};
 use crate::os::mem::{self, BindFlags, MemPolicy};
 use crate::sync::{AtomicUsize, Ordering};
 use crate::topology::NodeSet;
@@ -384,8 +385,7 @@ impl Arena {
             debug_assert_eq!((*page).used, 0);
             (*page).info.heap.store(ptr::null_mut(), Ordering::Relaxed);
             // A free into the page now fails the hardened free's bound.
-            #[cfg(feature = "hardened")]
-            {
+            if HARDENED {
                 (*page).info.span = 0;
             }
             (*seg).free_slots |= mask;
@@ -450,11 +450,7 @@ pub(crate) fn alloc_meta(state: &State, size: usize, align: usize) -> Option<Non
 /// hardened build), else 0.
 #[inline]
 pub(crate) fn guard_len() -> usize {
-    #[cfg(feature = "hardened")]
-    if crate::hardened::guards() {
-        return crate::os::page_size();
-    }
-    0
+    if HARDENED && hardened::guards() { crate::os::page_size() } else { 0 }
 }
 
 fn slot_mask(first: usize, slots: usize) -> u64 {
@@ -567,12 +563,11 @@ fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usiz
         // Its own sink: the heap that takes it points the slots at its free
         // cache, if it keeps one (`Heap::fresh_page`).
         store_sinks(seg, page, page);
-        #[cfg(feature = "hardened")]
-        {
-            (*page).info.key = crate::hardened::page_key(page.cast());
+        if HARDENED {
+            (*page).info.key = hardened::page_key(page.cast());
             (*page).info.inv = u64::MAX / bs as u64 + 1;
             // (Full-mode frees are all checked out of line: see `Info::span`.)
-            (*page).info.span = if crate::hardened::full_now() { 0 } else { (*page).info.capacity * bs as u32 };
+            (*page).info.span = if hardened::full_now() { 0 } else { (*page).info.capacity * bs as u32 };
             (*page).info.links = slots * SLOT_SIZE;
         }
         NonNull::new_unchecked(page)

@@ -9,13 +9,14 @@ use super::{Heap, Placement, empty_page, in_page, link, node_of};
 use crate::alloc::core::segment::{self, segment_of};
 use crate::alloc::core::size_class::{self, CLASSES};
 use crate::alloc::core::types::{Block, Page, SmallSegment, State};
+use crate::hardened::HARDENED;
 use crate::sync::{AtomicPtr, Ordering};
 
 /// Whether local frees go through the class's free cache. Not in hardened
 /// builds: their free-list links are encoded with each page's key and
 /// checked against the page's bounds, which a list of many pages' blocks
 /// has not.
-pub(crate) const CACHING: bool = cfg!(not(feature = "hardened"));
+pub(crate) const CACHING: bool = !HARDENED;
 
 /// The most blocks a class's free cache holds before a free gives all but
 /// the newest half of them back to their pages (more when a page's long

@@ -6,9 +6,7 @@
 use core::ptr;
 
 use super::{Heap, bump, current, current_or_none, in_page, link, next_of};
-#[cfg(not(feature = "hardened"))]
 use crate::alloc::core::segment;
-#[cfg(not(feature = "hardened"))]
 use crate::alloc::core::types::SmallSegment;
 use crate::alloc::core::types::{Block, OWNER_THREAD, Page, State};
 use crate::sync::Ordering;
@@ -189,7 +187,6 @@ impl Heap {
 ///
 /// # Safety
 /// `p` is a live block of `page`, checked (hardened builds) and marked freed.
-#[cfg(feature = "hardened")]
 #[inline(always)]
 pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
     // (`NO_HEAP` owns no page.)
@@ -210,7 +207,6 @@ pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
 ///
 /// # Safety
 /// `p` is a live block of `seg`; `sink` its slot's sink.
-#[cfg(not(feature = "hardened"))]
 #[inline(always)]
 pub(crate) unsafe fn free_to_sink(seg: *mut SmallSegment, sink: *mut Page, p: *mut u8) {
     // (`NO_HEAP` owns no page, nor is it a free cache's heap.)

@@ -9,10 +9,10 @@
 use core::ptr;
 
 use super::{Heap, empty_page};
-#[cfg(not(feature = "hardened"))]
 use super::{next_of, page_span};
 use crate::alloc::core::size_class::CLASSES;
 use crate::alloc::core::types::{ClassSet, Decay, Page, State};
+use crate::hardened::HARDENED;
 use crate::sync::Ordering;
 
 impl Heap {
@@ -141,7 +141,11 @@ impl Heap {
     /// `page` is a live page of the caller's heap (or of a claimed one).
     #[cold]
     unsafe fn purge_free_blocks(page: *mut Page) {
-        #[cfg(not(feature = "hardened"))]
+        if HARDENED {
+            // A hardened build keeps freed blocks' contents (the poison
+            // a use after free is found by), so purges none.
+            return;
+        }
         // SAFETY: owner-only fields of a live page of the caller's; the
         // ranges purged are free blocks' memory past their links, and the
         // page's never handed out tail, which no one reads.
@@ -170,8 +174,6 @@ impl Heap {
                 }
             }
         }
-        #[cfg(feature = "hardened")]
-        let _ = page;
     }
 
     /// Bytes of the pages the heap holds.

@@ -2,21 +2,19 @@
 //! its page, plainly, or in a hardened build encoded with the page's key
 //! and checked against the page's bounds before it is followed.
 
-#[cfg(feature = "hardened")]
 use core::ptr;
 
 use crate::alloc::core::types::{Block, Page};
+use crate::hardened::{self, BlockKind, HARDENED};
 
 /// The link a free block of `page` stores to the next one: encoded in a
 /// hardened build, plain otherwise.
 #[inline(always)]
 pub(crate) unsafe fn link(page: *mut Page, next: *mut Block) -> *mut Block {
-    #[cfg(feature = "hardened")]
-    // SAFETY: the caller passes a live page.
-    return crate::hardened::encode(next, unsafe { (*page).info.key });
-    #[cfg(not(feature = "hardened"))]
-    {
-        let _ = page;
+    if HARDENED {
+        // SAFETY: the caller passes a live page.
+        hardened::encode(next, unsafe { (*page).info.key })
+    } else {
         next
     }
 }
@@ -50,7 +48,6 @@ pub(super) fn prefetch(block: *mut Block) {
 ///
 /// # Safety
 /// `page` is a live page.
-#[cfg(feature = "hardened")]
 #[inline(always)]
 pub(crate) unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
     // SAFETY: `page` is live (the caller's word); its `info` is written
@@ -65,7 +62,6 @@ pub(crate) unsafe fn outside(page: *mut Page, block: *mut Block) -> bool {
 ///
 /// # Safety
 /// `page` is a live page.
-#[cfg(feature = "hardened")]
 #[inline(always)]
 pub(super) unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
     // SAFETY: `page` is live (the caller's word), as `outside` needs.
@@ -77,14 +73,13 @@ pub(super) unsafe fn link_outside(page: *mut Page, next: *mut Block) -> bool {
 ///
 /// # Safety
 /// `page` is a live page.
-#[cfg(feature = "hardened")]
 #[cold]
 #[inline(never)]
 pub(crate) unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut Block {
     // SAFETY: `page` is live (the caller's word): its `info` is read for
     // the report, nothing is read through `next`.
     unsafe {
-        crate::hardened::misuse(format_args!(
+        hardened::misuse(format_args!(
             "corrupted free list in the {}-byte page at {:p} (node {}): a free block links to {next:p}",
             (*page).info.block_size,
             (*page).info.start,
@@ -100,40 +95,29 @@ pub(crate) unsafe fn corrupted_list(page: *mut Page, next: *mut Block) -> *mut B
 pub(crate) unsafe fn next_of(page: *mut Page, block: *mut Block) -> *mut Block {
     // SAFETY: the caller passes a free block of the page.
     let stored = unsafe { (*block).next };
-    #[cfg(feature = "hardened")]
+    if !HARDENED {
+        return stored;
+    }
     // SAFETY: as above.
     unsafe {
-        let next = crate::hardened::decode(stored, (*page).info.key);
+        let next = hardened::decode(stored, (*page).info.key);
         if link_outside(page, next) {
             return corrupted_list(page, next);
         }
         next
     }
-    #[cfg(not(feature = "hardened"))]
-    {
-        let _ = page;
-        stored
-    }
 }
 
 /// What a page's blocks are, for hardened reports and checks: a pool's page
 /// (no slots of its own) lends region blocks.
-#[cfg(feature = "hardened")]
 ///
 /// # Safety
 /// `page` is live.
 #[inline(always)]
-pub(crate) unsafe fn kind_of(page: *mut Page) -> (usize, crate::hardened::BlockKind) {
+pub(crate) unsafe fn kind_of(page: *mut Page) -> (usize, BlockKind) {
     // SAFETY: `page` is live (the caller's word); `info` is written once,
     // when the page is taken.
     let (bs, node, slots) =
         unsafe { ((*page).info.block_size as usize, usize::from((*page).info.node), (*page).info.slots) };
-    (
-        bs,
-        if slots == 0 {
-            crate::hardened::BlockKind::Region(bs, node)
-        } else {
-            crate::hardened::BlockKind::Sized(bs, node)
-        },
-    )
+    (bs, if slots == 0 { BlockKind::Region(bs, node) } else { BlockKind::Sized(bs, node) })
 }

@@ -50,13 +50,8 @@ mod registry;
 mod shared;
 
 pub(crate) use cache::{CACHING, cache_room};
-#[cfg(feature = "hardened")]
-pub(crate) use free::free_block;
-#[cfg(not(feature = "hardened"))]
-pub(crate) use free::free_to_sink;
-#[cfg(feature = "hardened")]
-pub(crate) use links::{corrupted_list, kind_of, outside};
-pub(crate) use links::{link, next_of};
+pub(crate) use free::{free_block, free_to_sink};
+pub(crate) use links::{corrupted_list, kind_of, link, next_of, outside};
 pub(crate) use pages::EXPIRE_EVERY;
 pub(crate) use registry::for_each_heap;
 
@@ -68,6 +63,7 @@ use super::size_class::{self, CLASSES, page_slots};
 #[cfg(debug_assertions)]
 use super::types::SmallSegment;
 use super::types::{Page, SLOT_SIZE};
+use crate::hardened::HARDENED;
 use crate::sync::{AtomicU64, Ordering};
 use crate::topology::NodeSet;
 
@@ -183,16 +179,13 @@ pub(crate) fn current_or_none() -> *mut Heap {
 /// `NUMAWEAVE_ON_ERROR=report`, dropped it (null: the caller looks further).
 #[inline(always)]
 pub(crate) fn served(p: *mut u8) -> bool {
-    cfg!(not(feature = "hardened")) || !p.is_null()
+    !HARDENED || !p.is_null()
 }
 
 /// Whether a hardened build may have dropped a corrupted free list (its
 /// free blocks lost to their page) since a report it went on from.
 pub(crate) fn lists_dropped() -> bool {
-    #[cfg(feature = "hardened")]
-    return crate::hardened::went_on();
-    #[cfg(not(feature = "hardened"))]
-    false
+    HARDENED && crate::hardened::went_on()
 }
 
 /// The address range of `page`'s slots: from its first slot's start (a

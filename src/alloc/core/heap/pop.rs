@@ -4,20 +4,18 @@
 //! (remote frees taken, more blocks carved), else a fresh page of the
 //! arena it names.
 
-use core::ptr;
-#[cfg(feature = "hardened")]
-use core::ptr::NonNull;
+use core::ptr::{self, NonNull};
 
 use super::{
     CACHING, EXPIRE_EVERY, Heap, Placement, bump, empty_page, in_page, link, lists_dropped, next_of, no_heap, node_of,
     page_bytes, page_span, served,
 };
-#[cfg(feature = "hardened")]
 use super::{corrupted_list, kind_of, outside};
 use crate::alloc::core::segment::{self, segment_of};
 use crate::alloc::core::size_class::CLASSES;
 use crate::alloc::core::types::Arena;
 use crate::alloc::core::types::{Block, Page, SmallSegment, State};
+use crate::hardened::{self, HARDENED};
 use crate::sync::Ordering;
 use crate::topology::NodeSet;
 
@@ -78,8 +76,7 @@ impl Heap {
             // A hardened build's checks that may report or need more than
             // this path finish the pop out of line (tail calls: `malloc`
             // keeps no stack frame). The head first: it is read next.
-            #[cfg(feature = "hardened")]
-            if outside(page, block) {
+            if HARDENED && outside(page, block) {
                 return Heap::pop_corrupt(page, block);
             }
             debug_assert!(
@@ -92,8 +89,7 @@ impl Heap {
                 Heap::is_lent(heap, class) || (*page).info.heap.load(Ordering::Relaxed) == heap,
                 "a direct page of another heap"
             );
-            #[cfg(feature = "hardened")]
-            if LOOK_FULL && crate::hardened::full_now() {
+            if HARDENED && LOOK_FULL && hardened::full_now() {
                 return Heap::pop_full(heap, page, block, class).as_ptr();
             }
             Heap::pop_not_full(heap, page, block, class)
@@ -113,14 +109,13 @@ impl Heap {
         unsafe {
             // (A hardened build checks the link it reads when it is the
             // head: before the next pop reads through it.)
-            #[cfg(feature = "hardened")]
-            {
-                let next = crate::hardened::decode((*block).next, (*page).info.key);
-                crate::hardened::handing_out_plain(block.cast());
+            if HARDENED {
+                let next = hardened::decode((*block).next, (*page).info.key);
+                hardened::handing_out_plain(block.cast());
                 Heap::take(heap, page, block, next, class)
+            } else {
+                Heap::take(heap, page, block, next_of(page, block), class)
             }
-            #[cfg(not(feature = "hardened"))]
-            Heap::take(heap, page, block, next_of(page, block), class)
         }
     }
 
@@ -160,13 +155,12 @@ impl Heap {
     ///
     /// # Safety
     /// As [`take`](Self::take).
-    #[cfg(feature = "hardened")]
     #[cold]
     #[inline(never)]
     pub(super) unsafe fn pop_full(heap: *mut Heap, page: *mut Page, block: *mut Block, class: usize) -> NonNull<u8> {
         // SAFETY: per the contract; `block` is not null.
         unsafe {
-            crate::hardened::handing_out(block.cast(), || kind_of(page));
+            hardened::handing_out(block.cast(), || kind_of(page));
             NonNull::new_unchecked(Heap::take(heap, page, block, next_of(page, block), class))
         }
     }
@@ -179,7 +173,6 @@ impl Heap {
     ///
     /// # Safety
     /// As [`take`](Self::take), `block` unread.
-    #[cfg(feature = "hardened")]
     #[cold]
     #[inline(never)]
     pub(super) unsafe fn pop_corrupt(page: *mut Page, block: *mut Block) -> *mut u8 {
@@ -353,12 +346,12 @@ impl Heap {
             debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
             let block = (*page).free;
             debug_assert!(!block.is_null());
-            #[cfg(feature = "hardened")]
-            if outside(page, block) {
+            if HARDENED && outside(page, block) {
                 return Heap::pop_corrupt(page, block);
             }
-            #[cfg(feature = "hardened")]
-            crate::hardened::handing_out(block.cast(), || kind_of(page));
+            if HARDENED {
+                hardened::handing_out(block.cast(), || kind_of(page));
+            }
             (*page).free = next_of(page, block);
             (*page).used += 1;
             bump(&(*heap).counters.allocs[usize::from((*page).info.class)], 1);
@@ -454,8 +447,9 @@ pub(super) unsafe fn carve(page: *mut Page) {
             (*b).next = link(page, next);
             // A fresh block carries no freed mark (a page's memory may hold
             // an earlier class's stale one).
-            #[cfg(feature = "hardened")]
-            b.cast::<usize>().add(1).write(0);
+            if HARDENED {
+                b.cast::<usize>().add(1).write(0);
+            }
         }
         (*page).free = first.cast();
         (*page).carved += n;

@@ -32,6 +32,7 @@ use crate::alloc::core::segment::{self, segment_of};
 use crate::alloc::core::size_class::CLASSES;
 use crate::alloc::core::types::SharedHeap;
 use crate::alloc::core::types::{OWNER_SHARED, OWNER_THREAD, SmallSegment, State};
+use crate::hardened::HARDENED;
 use crate::sync::Ordering;
 use crate::topology::NodeSet;
 
@@ -44,7 +45,7 @@ pub(super) const SPARSE_BLOCKS: u8 = 8;
 /// page may then serve another class, and a second free of it is reported
 /// as a double free of a block of that class; a thread's own pages keep
 /// the report exact.
-const SHARING: bool = cfg!(not(feature = "hardened"));
+const SHARING: bool = !HARDENED;
 
 /// The shared heap's placement: any of its pages, fresh ones from its node.
 struct Home(usize);
