@@ -141,7 +141,7 @@ impl<const W: usize> IdSet<W> {
     /// Parses the kernel's list format (`"0-3,8,10-11"`, empty for the empty
     /// set). Ids at or beyond the capacity are not stored; their count is
     /// returned beside the set, so callers can say what they dropped.
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub fn parse_list(s: &str) -> Result<(Self, usize)> {
         let mut set = Self::new();
         let mut dropped = 0;
@@ -180,7 +180,7 @@ impl<'a> Ranges<'a> {
 impl Iterator for Ranges<'_> {
     type Item = Result<(usize, usize)>;
 
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     fn next(&mut self) -> Option<Self::Item> {
         let rest = self.rest?;
         let part = match rest.iter().position(|&b| b == b',') {
@@ -212,7 +212,7 @@ impl Iterator for Ranges<'_> {
 /// figure parser of the rest of start-up's sysfs reading (meminfo,
 /// distances), which must keep off `core::str`'s parsers.
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) fn parse_id(b: &[u8]) -> Option<usize> {
     let b = b.trim_ascii();
     if b.is_empty() {

@@ -80,7 +80,7 @@ static THROW_BAD_ALLOC_LIBCXX: Sym = Sym(c"_ZNSt3__117__throw_bad_allocEv", Atom
 
 /// A plain `new`'s block: `size` bytes aligned to [`NEW_ALIGN`], null when
 /// none can be had (never unwinds).
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 extern "C" fn new_plain(size: usize) -> *mut c_void {
     if size.wrapping_sub(1) < numaweave::alloc::SMALL_MAX {
         // SAFETY: a valid layout: a small size, a power-of-two alignment.
@@ -256,7 +256,7 @@ throwing_new! {
     /// with the size: [`new_plain`]'s block, or the new-handler and
     /// `std::bad_alloc` ([`new_failed`]). The size is kept across the call
     /// (a push that also aligns).
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     new_plain_miss(size: usize) => new_plain,
     save ["push rdi", ".cfi_def_cfa_offset 16"],
     restore ["pop rdi", ".cfi_def_cfa_offset 8"],
@@ -278,7 +278,7 @@ macro_rules! new_plain_fn {
         /// The C++ contract of the operator.
         #[cfg(target_arch = "x86_64")]
         #[unsafe(no_mangle)]
-        #[unsafe(link_section = ".text.hot.numaweave")]
+        #[unsafe(link_section = ".text.sorted.numaweave")]
         pub unsafe extern "C-unwind" fn $name(size: usize) -> *mut c_void {
             // SAFETY: any size is accepted.
             let p = unsafe { A.alloc_fast_new(size) };
@@ -482,7 +482,7 @@ macro_rules! delete_fns {
         /// # Safety
         /// The C++ contract of the operator.
         #[unsafe(no_mangle)]
-        #[unsafe(link_section = ".text.hot.numaweave")]
+        #[unsafe(link_section = ".text.sorted.numaweave")]
         pub unsafe extern "C" fn $name(p: *mut c_void $(, $arg: $t)*) {
             $(let _ = $arg;)*
             // SAFETY: forwarded contract; the size and alignment are found

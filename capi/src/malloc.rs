@@ -55,7 +55,7 @@ unsafe fn alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
 /// # Safety
 /// The C contract of `malloc`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     // The fast path makes no call, so `malloc` keeps no stack frame: what
     // may fail (a refill, errno) is in the slow path, reached by a jump (it
@@ -76,7 +76,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// The C contract of `malloc`.
 #[cold]
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
     if size == 0 {
         // The fast path sends a zero size here untried: the smallest
@@ -102,7 +102,7 @@ unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
 /// `p` is null, a live block of this allocator, or a pointer the next
 /// allocator owns.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     // SAFETY: forwarded contract.
     unsafe { free_inline(p) }
@@ -147,7 +147,7 @@ pub(crate) unsafe fn free_inline(p: *mut c_void) {
 /// # Safety
 /// As `free`.
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn free_not_small(p: *mut c_void) {
     if !p.is_null() {
         // SAFETY: forwarded contract.
@@ -161,7 +161,7 @@ unsafe fn free_not_small(p: *mut c_void) {
 /// # Safety
 /// As `free`, `p` not null.
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn free_other(p: *mut c_void) {
     debug_assert!(!p.is_null());
     // SAFETY: as in `free`.
@@ -177,7 +177,7 @@ unsafe fn free_other(p: *mut c_void) {
 /// # Safety
 /// The C contract of `calloc`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: size checked, a valid alignment.
@@ -194,7 +194,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// The C contract of `realloc`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         // SAFETY: forwarded contract.
@@ -211,7 +211,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 /// # Safety
 /// The C contract of `realloc`, `p` not null.
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn realloc_block(p: *mut c_void, size: usize) -> *mut c_void {
     if size == 0 {
         // SAFETY: forwarded contract.
@@ -241,7 +241,7 @@ unsafe fn realloc_block(p: *mut c_void, size: usize) -> *mut c_void {
 /// # Safety
 /// The C contract of `reallocarray`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: forwarded contract.
@@ -256,7 +256,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 /// `size` bytes aligned to `align`, or null with `ENOMEM` (also for an
 /// alignment beyond what numaweave serves, 1 GiB, as glibc says when it
 /// cannot find such memory).
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
     debug_assert!(align.is_power_of_two());
     if align > MAX_ALIGN || size > MAX_SIZE {
@@ -275,7 +275,7 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// `out` is valid for a write.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
     if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
@@ -296,7 +296,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 /// # Safety
 /// The C contract of `aligned_alloc`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     if !align.is_power_of_two() {
         set_errno(libc::EINVAL);
@@ -311,7 +311,7 @@ pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void
 /// # Safety
 /// The C contract of `memalign`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     let Some(align) = align.max(1).checked_next_power_of_two() else {
         set_errno(libc::EINVAL);
@@ -352,7 +352,7 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// # Safety
 /// `p` is null or a live block (of this allocator or the next one).
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     if p.is_null() {
         return 0;
@@ -370,7 +370,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 /// # Safety
 /// As `free`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
     // SAFETY: forwarded contract (the size is found from the block).
     unsafe { free(p) }
@@ -381,7 +381,7 @@ pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
 /// # Safety
 /// As `free`.
 #[unsafe(no_mangle)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
     // SAFETY: forwarded contract.
     unsafe { free(p) }

@@ -256,10 +256,10 @@ impl Usage {
             .find_map(|w| w.strip_prefix("kernelpagesize_kB="))
             .and_then(|v| v.parse().ok())
             .map_or(4096, |kb: u64| kb * 1024);
-        // The allocator's own mappings (`numaweave::alloc::PLACED`), of
+        // The allocator's own mappings (`numaweave::alloc::NEAR_RANGE`), of
         // any kind: what libnumaweave holds, resident, per node.
         let start = words.first().and_then(|a| usize::from_str_radix(a, 16).ok());
-        let kind = if start.is_some_and(|a| numaweave::alloc::PLACED.contains(&a)) {
+        let kind = if start.is_some_and(|a| numaweave::alloc::NEAR_RANGE.contains(&a)) {
             5
         } else if words.contains(&"huge") {
             0

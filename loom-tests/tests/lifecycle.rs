@@ -1,4 +1,4 @@
-//! The memory lifecycle's lock (`alloc/core/types.rs`, `Lifecycle::work`)
+//! The memory lifecycle's lock (`alloc/engine/types.rs`, `Lifecycle::work`)
 //! against a tick, a trim and a `fork()`, with the crate's `SpinLock`: a
 //! tick tries the lock and goes on if another thread holds it, a trim waits
 //! for it, and the fork handlers take it (`lock_raw`) before the fork and

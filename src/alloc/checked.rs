@@ -11,9 +11,9 @@
 
 use core::ptr;
 
-use super::core::segment::{page_of, segment_of};
-use super::core::types::{Page, Segment, SegmentKind, SmallSegment};
-use super::core::{heap, segmap};
+use super::engine::segment::{page_of, segment_of};
+use super::engine::types::{Page, Segment, SegmentKind, SmallSegment};
+use super::engine::{heap, segmap};
 use super::{huge, placement, region};
 use crate::hardened::{self, BlockKind as B, misuse};
 
@@ -65,8 +65,8 @@ pub(super) unsafe fn small(small: *mut SmallSegment, p: *mut u8) -> *mut Page {
     unsafe {
         // `p` may be the segment's end exactly (`segment_of` rounds `p - 1`
         // down): slot 64 wraps to the header's 0, whose descriptor fails.
-        let slot = ((p as usize - small as usize) >> crate::alloc::core::types::SLOT_SHIFT)
-            & (crate::alloc::core::types::SLOTS - 1);
+        let slot = ((p as usize - small as usize) >> crate::alloc::engine::types::SLOT_SHIFT)
+            & (crate::alloc::engine::types::SLOTS - 1);
         let first = usize::from(*(*small).slot_page.get_unchecked(slot));
         let page = (*small).pages.as_mut_ptr().add(first);
         let off = (p as usize).wrapping_sub((*page).info.start as usize);
@@ -109,12 +109,12 @@ unsafe fn small_slow(small: *mut SmallSegment, p: *mut u8) {
     // slot is known to be in use.
     unsafe {
         let node = (*small).seg.arena;
-        let slot = (p as usize - small as usize) >> crate::alloc::core::types::SLOT_SHIFT;
+        let slot = (p as usize - small as usize) >> crate::alloc::engine::types::SLOT_SHIFT;
         if slot == 0 {
             misuse(format_args!("free of {p:p}, inside a segment's header (node {node}): not a block"));
             return;
         }
-        if slot >= crate::alloc::core::types::SLOTS {
+        if slot >= crate::alloc::engine::types::SLOTS {
             foreign(p);
             return;
         }
@@ -282,8 +282,8 @@ pub(super) unsafe fn handed_out(p: *mut u8) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::core::size_class::{CLASSES, class_size};
-    use super::super::core::types::SEGMENT_SIZE;
+    use super::super::engine::size_class::{CLASSES, class_size};
+    use super::super::engine::types::SEGMENT_SIZE;
 
     /// The block-start test of [`small`](super::small), against a division,
     /// for every class at and around every block boundary of a segment.

@@ -2,7 +2,7 @@
 //! the start-up that turns it into the process's allocator: the core's
 //! settings go to the state, the default placement to `placement.rs`.
 
-use super::core::types::{Mode, Settings, State};
+use super::engine::types::{Mode, Settings, State};
 use super::placement::{self, PolicyGuard};
 use crate::error::Result;
 use crate::os::file;
@@ -224,7 +224,7 @@ impl Default for Config {
 /// configuration is the process's.
 #[cold]
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) fn start(config: &Config) -> &'static State {
     if let Some(s) = State::try_get() {
         return s;

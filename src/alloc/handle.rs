@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
-use super::core::heap;
-use super::core::size_class::{PAGE_CLASS, class_for};
-use super::core::types::State;
+use super::engine::heap;
+use super::engine::size_class::{PAGE_CLASS, class_for};
+use super::engine::types::State;
 use super::interleave::{self, SharedInterleaver};
 use super::{MAX_ALIGN, NumaAlloc, huge, placement};
 use crate::error::Result;
@@ -25,19 +25,19 @@ use crate::policy::{Interleave, Policy};
 
 /// Where a handle's blocks go (behind the handle's `Arc`, so the size of the
 /// larger variant costs one allocation per handle, not per clone).
-enum Place {
+enum Target {
     Node(usize),
     Interleave(Box<SharedInterleaver>),
     /// The lower tier nearest the allocating thread, looked up per block.
     Cold,
 }
 
-struct Placer {
+struct Source {
     state: &'static State,
-    place: Place,
+    target: Target,
 }
 
-impl Placer {
+impl Source {
     fn alloc(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         let (size, align) = (layout.size(), layout.align());
         if size == 0 {
@@ -51,17 +51,17 @@ impl Placer {
         let state = self.state;
         let want = super::padded(size);
         let class = class_for(want, align);
-        let p = match &self.place {
-            Place::Node(n) => match class {
+        let p = match &self.target {
+            Target::Node(n) => match class {
                 // SAFETY: a block of class `c` just handed out (or null).
                 Some(c) => unsafe { heap::realigned(super::alloc_on_node(state, c, *n), c, align) },
                 None => huge::alloc_on(state, *n, want, align, false),
             },
-            Place::Interleave(il) => interleave::handle_alloc(il, state, want, align, |node| {
+            Target::Interleave(il) => interleave::handle_alloc(il, state, want, align, |node| {
                 let c = class.filter(|&c| c < PAGE_CLASS)?;
                 Some(super::alloc_on_node(state, c, node))
             }),
-            Place::Cold => super::cold_block(state, want, align).0,
+            Target::Cold => super::cold_block(state, want, align).0,
         };
         // SAFETY: a block just handed out for `size` bytes.
         unsafe { super::handed_out_for(p, size) };
@@ -77,7 +77,7 @@ unsafe fn dealloc(ptr: NonNull<u8>, layout: Layout) {
     if layout.size() != 0 {
         // SAFETY: `ptr` is a live block of this allocator (the caller's word),
         // as `free` asks.
-        unsafe { super::free::free(ptr.as_ptr()) };
+        unsafe { super::dealloc::free(ptr.as_ptr()) };
     }
 }
 
@@ -96,7 +96,7 @@ unsafe fn dealloc(ptr: NonNull<u8>, layout: Layout) {
 /// ```
 #[derive(Clone)]
 pub struct NodeHandle {
-    placer: Arc<Placer>,
+    source: Arc<Source>,
     node: usize,
 }
 
@@ -124,16 +124,16 @@ impl NodeHandle {
 /// ```
 #[derive(Clone)]
 pub struct InterleaveHandle {
-    placer: Arc<Placer>,
+    source: Arc<Source>,
 }
 
 impl InterleaveHandle {
     /// The node whose turn it is.
     pub fn current_node(&self) -> usize {
-        match &self.placer.place {
-            Place::Interleave(il) => il.cursor.current(),
-            Place::Node(n) => *n,
-            Place::Cold => placement::cold_target(self.placer.state, self.placer.state.topology.current_node()).0,
+        match &self.source.target {
+            Target::Interleave(il) => il.cursor.current(),
+            Target::Node(n) => *n,
+            Target::Cold => placement::cold_target(self.source.state, self.source.state.topology.current_node()).0,
         }
     }
 }
@@ -158,20 +158,20 @@ impl InterleaveHandle {
 /// ```
 #[derive(Clone)]
 pub struct ColdHandle {
-    placer: Arc<Placer>,
+    source: Arc<Source>,
 }
 
 impl ColdHandle {
     /// The node a block allocated now, from this thread, would go to.
     pub fn node(&self) -> usize {
-        placement::cold_target(self.placer.state, self.placer.state.topology.current_node()).0
+        placement::cold_target(self.source.state, self.source.state.topology.current_node()).0
     }
 }
 
 impl NumaAlloc {
     /// A handle for cold data: see [`ColdHandle`].
     pub fn cold(&self) -> ColdHandle {
-        ColdHandle { placer: Arc::new(Placer { state: self.state(), place: Place::Cold }) }
+        ColdHandle { source: Arc::new(Source { state: self.state(), target: Target::Cold }) }
     }
 
     /// A handle placing every block on `node` (checked against the topology:
@@ -179,7 +179,7 @@ impl NumaAlloc {
     pub fn on_node(&self, node: usize) -> Result<NodeHandle> {
         let state = self.state();
         Policy::Preferred(node).validate(&state.topology)?;
-        Ok(NodeHandle { placer: Arc::new(Placer { state, place: Place::Node(node) }), node })
+        Ok(NodeHandle { source: Arc::new(Source { state, target: Target::Node(node) }), node })
     }
 
     /// A handle interleaving blocks as `policy` says, with its own cursor.
@@ -188,17 +188,17 @@ impl NumaAlloc {
         Policy::Interleave(policy).validate(&state.topology)?;
         super::placement::register_fork_handlers();
         let il = SharedInterleaver::boxed(&policy, state);
-        Ok(InterleaveHandle { placer: Arc::new(Placer { state, place: Place::Interleave(il) }) })
+        Ok(InterleaveHandle { source: Arc::new(Source { state, target: Target::Interleave(il) }) })
     }
 }
 
 // SAFETY: blocks are disjoint heap blocks, region carvings or huge mappings,
 // aligned as asked, valid until deallocated (a region outlives its blocks:
-// each holds a reference), and clones share the placer, so any clone may
+// each holds a reference), and clones share the source, so any clone may
 // free any block.
 unsafe impl Allocator for NodeHandle {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.placer.alloc(layout)
+        self.source.alloc(layout)
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
@@ -210,7 +210,7 @@ unsafe impl Allocator for NodeHandle {
 // SAFETY: as for `NodeHandle`.
 unsafe impl Allocator for ColdHandle {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.placer.alloc(layout)
+        self.source.alloc(layout)
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
@@ -228,7 +228,7 @@ impl core::fmt::Debug for ColdHandle {
 // SAFETY: as for `NodeHandle`.
 unsafe impl Allocator for InterleaveHandle {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.placer.alloc(layout)
+        self.source.alloc(layout)
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {

@@ -1,4 +1,4 @@
-//! Blocks larger than [`SMALL_MAX`](super::core::size_class::SMALL_MAX), or aligned
+//! Blocks larger than [`SMALL_MAX`](super::engine::size_class::SMALL_MAX), or aligned
 //! beyond 64 KiB: each gets its own mapping, bound to the node of the thread
 //! that allocates it, with a one-page [`Segment`] header in front so that
 //! `segment_of` finds it like any other block. Growing reallocations move the
@@ -7,11 +7,11 @@
 
 use core::ptr::{self, NonNull};
 
-use super::core::heap::Heap;
-use super::core::segment::segment_of;
-use super::core::types::Arena;
-use super::core::types::State;
-use super::core::types::{SEGMENT_SIZE, Segment, SegmentKind};
+use super::engine::heap::Heap;
+use super::engine::segment::segment_of;
+use super::engine::types::Arena;
+use super::engine::types::State;
+use super::engine::types::{SEGMENT_SIZE, Segment, SegmentKind};
 use crate::hardened::HARDENED;
 use crate::os::{self, mem};
 use crate::sync::Ordering;
@@ -37,14 +37,14 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
 /// and a `malloc` the kernel judges impossible must fail with `ENOMEM`, as
 /// glibc's does, not succeed and end in the OOM killer. Refused, it is
 /// asked for again once the arenas have unmapped what they hold unused
-/// ([`map_or_reclaim`](super::core::arena::map_or_reclaim)).
+/// ([`map_or_reclaim`](super::engine::arena::map_or_reclaim)).
 fn reserve(state: &State, total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
-    let guard = super::core::arena::guard_len();
+    let guard = super::engine::arena::guard_len();
     let (align, offset) = if align <= SEGMENT_SIZE { (SEGMENT_SIZE, 0) } else { (align, offset) };
-    let base = super::core::arena::map_or_reclaim(state, || {
-        super::core::segmap::PLACER.map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()
+    let base = super::engine::arena::map_or_reclaim(state, || {
+        super::engine::segmap::NEAR.map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok()
     })?;
-    if !super::core::segmap::can_mark(base.as_ptr()) {
+    if !super::engine::segmap::can_mark(base.as_ptr()) {
         // SAFETY: ours, unused.
         let _ = unsafe { mem::unmap(base, total + guard) };
         return None;
@@ -79,12 +79,12 @@ fn header(p: *const u8) -> *mut HugeHeader {
 /// Allocates a huge block on `node` (its arena; the home arena of a node
 /// without memory); null on failure. With `zero`, the block reads as zeroes
 /// (fresh mappings already do; reused ones are cleared).
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) fn alloc_on(state: &State, node: usize, size: usize, align: usize, zero: bool) -> *mut u8 {
     alloc_in(state, state.node_arena(node), size, align, zero)
 }
 
-fn alloc_in(state: &State, arena: &super::core::types::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {
+fn alloc_in(state: &State, arena: &super::engine::types::Arena, size: usize, align: usize, zero: bool) -> *mut u8 {
     if align > MAX_ALIGN {
         return ptr::null_mut();
     }
@@ -115,7 +115,7 @@ fn alloc_in(state: &State, arena: &super::core::types::Arena, size: usize, align
             HugeHeader { seg: Segment::new(SegmentKind::Huge, arena.node, base.as_ptr(), total), asked: size },
         );
     }
-    super::core::segmap::insert_huge(base.as_ptr(), off);
+    super::engine::segmap::insert_huge(base.as_ptr(), off);
     let c = &arena.counters;
     // The header page, just touched, tells where the block's memory comes from.
     if fresh && arena.spilled(state, base) {
@@ -160,7 +160,7 @@ pub(crate) unsafe fn free_block(seg: *mut Segment) {
 /// `seg` must be the header of a live huge block.
 // Out of line: `free` reaches it by a tail call and keeps no frame.
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     // SAFETY: `seg` is the header of a live huge block (the caller's word): its
     // fields are written once, at mapping.
@@ -171,9 +171,9 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     c.huge_bytes.fetch_sub(len as u64, Ordering::Relaxed);
     c.huge_frees.fetch_add(1, Ordering::Relaxed);
     if HARDENED {
-        super::core::segmap::remove_huge(base);
+        super::engine::segmap::remove_huge(base);
     } else {
-        super::core::segmap::remove(base);
+        super::engine::segmap::remove(base);
     }
     // SAFETY: the whole mapping of a block nobody uses any more.
     let base = unsafe { NonNull::new_unchecked(base) };
@@ -181,7 +181,7 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     if (base.as_ptr() as usize).is_multiple_of(SEGMENT_SIZE) && a.keep_huge(state, base, len) {
         // The mapping is due to go back after the purge delay: the freeing
         // thread is armed to reach a tick (a free's last step).
-        let me = super::core::heap::current();
+        let me = super::engine::heap::current();
         if !me.is_null() {
             // SAFETY: the calling thread's heap, between operations on it.
             unsafe { Heap::arm(me, state) };
@@ -191,7 +191,7 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
     c.reserved.fetch_sub(len as u64, Ordering::Relaxed);
     c.purged.fetch_add(len as u64, Ordering::Relaxed);
     // SAFETY: as above, with its guard page if it has one.
-    let _ = unsafe { mem::unmap(base, len + super::core::arena::guard_len()) };
+    let _ = unsafe { mem::unmap(base, len + super::engine::arena::guard_len()) };
 }
 
 /// Resizes the huge block `p` (aligned to `align`) to `new_size` (> SMALL_MAX)
@@ -200,7 +200,7 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
 ///
 /// # Safety
 /// `p` must be a live huge block of this allocator.
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: usize) -> *mut u8 {
     let seg = segment_of(p);
     // SAFETY: per the contract the header is live.
@@ -208,7 +208,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
         unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena), (*header(p)).asked) };
     let off = p as usize - base as usize;
     let Some(total) = map_len(off, new_size) else { return ptr::null_mut() };
-    if super::core::arena::guard_len() > 0 {
+    if super::engine::arena::guard_len() > 0 {
         // A guard page ends the mapping: the caller moves the block.
         return ptr::null_mut();
     }
@@ -245,10 +245,10 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
                 // (nobody else may use this block meanwhile), or its mark
                 // would be found taken and then lost.
                 reserve(state, total, align, off).and_then(|to| {
-                    super::core::segmap::remove(old.as_ptr());
+                    super::engine::segmap::remove(old.as_ptr());
                     // SAFETY: `to` is our fresh reservation of `total` bytes.
                     unsafe { mem::remap_to(old, len, total, to) }.ok().or_else(|| {
-                        super::core::segmap::insert_huge(old.as_ptr(), off);
+                        super::engine::segmap::insert_huge(old.as_ptr(), off);
                         // SAFETY: the reservation is unused.
                         let _ = unsafe { mem::unmap(to, total) };
                         None
@@ -262,7 +262,7 @@ pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: 
     };
     let Some(b) = new_base else { return ptr::null_mut() };
     if b != old {
-        super::core::segmap::insert_huge(b.as_ptr(), off);
+        super::engine::segmap::insert_huge(b.as_ptr(), off);
     }
     // SAFETY: the header moved with the pages (it is their first page).
     unsafe {
@@ -322,8 +322,8 @@ fn grow_into_cached(
             (*h).seg.set_block(b.add(off));
         }
         ptr::copy_nonoverlapping(old.as_ptr().add(off), b.add(off), len - off);
-        super::core::segmap::remove(old.as_ptr());
-        super::core::segmap::insert_huge(b, off);
+        super::engine::segmap::remove(old.as_ptr());
+        super::engine::segmap::insert_huge(b, off);
     }
     let c = &a.counters;
     c.huge_bytes.fetch_add((l - len) as u64, Ordering::Relaxed);
@@ -375,7 +375,7 @@ mod tests {
                 let q = realloc(state, p, align, 40 << 20);
                 if q.is_null() {
                     // (With guard pages no block grows in place.)
-                    assert!(align > SEGMENT_SIZE || super::super::core::arena::guard_len() > 0);
+                    assert!(align > SEGMENT_SIZE || super::super::engine::arena::guard_len() > 0);
                     free(state, segment_of(p));
                     continue;
                 }

@@ -50,8 +50,8 @@
 
 mod checked;
 mod config;
-pub(crate) mod core;
-mod free;
+mod dealloc;
+pub(crate) mod engine;
 mod handle;
 mod huge;
 mod interleave;
@@ -59,10 +59,10 @@ mod placement;
 mod region;
 pub mod stats;
 
-use ::core::alloc::{GlobalAlloc, Layout};
-use ::core::ptr::{self, NonNull};
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::{self, NonNull};
 
-use self::core::{heap, segmap, segment, size_class, types};
+use self::engine::{heap, segmap, segment, size_class, types};
 
 use checked::handed_out;
 #[cfg(feature = "hardened")]
@@ -82,9 +82,9 @@ pub use size_class::SMALL_MAX;
 /// ```
 /// let p = Box::new([0u8; 100]);
 /// // (The test harness's allocator is the system's: its blocks lie elsewhere.)
-/// assert!(!numaweave::alloc::PLACED.contains(&(&*p as *const _ as usize)));
+/// assert!(!numaweave::alloc::NEAR_RANGE.contains(&(&*p as *const _ as usize)));
 /// ```
-pub const PLACED: ::core::ops::Range<usize> = segmap::PLACED;
+pub const NEAR_RANGE: core::ops::Range<usize> = segmap::NEAR_RANGE;
 pub use config::Config;
 pub use types::Mode;
 
@@ -113,9 +113,9 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
 /// at exit (`NUMAWEAVE_SHOW_STATS`). Both may allocate: the heap exists.
 #[cold]
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn first_heap(state: &'static State) -> Option<*mut Heap> {
-    let (h, adopted) = self::core::lifecycle::init_current(state)?;
+    let (h, adopted) = self::engine::lifecycle::init_current(state)?;
     // SAFETY: the calling thread's heap, just made or adopted.
     unsafe { placement::bind_heap(h, adopted) };
     if state.settle() {
@@ -381,8 +381,8 @@ impl NumaAlloc {
     #[inline(always)]
     pub unsafe fn free(&self, p: *mut u8) {
         // SAFETY: `p` is a live block of this allocator (the caller's word), as
-        // `free::free` asks.
-        unsafe { free::free(p) }
+        // `dealloc::free` asks.
+        unsafe { dealloc::free(p) }
     }
 
     /// C's `free` of a pointer of unknown origin: frees `p` and returns
@@ -398,7 +398,7 @@ impl NumaAlloc {
     #[inline(always)]
     pub unsafe fn free_if_owned(&self, p: *mut u8) -> bool {
         // SAFETY: forwarded contract.
-        unsafe { free::free_if_ours(p) }
+        unsafe { dealloc::free_if_ours(p) }
     }
 
     /// [`free_if_owned`](Self::free_if_owned) for blocks of small segments
@@ -411,7 +411,7 @@ impl NumaAlloc {
     #[inline(always)]
     pub unsafe fn free_if_small(&self, p: *mut u8) -> bool {
         // SAFETY: forwarded contract.
-        unsafe { free::free_if_small(p) }
+        unsafe { dealloc::free_if_small(p) }
     }
 
     /// Resizes the block at `p` to `new_size` bytes without its layout, as
@@ -440,7 +440,7 @@ impl NumaAlloc {
     /// # Safety
     /// `p` must be a live block of this allocator; `new_size` must be
     /// non-zero and, rounded up to 16, at most `isize::MAX`.
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub unsafe fn realloc_unsized(&self, p: *mut u8, new_size: usize) -> *mut u8 {
         if hardened::full() {
             // SAFETY: forwarded contract; the asked size with alignment 8
@@ -486,7 +486,7 @@ impl NumaAlloc {
         let state = self.state();
         let returned = || -> u64 { state.nodes().iter().filter_map(|n| state.arena(n)).map(|a| a.returned()).sum() };
         let before = returned();
-        self::core::lifecycle::trim(state);
+        self::engine::lifecycle::trim(state);
         returned().saturating_sub(before)
     }
 
@@ -502,7 +502,7 @@ impl NumaAlloc {
 
     #[cold]
     #[inline(never)]
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     unsafe fn alloc_slow(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
         let state = self.state();
         // Under a thread interleave, I/O buffers (page-aligned blocks of a
@@ -729,7 +729,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
         // SAFETY: forwarded contract: `p` is a live block of this allocator.
-        unsafe { free::free(p) }
+        unsafe { dealloc::free(p) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -742,7 +742,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
         unsafe { self.alloc_slow(layout.size(), layout.align(), true) }
     }
 
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if hardened::full() {
             // Every size change moves the block: its red zone follows the size.
@@ -752,7 +752,7 @@ unsafe impl GlobalAlloc for NumaAlloc {
                 let q = self.alloc(Layout::from_size_align_unchecked(new_size, layout.align()));
                 if !q.is_null() {
                     ptr::copy_nonoverlapping(p, q, usable_size(p).min(new_size));
-                    free::free(p);
+                    dealloc::free(p);
                 }
                 return q;
             }
@@ -828,7 +828,7 @@ impl NumaAlloc {
 
     /// `GlobalAlloc::realloc` without red zones, for a block whose size is
     /// `old_size` where the caller knows it, its usable size where not (C).
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     unsafe fn realloc_plain(&self, p: *mut u8, align: usize, old_size: Option<usize>, new_size: usize) -> *mut u8 {
         let seg = segment_of(p);
         // SAFETY: `p` is a live block (caller's contract).
@@ -867,7 +867,7 @@ impl NumaAlloc {
             let q = self.alloc(new_layout);
             if !q.is_null() {
                 ptr::copy_nonoverlapping(p, q, old_size.unwrap_or(usable).min(new_size));
-                free::free(p);
+                dealloc::free(p);
             }
             q
         }

@@ -34,11 +34,11 @@ use core::cell::Cell;
 use core::marker::PhantomData;
 use core::ptr;
 
-use super::core::heap::{self, Heap, Placement, page_bytes};
-use super::core::lifecycle;
-use super::core::size_class::class_size;
-use super::core::types::Segment;
-use super::core::types::{Mode, State};
+use super::engine::heap::{self, Heap, Placement, page_bytes};
+use super::engine::lifecycle;
+use super::engine::size_class::class_size;
+use super::engine::types::Segment;
+use super::engine::types::{Mode, State};
 use super::interleave::{self, ThreadInterleaver};
 use crate::error::Result;
 use crate::os::file;
@@ -146,7 +146,7 @@ fn default() -> &'static Default {
 /// from the state's start-up (every process's: in the hot text).
 #[cold]
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) fn set_default(rules: SizeRules, policies: bool, topology: &Topology) {
     let rules = match rules.as_single() {
         Some(Policy::Local) => rules,
@@ -170,7 +170,7 @@ pub(crate) fn default_interleave() -> Option<&'static Interleave> {
 impl ThreadPolicy {
     /// The policy in force: the thread's own, else the process default (an
     /// interleave gets the thread's own interleaver, made now if need be).
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     fn active(&self, state: &'static State) -> Active {
         if let Some(a) = self.scoped.get() {
             return a;
@@ -284,7 +284,7 @@ fn spare_interleaver(state: &State) -> Option<*mut ThreadInterleaver> {
     }
     drop(g);
     let (size, align) = (core::mem::size_of::<ThreadInterleaver>(), core::mem::align_of::<ThreadInterleaver>());
-    super::core::arena::alloc_meta(state, size, align).map(|p| p.as_ptr().cast())
+    super::engine::arena::alloc_meta(state, size, align).map(|p| p.as_ptr().cast())
 }
 
 /// The key whose destructor drops a thread's default interleaver.
@@ -374,7 +374,7 @@ pub(crate) enum Where {
 /// blocks of a page and more, and blocks beyond the size classes) follow
 /// its turns; under rules by size, the rule of the block's size (its
 /// class's size, for blocks the classes serve) decides.
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) fn place(state: &'static State, class: Option<usize>, size: usize, align: usize) -> Where {
     if !default().policies {
         return match class {
@@ -480,7 +480,7 @@ fn this_thread_policy() -> &'static ThreadPolicy {
 /// `heap` is the calling thread's heap.
 #[cold]
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     let Some(state) = State::try_get() else { return ptr::null_mut() };
     if !default().policies {
@@ -532,7 +532,7 @@ unsafe fn refill_by_size(heap: *mut Heap, class: usize, state: &'static State, t
     // installed it.
     unsafe {
         match rule_active(class_size(class), t.il.get()) {
-            Active::Interleave(il) if class >= super::core::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
+            Active::Interleave(il) if class >= super::engine::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
             Active::Interleave(il) => lifecycle::refill(heap, class, state, &mut Rotation { t, il: &*il, class }),
             Active::Local if state.mode != Mode::PerNode => {
                 lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state })
@@ -665,7 +665,7 @@ impl Active {
 
     /// The node fresh memory comes from (its arena falls back by distance
     /// when it is out of memory; for `Bind`, only within the set).
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     fn node(&self, state: &State) -> usize {
         let here = state.topology.current_node();
         match *self {

@@ -37,8 +37,8 @@
 use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
-use super::core::types::State;
-use super::core::types::{Block, SEGMENT_SIZE, Segment, SegmentKind};
+use super::engine::types::State;
+use super::engine::types::{Block, SEGMENT_SIZE, Segment, SegmentKind};
 use crate::os::mem::{self, Huge};
 use crate::sync::{AtomicUsize, Ordering, RetireCount, UnitMap};
 
@@ -157,7 +157,7 @@ pub(crate) fn map(
                 // built in) leaves base pages.
                 let _ = unsafe { mem::set_hugepages(b, SEGMENT_SIZE, true) };
             }
-            (b, SEGMENT_SIZE + super::core::arena::guard_len())
+            (b, SEGMENT_SIZE + super::engine::arena::guard_len())
         }
     };
     debug_assert_eq!(base.as_ptr() as usize % SEGMENT_SIZE, 0);
@@ -186,7 +186,7 @@ pub(crate) fn map(
         arena.counters.reserved.fetch_add(len as u64, Ordering::Relaxed);
     }
     arena.counters.region_live.fetch_add(1, Ordering::Relaxed);
-    super::core::segmap::insert(base.as_ptr(), super::core::types::SegmentKind::Region);
+    super::engine::segmap::insert(base.as_ptr(), super::engine::types::SegmentKind::Region);
     NonNull::new(r)
 }
 
@@ -313,7 +313,7 @@ impl NodeRegion {
         if self.units.dirty_units() <= DIRTY_MAX {
             return;
         }
-        let Some((state, now)) = State::try_get().and_then(|s| Some((s, super::core::arena::delay_clock(s)?))) else {
+        let Some((state, now)) = State::try_get().and_then(|s| Some((s, super::engine::arena::delay_clock(s)?))) else {
             self.purge();
             return;
         };
@@ -576,7 +576,7 @@ unsafe fn unmap(r: *mut NodeRegion) {
     // SAFETY: per the contract the header is ours.
     let (node, base, len, hugetlb) =
         unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len, (*r).seg.hugetlb) };
-    super::core::segmap::remove(base);
+    super::engine::segmap::remove(base);
     // SAFETY: the region's own mapping.
     let base = unsafe { NonNull::new_unchecked(base) };
     if let Some(state) = State::try_get() {

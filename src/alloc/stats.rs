@@ -4,9 +4,9 @@
 
 use core::fmt;
 
-use super::core::heap::for_each_heap;
-use super::core::types::SEGMENT_SIZE;
-use super::core::types::{Mode, State};
+use super::engine::heap::for_each_heap;
+use super::engine::types::SEGMENT_SIZE;
+use super::engine::types::{Mode, State};
 use crate::os::{file, thread};
 use crate::sync::{AtomicI32, Ordering};
 use crate::topology::{MAX_NODES, NodeSet};
@@ -161,7 +161,7 @@ impl Stats {
         // whose neighbours the kernel merged into its mapping).
         let thp_bytes = if super::region::THP_ASKED.load(crate::sync::Ordering::Relaxed) {
             crate::os::mem::thp_bytes_of(|a, _| {
-                a % SEGMENT_SIZE == 0 && super::core::segmap::contains((a + 1) as *const u8)
+                a % SEGMENT_SIZE == 0 && super::engine::segmap::contains((a + 1) as *const u8)
             })
             .unwrap_or(0)
         } else {

@@ -43,48 +43,8 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
     let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
     // SAFETY: `cpu` was checked against CPU_SETSIZE above.
     unsafe { libc::CPU_SET(cpu, &mut set) };
-    set_affinity(&set)
-}
-
-/// Lets the calling thread run on every CPU in `cpus` (kernel CPU ids).
-pub fn set_current_affinity(cpus: impl IntoIterator<Item = usize>) -> Result<()> {
-    // SAFETY: as above.
-    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    for c in cpus {
-        if c < libc::CPU_SETSIZE as usize {
-            // SAFETY: `c` is below CPU_SETSIZE.
-            unsafe { libc::CPU_SET(c, &mut set) };
-        }
-    }
-    set_affinity(&set)
-}
-
-fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
     let _errno = super::KeepErrno::new();
     // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the caller.
-    let r = unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), set) };
+    let r = unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set) };
     super::os_result(r, "sched_setaffinity")
-}
-
-/// The CPUs the calling thread may run on (kernel ids, ascending), written
-/// into `out`; returns how many were written.
-pub fn current_affinity(out: &mut [usize]) -> Result<usize> {
-    let _errno = super::KeepErrno::new();
-    // SAFETY: as above.
-    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    // SAFETY: `set` is writable and of the size given.
-    let r = unsafe { libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    super::os_result(r, "sched_getaffinity")?;
-    let mut n = 0;
-    for c in 0..libc::CPU_SETSIZE as usize {
-        if n == out.len() {
-            break;
-        }
-        // SAFETY: `c` is below CPU_SETSIZE.
-        if unsafe { libc::CPU_ISSET(c, &set) } {
-            out[n] = c;
-            n += 1;
-        }
-    }
-    Ok(n)
 }

@@ -50,7 +50,7 @@ impl PathBuf {
     /// text. Out of line: start-up's
     /// path building is a few calls, not a copy of this per piece.
     #[inline(never)]
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     fn push_bytes(&mut self, b: &[u8]) -> &mut Self {
         debug_assert!(b.is_ascii() || core::str::from_utf8(b).is_ok());
         if self.len + b.len() <= Self::CAPACITY && !b.contains(&0) {
@@ -64,7 +64,7 @@ impl PathBuf {
     /// Appends `n` in decimal. (Digit by digit through recursion: a loop
     /// over a digit buffer is unrolled twenty times by the optimiser, a
     /// kilobyte of start-up code.)
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub fn push_num(&mut self, n: usize) -> &mut Self {
         if n >= 10 {
             self.push_num(n / 10);
@@ -120,7 +120,7 @@ fn retry(call: &'static str, mut f: impl FnMut() -> isize) -> Result<usize> {
 ///
 /// Made for sysfs and procfs files: a short file read in one or two `read`s.
 /// Fails with [`Error::Os`] naming `open` or `read`.
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn read(path: &CStr, buf: &mut [u8]) -> Result<usize> {
     with_fd(path, 0, |fd| {
         let mut n = 0;
@@ -177,7 +177,7 @@ pub fn read_to_end(path: &CStr) -> Result<Vec<u8>> {
 /// Reads the file at `path` into `buf` and returns its contents as trimmed
 /// text. The kernel's list and number files are ASCII: anything else fails
 /// with `EILSEQ`.
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn read_str<'a>(path: &CStr, buf: &'a mut [u8]) -> Result<&'a str> {
     let n = read(path, buf)?;
     ascii(buf[..n].trim_ascii())
@@ -185,7 +185,7 @@ pub fn read_str<'a>(path: &CStr, buf: &'a mut [u8]) -> Result<&'a str> {
 
 /// `bytes` as text if they are ASCII. (Not `str::from_utf8`: see
 /// [`PathBuf::push`] for why start-up code avoids core's out-of-line helpers.)
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn ascii(bytes: &[u8]) -> Result<&str> {
     if !bytes.is_ascii() {
         return Err(Error::Os { call: "read", errno: libc::EILSEQ });
@@ -199,7 +199,7 @@ fn ascii(bytes: &[u8]) -> Result<&str> {
 /// `Ok(None)` when no line does. Reads through `buf` a piece at a time, so a
 /// small stack buffer serves a file of any length; lines longer than `buf`
 /// are passed over (the key's line must fit).
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn find_line<T>(path: &CStr, key: &[u8], buf: &mut [u8], f: impl FnOnce(&str) -> T) -> Result<Option<T>> {
     debug_assert!(!buf.is_empty());
     with_fd(path, 0, |fd| {
@@ -291,7 +291,7 @@ pub fn exists(path: &CStr) -> bool {
 /// (which holds no NUL): one pass over `environ`, so that start-up parses
 /// its `NUMAWEAVE_*` variables, out-of-line code, only when one is set. The
 /// same caveat as [`env()`]: no racing `setenv`.
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn env_has_prefix(prefix: &[u8]) -> bool {
     unsafe extern "C" {
         static environ: *const *const libc::c_char;

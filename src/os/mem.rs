@@ -187,7 +187,7 @@ pub fn map_hugetlb(len: usize, align: usize, page: usize) -> Result<NonNull<u8>>
     NonNull::new(aligned as *mut u8).ok_or(Error::Os { call: "mmap", errno: libc::ENOMEM })
 }
 
-/// [`map_hugetlb`] (in `placer`'s range if given), bound with `policy`,
+/// [`map_hugetlb`] (in `range` if given), bound with `policy`,
 /// committed now (each page touched:
 /// it comes from the pool reserved at `mmap`, so the touch cannot fail) and
 /// checked with `move_pages` to be on `node` (anywhere, with `None`): under a
@@ -200,9 +200,9 @@ pub fn map_hugetlb_on(
     page: usize,
     policy: MemPolicy,
     node: Option<usize>,
-    placer: Option<&Placer>,
+    range: Option<&AddressRange>,
 ) -> Result<NonNull<u8>> {
-    let p = match placer {
+    let p = match range {
         Some(pl) => pl.map_hugetlb(len, align, page)?,
         None => map_hugetlb(len, align, page)?,
     };
@@ -311,7 +311,7 @@ pub fn map_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
 /// Like [`map_charged`], placed so that `start + offset` is a multiple of
 /// `align` (a power of two): for a header followed by a block aligned to
 /// `align`. `offset` must be a multiple of the page size.
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn map_aligned_at(len: usize, align: usize, offset: usize, charge: Charge) -> Result<NonNull<u8>> {
     let page = page_size();
     if !align.is_power_of_two() || !offset.is_multiple_of(page) || offset > len {
@@ -354,28 +354,28 @@ pub fn map_aligned_at(len: usize, align: usize, offset: usize, charge: Charge) -
 /// the kernel chooses ([`map_aligned_at`]).
 ///
 /// ```
-/// use numaweave::os::mem::{Charge, Placer};
-/// static PLACER: Placer = Placer::new(1 << 40, 1 << 43);
-/// let p = PLACER.map_aligned_at(1 << 20, 4 << 20, 0, Charge::Lazy).unwrap();
+/// use numaweave::os::mem::{Charge, AddressRange};
+/// static RANGE: AddressRange = AddressRange::new(1 << 40, 1 << 43);
+/// let p = RANGE.map_aligned_at(1 << 20, 4 << 20, 0, Charge::Lazy).unwrap();
 /// assert_eq!(p.as_ptr() as usize % (4 << 20), 0);
-/// assert!(PLACER.contains(p.as_ptr()));
+/// assert!(RANGE.contains(p.as_ptr()));
 /// // SAFETY: the mapping just made, unused.
 /// unsafe { numaweave::os::mem::unmap(p, 1 << 20).unwrap() };
 /// ```
-pub struct Placer {
+pub struct AddressRange {
     start: usize,
     end: usize,
     /// The next span's start (0: not chosen yet).
     next: AtomicUsize,
 }
 
-/// Spans a [`Placer`] tries before the kernel chooses.
-const PLACER_TRIES: usize = 8;
+/// Spans a [`AddressRange`] tries before the kernel chooses.
+const RANGE_TRIES: usize = 8;
 
-impl Placer {
+impl AddressRange {
     /// Mappings placed in `[start, end)` (page-aligned).
-    pub const fn new(start: usize, end: usize) -> Placer {
-        Placer { start, end, next: AtomicUsize::new(0) }
+    pub const fn new(start: usize, end: usize) -> AddressRange {
+        AddressRange { start, end, next: AtomicUsize::new(0) }
     }
 
     /// Whether `p` lies in the range.
@@ -410,7 +410,7 @@ impl Placer {
     }
 
     /// `map(at)` at the range's next spans, a few tries.
-    fn place(
+    fn map_in(
         &self,
         len: usize,
         align: usize,
@@ -420,7 +420,7 @@ impl Placer {
         if !offset.is_multiple_of(page_size()) || offset > len || len > self.end - self.start {
             return None;
         }
-        (0..PLACER_TRIES).find_map(|_| map(self.claim(len, align, offset)?))
+        (0..RANGE_TRIES).find_map(|_| map(self.claim(len, align, offset)?))
     }
 
     /// [`map_aligned_at`], placed in the range if it can be.
@@ -431,7 +431,7 @@ impl Placer {
         }
         let align = align.max(page_size());
         let noreserve = if charge == Charge::Lazy { libc::MAP_NORESERVE } else { 0 };
-        let placed = self.place(len, align, offset, |at| {
+        let placed = self.map_in(len, align, offset, |at| {
             // SAFETY: `MAP_FIXED_NOREPLACE` never replaces a mapping: the
             // kernel maps the free span at `at` or fails.
             unsafe { map_at(at, len, noreserve) }
@@ -449,7 +449,7 @@ impl Placer {
             return Err(Error::LayoutTooLarge { size: len, align });
         }
         let size_flag = (page.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT;
-        let placed = self.place(len, align, 0, |at| {
+        let placed = self.map_in(len, align, 0, |at| {
             // SAFETY: as in `map_aligned_at`.
             unsafe { map_at(at, len, libc::MAP_HUGETLB | size_flag) }
         });

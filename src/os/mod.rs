@@ -11,7 +11,7 @@
 //!   (`move_pages`), each page's refusal with its errno.
 //! - `memfd` (crate-private): a shared memory file other processes read
 //!   through `/proc/PID/fd` (`memfd_create`).
-//! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), thread affinity.
+//! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), pinning a thread to a CPU.
 //! - `file` (crate-private): raw reads of small sysfs/procfs files into
 //!   caller buffers, and the environment, without touching the heap; the
 //!   few file-system queries of device locality (which may allocate); one

@@ -28,43 +28,43 @@
 //!                                                                lock, and a FILE's holder may malloc (getline):
 //!                                                                taken before every allocator lock, as glibc's
 //!                                                                fork takes it before its malloc's (bug 19431)
-//! Slab        slab/stats.rs REGISTRY            Mutex     held   cache creation, slabinfo, shrink_all; held first
+//! Slab        slab/slabinfo.rs REGISTRY         Mutex     held   cache creation, slabinfo, shrink_all; held first
 //!                                                                so that the caches it lists stay alive
-//!             slab/cache.rs moving              Mutex     reset  per cache: one migration (or demotion step) at a
+//!             slab/kmem.rs moving               Mutex     reset  per cache: one migration (or demotion step) at a
 //!                                                                time (a demotion only tries it); taken before the
 //!                                                                cache's slabs and held across its moves (seconds):
 //!                                                                a fork does not wait, the child resets it
-//!             slab/cache.rs slabs               Mutex     held   per cache and node: carving slabs (maps chunks,
+//!             slab/node.rs slabs                Mutex     held   per cache and node: carving slabs (maps chunks,
 //!                                                                runs constructors and registrars, allocates)
 //!             slab/magazine.rs lists            SpinLock  held   per cache and node: the depot; never with slabs
 //!             slab/published.rs TABLE           Mutex     -      the published table of chunks; taken only under
 //!                                                                a cache's slabs, which fork holds
-//!             slab/cache.rs SLAB_RANGES         Mutex     held   debug and hardened builds: the slab ranges,
+//!             slab/node.rs SLAB_RANGES          Mutex     held   debug and hardened builds: the slab ranges,
 //!                                                                under slabs
-//!             slab/stats.rs FORK                Once      -      registers the rank's handlers, under REGISTRY's
+//!             slab/slabinfo.rs FORK             Once      -      registers the rank's handlers, under REGISTRY's
 //!                                                                first use; nothing is held across a call
 //! Interleave  alloc/interleave/space.rs SPACES  SpinLock  held   the handles' spaces (a handle's creation, drop)
 //!             alloc/interleave/space.rs locks   SpinLock  held   per space and node: carving (maps regions from
-//!                                                                the arenas: the Core rank below)
+//!                                                                the arenas: the Engine rank below)
 //!             alloc/placement.rs SPARE          SpinLock  held   exited threads' interleavers; a leaf
 //!             alloc/placement.rs LOWER_TIER     InitCell  held   the lower tier per node, made once from the
 //!                                                                topology (a child would wait on a half-made one)
 //!             alloc/placement.rs KEY            InitCell  held   the exit key of default interleavers, made once
 //!             alloc/placement.rs ONCE           Once      -      registers the rank's handlers
-//! Core        alloc/core/types.rs work          SpinLock  held   the lifecycle's work (a tick, a trim): one thread
+//! Engine      alloc/engine/types.rs work        SpinLock  held   the lifecycle's work (a tick, a trim): one thread
 //!                                                                at a time; a tick only tries it, a trim waits; its
 //!                                                                holder takes the rest of the core's locks
-//!             alloc/core/types.rs shared        SpinLock  held   per arena: its shared heap (heap/shared.rs);
+//!             alloc/engine/types.rs shared      SpinLock  held   per arena: its shared heap (heap/shared.rs);
 //!                                                                taken before the rest of the core's locks, which
 //!                                                                its holder takes (pages, metadata)
-//!             alloc/core/types.rs cold          SpinLock  held   per arena: its heap of cold blocks (heap/shared.rs);
+//!             alloc/engine/types.rs cold        SpinLock  held   per arena: its heap of cold blocks (heap/shared.rs);
 //!                                                                never with `shared`; its holder takes the rest
-//!             alloc/core/types.rs meta          SpinLock  held   heap descriptors' metadata chunk; its holder takes
+//!             alloc/engine/types.rs meta        SpinLock  held   heap descriptors' metadata chunk; its holder takes
 //!                                                                each arena's `inner` when a chunk's mapping fails
-//!             alloc/core/types.rs heaps         SpinLock  held   the list of every heap (creation, statistics)
-//!             alloc/core/types.rs inner         SpinLock  held   per arena: segments, free slots, orphans, cached
+//!             alloc/engine/types.rs heaps       SpinLock  held   the list of every heap (creation, statistics)
+//!             alloc/engine/types.rs inner       SpinLock  held   per arena: segments, free slots, orphans, cached
 //!                                                                mappings, purges; alone
-//!             alloc/core/types.rs STATE         InitCell  held   the allocator's state, made by the first
+//!             alloc/engine/types.rs STATE       InitCell  held   the allocator's state, made by the first
 //!                                                                allocation
 //!             topology/mod.rs GLOBAL            InitCell  held   the process's topology, read once (the state's
 //!                                                                start-up reads it)
@@ -139,7 +139,7 @@ pub enum ForkRank {
     Interleave = 1,
     /// The allocator core: the metadata chunk, the list of heaps, the
     /// arenas. Each is taken alone.
-    Core = 2,
+    Engine = 2,
 }
 
 const RANKS: usize = 3;

@@ -45,7 +45,7 @@ const TURN_MASK: u64 = (1 << TURN_BITS) - 1;
 
 /// Where one allocation goes: its node, and which turn it belongs to (turns
 /// are numbered in the cursor's order; consecutive allocations of one turn
-/// share the number, so a placer can align the start of each turn).
+/// share the number, so an interleaver can align the start of each turn).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pick {
     /// The node.

@@ -9,18 +9,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::cache::{Core, Ctor, Home, OnEmpty, Spec};
+use super::kmem::{Ctor, Home, KmemCache, OnEmpty, Spec};
+use super::local::{self, Start};
 use super::magazine::MAG_MAX;
 use super::register::Registrar;
-use super::stats::{CacheStats, register_cache};
-use super::thread::{self, Start};
+use super::slabinfo::{CacheStats, register_cache};
 use crate::error::{DeviceKind, Error, Result};
 use crate::hardened::HARDENED;
 use crate::os::mem::Huge;
 use crate::topology::Topology;
 
 /// The accessors both cache handles have ([`SlabCache`] and [`RawCache`]:
-/// an `Arc<Core>` named `core`), written once.
+/// an `Arc<KmemCache>` named `cache`), written once.
 macro_rules! cache_accessors {
     () => {
         /// Returns fully free slabs to the OS after flushing this thread's
@@ -28,14 +28,14 @@ macro_rules! cache_accessors {
         /// (`kmem_cache_shrink`); returns the bytes unmapped. Objects in other
         /// threads' magazines stay there.
         pub fn shrink(&self) -> usize {
-            shrink_core(&self.core)
+            shrink_cache(&self.cache)
         }
 
         /// A snapshot of the cache's statistics: counters only, no
         /// question to the kernel page by page (see
         /// [`resident`](Self::resident) for where the pages are).
         pub fn stats(&self) -> CacheStats {
-            CacheStats::of(&self.core)
+            CacheStats::of(&self.cache)
         }
 
         /// Where the cache's pages are now, per node that holds any, by
@@ -44,7 +44,7 @@ macro_rules! cache_accessors {
         /// but where their memory is; for a cache of gigabytes a query of
         /// some milliseconds.
         pub fn resident(&self) -> Vec<crate::slab::NodePages> {
-            self.core
+            self.cache
                 .resident()
                 .into_iter()
                 .map(|(node, pages, bytes)| crate::slab::NodePages { node, pages, bytes })
@@ -85,7 +85,7 @@ macro_rules! cache_accessors {
         /// # unsafe { pool.free(p) };
         /// ```
         pub fn migrate(&self, node: usize) -> Result<crate::slab::Migration> {
-            self.core.migrate(node)
+            self.cache.migrate(node)
         }
 
         /// Sets the condition under which the pool moves itself (see
@@ -99,7 +99,7 @@ macro_rules! cache_accessors {
         /// online, or when no target is named and the watched node has no
         /// lower tier.
         pub fn demote_when(&self, demotion: Option<crate::slab::Demotion>) -> Result<()> {
-            self.core.set_demotion(demotion)
+            self.cache.set_demotion(demotion)
         }
 
         /// Registers again, with the pool's [`Registrar`](crate::slab::Registrar),
@@ -112,18 +112,18 @@ macro_rules! cache_accessors {
         /// `obj` is a live object of this cache.
         pub unsafe fn register_again(&self, obj: NonNull<u8>) -> Result<bool> {
             // SAFETY: a live object of this cache (the caller's word).
-            let node = unsafe { self.core.node_of(obj) };
-            self.core.register_again(node, obj.as_ptr() as usize)
+            let node = unsafe { self.cache.node_of(obj) };
+            self.cache.register_again(node, obj.as_ptr() as usize)
         }
 
         /// The cache's name.
         pub fn name(&self) -> &str {
-            &self.core.name
+            &self.cache.name
         }
 
         /// Where objects go by default (a device home is resolved to its node).
         pub fn home(&self) -> Home {
-            self.core.home
+            self.cache.home
         }
     };
 }
@@ -324,7 +324,7 @@ impl<K> CacheBuilder<K> {
         }
     }
 
-    pub(super) fn build_core(self) -> Result<Arc<Core>> {
+    pub(super) fn build_core(self) -> Result<Arc<KmemCache>> {
         if self.name.is_empty() {
             return Err(Error::InvalidCache { reason: "an empty cache name" });
         }
@@ -359,7 +359,7 @@ impl<K> CacheBuilder<K> {
             lock: self.lock,
             registrar: self.registrar,
         };
-        register_cache(|index| Core::new(spec, index, topo))
+        register_cache(|index| KmemCache::new(spec, index, topo))
     }
 }
 
@@ -386,14 +386,14 @@ impl CacheBuilder<Raw> {
     /// what a 4 MiB slab holds twice ([`Error::LayoutTooLarge`]), a node
     /// that is not online, an unknown device, or conflicting options.
     pub fn build(self) -> Result<RawCache> {
-        Ok(RawCache { core: self.build_core()? })
+        Ok(RawCache { cache: self.build_core()? })
     }
 }
 
 impl<T> CacheBuilder<Typed<T>> {
     /// Builds the cache (see [`CacheBuilder<Raw>::build`] for the errors).
     pub fn build(self) -> Result<SlabCache<T>> {
-        Ok(SlabCache { core: self.build_core()?, _t: PhantomData })
+        Ok(SlabCache { cache: self.build_core()?, _t: PhantomData })
     }
 }
 
@@ -420,73 +420,74 @@ impl<K> fmt::Debug for CacheBuilder<K> {
 /// `RAW`: the cache may zero objects (typed caches never do, so their fast
 /// path skips the check).
 #[inline(always)]
-fn alloc_raw<const RAW: bool>(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
+fn alloc_raw<const RAW: bool>(cache: &Arc<KmemCache>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
     if let Start::Default = start
-        && let Some(p) = thread::alloc_fast(core, None)
+        && let Some(p) = local::alloc_fast(cache, None)
     {
         if HARDENED {
             // SAFETY: just taken from the cache.
-            unsafe { core.handing_out(p) };
+            unsafe { cache.handing_out(p) };
         }
-        if RAW && core.zero {
+        if RAW && cache.zero {
             // SAFETY: a fresh object of `size` bytes, ours.
-            unsafe { p.as_ptr().write_bytes(0, core.size) };
+            unsafe { p.as_ptr().write_bytes(0, cache.size) };
         }
         return Ok(p);
     }
-    alloc_raw_slow(core, start, on_empty)
+    alloc_raw_slow(cache, start, on_empty)
 }
 
 #[inline(never)]
-fn alloc_raw_slow(core: &Arc<Core>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
+fn alloc_raw_slow(cache: &Arc<KmemCache>, start: Start, on_empty: OnEmpty) -> Result<NonNull<u8>> {
     let node = match start {
-        Start::Node(n) => Some(core.topo.check_node(n)?),
+        Start::Node(n) => Some(cache.topo.check_node(n)?),
         Start::Default => None,
     };
-    let p = match thread::alloc_fast(core, node) {
+    let p = match local::alloc_fast(cache, node) {
         Some(p) => p,
-        None => thread::alloc_slow(core, start, on_empty)?,
+        None => local::alloc_slow(cache, start, on_empty)?,
     };
     if HARDENED {
         // SAFETY: just taken from the cache.
-        unsafe { core.handing_out(p) };
+        unsafe { cache.handing_out(p) };
     }
-    if core.zero {
+    if cache.zero {
         // SAFETY: a fresh object of `size` bytes, ours.
-        unsafe { p.as_ptr().write_bytes(0, core.size) };
+        unsafe { p.as_ptr().write_bytes(0, cache.size) };
     }
     Ok(p)
 }
 
-fn alloc_wait_raw(core: &Arc<Core>, timeout: Duration) -> Result<NonNull<u8>> {
-    match alloc_raw::<true>(core, Start::Default, OnEmpty::Fail) {
+fn alloc_wait_raw(cache: &Arc<KmemCache>, timeout: Duration) -> Result<NonNull<u8>> {
+    match alloc_raw::<true>(cache, Start::Default, OnEmpty::Fail) {
         Err(Error::LimitReached { node, .. }) => {
             let deadline = Instant::now() + timeout;
-            core.wait(node, deadline, || alloc_raw::<true>(core, Start::Node(node), OnEmpty::Fail).ok())
+            cache
+                .wait(node, deadline, || alloc_raw::<true>(cache, Start::Node(node), OnEmpty::Fail).ok())
                 .ok_or(Error::Timeout { waited: timeout })
         }
         r => r,
     }
 }
 
-fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
+fn alloc_bulk_raw(cache: &Arc<KmemCache>, out: &mut [*mut u8]) -> Result<()> {
     let mut i = 0;
     while i < out.len() {
         // Whole runs straight out of the thread's magazine; the slow path
         // refills it a magazine at a time (one depot or slab lock round trip
         // per `rounds` objects).
-        let got = thread::alloc_fast_many(core, &mut out[i..]);
+        let got = local::alloc_fast_many(cache, &mut out[i..]);
         if HARDENED {
             for &p in &out[i..i + got] {
                 // SAFETY: just taken from the cache (non-null).
-                unsafe { core.handing_out(NonNull::new_unchecked(p)) };
+                unsafe { cache.handing_out(NonNull::new_unchecked(p)) };
             }
         }
         i += got;
         if i == out.len() {
             break;
         }
-        match alloc_raw_slow(core, Start::Default, OnEmpty::Fail) {
+        match alloc_raw_slow(cache, Start::Default, OnEmpty::Fail) {
             Ok(p) => {
                 out[i] = p.as_ptr();
                 i += 1;
@@ -495,30 +496,30 @@ fn alloc_bulk_raw(core: &Arc<Core>, out: &mut [*mut u8]) -> Result<()> {
                 // All or nothing, as `kmem_cache_alloc_bulk`.
                 for &p in &out[..i] {
                     // SAFETY: allocated above, not yet handed out.
-                    unsafe { thread::free(Arc::as_ptr(core), NonNull::new_unchecked(p)) };
+                    unsafe { local::free(Arc::as_ptr(cache), NonNull::new_unchecked(p)) };
                 }
                 return Err(e);
             }
         }
     }
-    if core.zero {
+    if cache.zero {
         for &p in out.iter() {
             // SAFETY: fresh objects of `size` bytes, ours.
-            unsafe { p.write_bytes(0, core.size) };
+            unsafe { p.write_bytes(0, cache.size) };
         }
     }
     Ok(())
 }
 
-fn drop_core(core: &Arc<Core>) {
-    core.dead.store(true, Ordering::Release);
-    for ns in core.nodes.iter() {
+fn drop_core(cache: &Arc<KmemCache>) {
+    cache.dead.store(true, Ordering::Release);
+    for ns in cache.nodes.iter() {
         ns.depot.close();
     }
-    thread::flush_current(core);
-    let (_, refs) = core.shrink();
-    // SAFETY: `core` (the handle's reference) outlives this call.
-    unsafe { Core::put_refs(Arc::as_ptr(core), refs) };
+    local::flush_current(cache);
+    let (_, refs) = cache.shrink();
+    // SAFETY: `cache` (the handle's reference) outlives this call.
+    unsafe { KmemCache::put_refs(Arc::as_ptr(cache), refs) };
 }
 
 /// Shrinks every live cache, as [`RawCache::shrink`] does one (the calling
@@ -534,14 +535,14 @@ fn drop_core(core: &Arc<Core>) {
 /// assert!(shrink_all() > 0);
 /// ```
 pub fn shrink_all() -> usize {
-    super::stats::live_caches().iter().map(shrink_core).sum()
+    super::slabinfo::live_caches().iter().map(shrink_cache).sum()
 }
 
-fn shrink_core(core: &Arc<Core>) -> usize {
-    thread::flush_current(core);
-    let (bytes, refs) = core.shrink();
+fn shrink_cache(cache: &Arc<KmemCache>) -> usize {
+    local::flush_current(cache);
+    let (bytes, refs) = cache.shrink();
     // SAFETY: as in `drop_core`.
-    unsafe { Core::put_refs(Arc::as_ptr(core), refs) };
+    unsafe { KmemCache::put_refs(Arc::as_ptr(cache), refs) };
     bytes
 }
 
@@ -566,7 +567,7 @@ fn shrink_core(core: &Arc<Core>) -> usize {
 /// assert_eq!(b[31], 7);
 /// ```
 pub struct SlabCache<T> {
-    core: Arc<Core>,
+    cache: Arc<KmemCache>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -587,7 +588,7 @@ impl<T> SlabCache<T> {
         let p = p?.cast::<T>();
         // SAFETY: a fresh object, sized and aligned for `T`, ours.
         unsafe { p.as_ptr().write(value) };
-        Ok(SlabBox { ptr: p, core: NonNull::from(&*self.core) })
+        Ok(SlabBox { ptr: p, cache: NonNull::from(&*self.cache) })
     }
 
     /// An object on the cache's home node (or the calling thread's node for a
@@ -595,28 +596,28 @@ impl<T> SlabCache<T> {
     /// node is at its limit or out of memory (counted in `fallbacks`).
     #[inline]
     pub fn alloc(&self, value: T) -> Result<SlabBox<T>> {
-        self.wrap(alloc_raw::<false>(&self.core, Start::Default, OnEmpty::Fallback), value)
+        self.wrap(alloc_raw::<false>(&self.cache, Start::Default, OnEmpty::Fallback), value)
     }
 
     /// An object on `node` exactly (`kmem_cache_alloc_node`): never falls
     /// back. [`Error::InvalidNode`], [`Error::LimitReached`] or
     /// [`Error::NodeOutOfMemory`] otherwise.
     pub fn alloc_on(&self, node: usize, value: T) -> Result<SlabBox<T>> {
-        self.wrap(alloc_raw::<false>(&self.core, Start::Node(node), OnEmpty::Fail), value)
+        self.wrap(alloc_raw::<false>(&self.cache, Start::Node(node), OnEmpty::Fail), value)
     }
 
     /// An object on the home (or local) node, without falling back or
     /// waiting: [`Error::LimitReached`] when the node is at its limit.
     #[inline]
     pub fn try_alloc(&self, value: T) -> Result<SlabBox<T>> {
-        self.wrap(alloc_raw::<false>(&self.core, Start::Default, OnEmpty::Fail), value)
+        self.wrap(alloc_raw::<false>(&self.cache, Start::Default, OnEmpty::Fail), value)
     }
 
     /// Like [`try_alloc`](Self::try_alloc), but when the node is at its limit,
     /// waits up to `timeout` for another thread to free an object
     /// ([`Error::Timeout`] after that), as SPDK's `iobuf` does.
     pub fn alloc_wait(&self, value: T, timeout: Duration) -> Result<SlabBox<T>> {
-        self.wrap(alloc_wait_raw(&self.core, timeout), value)
+        self.wrap(alloc_wait_raw(&self.cache, timeout), value)
     }
 
     /// `n` objects on the home (or local) node, the i-th holding `init(i)`:
@@ -627,9 +628,9 @@ impl<T> SlabCache<T> {
         while out.len() < n {
             let k = (n - out.len()).min(MAG_MAX);
             // On failure `out` drops: the objects already boxed go back too.
-            alloc_bulk_raw(&self.core, &mut buf[..k])?;
+            alloc_bulk_raw(&self.cache, &mut buf[..k])?;
             // Objects not yet boxed go back if `init` panics.
-            let mut pending = Pending { core: &self.core, objs: &buf[..k], done: 0 };
+            let mut pending = Pending { cache: &self.cache, objs: &buf[..k], done: 0 };
             while pending.done < k {
                 let v = init(out.len());
                 // SAFETY: from `alloc_bulk_raw`: a fresh, non-null object
@@ -637,7 +638,7 @@ impl<T> SlabCache<T> {
                 let ptr = unsafe { NonNull::new_unchecked(pending.objs[pending.done]) }.cast::<T>();
                 // SAFETY: as above.
                 unsafe { ptr.as_ptr().write(v) };
-                out.push(SlabBox { ptr, core: NonNull::from(&*self.core) });
+                out.push(SlabBox { ptr, cache: NonNull::from(&*self.cache) });
                 pending.done += 1;
             }
         }
@@ -650,14 +651,14 @@ impl<T> SlabCache<T> {
     /// # Panics
     /// If a box belongs to another cache.
     pub fn free_bulk(&self, boxes: impl IntoIterator<Item = SlabBox<T>>) {
-        let multi = self.core.multi_node;
+        let multi = self.cache.multi_node;
         let mut raw = Vec::new();
         for b in boxes {
             assert!(
-                core::ptr::eq(b.core.as_ptr(), Arc::as_ptr(&self.core)),
+                core::ptr::eq(b.cache.as_ptr(), Arc::as_ptr(&self.cache)),
                 "numaweave: a SlabBox of cache \"{}\" passed to free_bulk of cache \"{}\"",
                 b.cache_name(),
-                self.core.name
+                self.cache.name
             );
             if !multi {
                 // One node: every free is a local one, nothing to group.
@@ -670,7 +671,7 @@ impl<T> SlabCache<T> {
             raw.push(b.ptr.cast::<u8>());
         }
         // SAFETY: objects of this cache, emptied above, owned by us.
-        unsafe { thread::free_bulk(&self.core, &raw) };
+        unsafe { local::free_bulk(&self.cache, &raw) };
     }
 
     cache_accessors!();
@@ -678,19 +679,19 @@ impl<T> SlabCache<T> {
 
 impl<T> Drop for SlabCache<T> {
     fn drop(&mut self) {
-        drop_core(&self.core);
+        drop_core(&self.cache);
     }
 }
 
 impl<T> fmt::Debug for SlabCache<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlabCache").field("name", &self.core.name).field("home", &self.core.home).finish()
+        f.debug_struct("SlabCache").field("name", &self.cache.name).field("home", &self.cache.home).finish()
     }
 }
 
 /// Objects of a bulk allocation not yet handed out; returned on unwind.
 struct Pending<'a> {
-    core: &'a Arc<Core>,
+    cache: &'a Arc<KmemCache>,
     objs: &'a [*mut u8],
     done: usize,
 }
@@ -699,7 +700,7 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         for &p in &self.objs[self.done..] {
             // SAFETY: objects of this cache holding no value, ours.
-            unsafe { thread::free(Arc::as_ptr(self.core), NonNull::new_unchecked(p)) };
+            unsafe { local::free(Arc::as_ptr(self.cache), NonNull::new_unchecked(p)) };
         }
     }
 }
@@ -709,7 +710,7 @@ impl Drop for Pending<'_> {
 /// another node, home to its node). It may outlive its [`SlabCache`].
 pub struct SlabBox<T> {
     ptr: NonNull<T>,
-    core: NonNull<Core>,
+    cache: NonNull<KmemCache>,
 }
 
 // SAFETY: the box owns its `T` like `Box<T>`; freeing from any thread is what
@@ -723,8 +724,8 @@ impl<T> SlabBox<T> {
     /// `Box::leak`, so it does not shadow a method of `T`).
     pub fn node(this: &Self) -> usize {
         // SAFETY: the box's object belongs to its (alive) cache.
-        let list = unsafe { this.core().node_of(this.ptr.cast()) };
-        this.core().memory_node(list)
+        let list = unsafe { this.cache().node_of(this.ptr.cast()) };
+        this.cache().memory_node(list)
     }
 
     /// The object's address.
@@ -732,13 +733,13 @@ impl<T> SlabBox<T> {
         this.ptr.as_ptr()
     }
 
-    fn core(&self) -> &Core {
+    fn cache(&self) -> &KmemCache {
         // SAFETY: the object's slab keeps the cache alive while the box exists.
-        unsafe { self.core.as_ref() }
+        unsafe { self.cache.as_ref() }
     }
 
     fn cache_name(&self) -> &str {
-        &self.core().name
+        &self.cache().name
     }
 }
 
@@ -764,7 +765,7 @@ impl<T> Drop for SlabBox<T> {
         // object goes back to its cache, which its slab keeps alive.
         unsafe {
             self.ptr.as_ptr().drop_in_place();
-            thread::free(self.core.as_ptr(), self.ptr.cast());
+            local::free(self.cache.as_ptr(), self.ptr.cast());
         }
     }
 }
@@ -791,7 +792,7 @@ impl<T: fmt::Debug> fmt::Debug for SlabBox<T> {
 /// }
 /// ```
 pub struct RawCache {
-    pub(super) core: Arc<Core>,
+    pub(super) cache: Arc<KmemCache>,
 }
 
 impl RawCache {
@@ -802,46 +803,46 @@ impl RawCache {
 
     /// Object size in bytes.
     pub fn object_size(&self) -> usize {
-        self.core.size
+        self.cache.size
     }
 
     /// Alignment of every object.
     pub fn align(&self) -> usize {
-        self.core.align
+        self.cache.align
     }
 
     /// A device may hold the physical address of an object (a DMA pool
     /// handed one out): a demotion leaves the pool where it is unless told
     /// otherwise.
     pub(crate) fn device_may_hold(&self) {
-        self.core.moves.device_addresses.store(true, Ordering::Relaxed);
+        self.cache.moves.device_addresses.store(true, Ordering::Relaxed);
     }
 
     /// See [`SlabCache::alloc`].
     #[inline]
     pub fn alloc(&self) -> Result<NonNull<u8>> {
-        alloc_raw::<true>(&self.core, Start::Default, OnEmpty::Fallback)
+        alloc_raw::<true>(&self.cache, Start::Default, OnEmpty::Fallback)
     }
 
     /// See [`SlabCache::alloc_on`].
     pub fn alloc_on(&self, node: usize) -> Result<NonNull<u8>> {
-        alloc_raw::<true>(&self.core, Start::Node(node), OnEmpty::Fail)
+        alloc_raw::<true>(&self.cache, Start::Node(node), OnEmpty::Fail)
     }
 
     /// See [`SlabCache::try_alloc`].
     pub fn try_alloc(&self) -> Result<NonNull<u8>> {
-        alloc_raw::<true>(&self.core, Start::Default, OnEmpty::Fail)
+        alloc_raw::<true>(&self.cache, Start::Default, OnEmpty::Fail)
     }
 
     /// See [`SlabCache::alloc_wait`].
     pub fn alloc_wait(&self, timeout: Duration) -> Result<NonNull<u8>> {
-        alloc_wait_raw(&self.core, timeout)
+        alloc_wait_raw(&self.cache, timeout)
     }
 
     /// Fills `out` with objects of the home (or local) node, all or none
     /// (`kmem_cache_alloc_bulk`).
     pub fn alloc_bulk(&self, out: &mut [*mut u8]) -> Result<()> {
-        alloc_bulk_raw(&self.core, out)
+        alloc_bulk_raw(&self.cache, out)
     }
 
     /// Returns `obj` to the cache.
@@ -855,15 +856,15 @@ impl RawCache {
     #[inline]
     pub unsafe fn free(&self, obj: NonNull<u8>) {
         // SAFETY: per the contract, `obj` lies in a slab.
-        if !unsafe { self.core.check_owner(obj) } {
+        if !unsafe { self.cache.check_owner(obj) } {
             return;
         }
         // SAFETY: checked to be an object of this cache.
-        if HARDENED && !unsafe { self.core.freeing(obj) } {
+        if HARDENED && !unsafe { self.cache.freeing(obj) } {
             return;
         }
         // SAFETY: checked to be ours; the caller gives it up.
-        unsafe { thread::free(Arc::as_ptr(&self.core), obj) };
+        unsafe { local::free(Arc::as_ptr(&self.cache), obj) };
     }
 
     /// Returns every object of `objs`, sending those of other nodes home in
@@ -876,19 +877,22 @@ impl RawCache {
             for &o in objs {
                 // SAFETY: each lies in a slab (the caller's word), which is
                 // what the check reads; a wrong one panics.
-                unsafe { self.core.check_owner(o) };
+                unsafe { self.cache.check_owner(o) };
             }
             // SAFETY: checked; the caller gives them up.
-            unsafe { thread::free_bulk(&self.core, objs) };
+            unsafe { local::free_bulk(&self.cache, objs) };
         } else {
             // Under `NUMAWEAVE_ON_ERROR=report` the objects found wrong are
             // left out (leaked), the others freed.
             // SAFETY: per the contract each lies in a slab; checked to be
             // this cache's before its mark is looked at.
-            let ok: Vec<_> =
-                objs.iter().copied().filter(|&o| unsafe { self.core.check_owner(o) && self.core.freeing(o) }).collect();
+            let ok: Vec<_> = objs
+                .iter()
+                .copied()
+                .filter(|&o| unsafe { self.cache.check_owner(o) && self.cache.freeing(o) })
+                .collect();
             // SAFETY: checked; the caller gives them up.
-            unsafe { thread::free_bulk(&self.core, &ok) };
+            unsafe { local::free_bulk(&self.cache, &ok) };
         }
     }
 
@@ -898,8 +902,8 @@ impl RawCache {
     /// `obj` is a live object of this cache.
     pub unsafe fn node_of(&self, obj: NonNull<u8>) -> usize {
         // SAFETY: `obj` is a live object of this cache (the caller's word), as
-        // `Core::node_of` asks.
-        self.core.memory_node(unsafe { self.core.node_of(obj) })
+        // `KmemCache::node_of` asks.
+        self.cache.memory_node(unsafe { self.cache.node_of(obj) })
     }
 
     cache_accessors!();
@@ -907,16 +911,16 @@ impl RawCache {
 
 impl Drop for RawCache {
     fn drop(&mut self) {
-        drop_core(&self.core);
+        drop_core(&self.cache);
     }
 }
 
 impl fmt::Debug for RawCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RawCache")
-            .field("name", &self.core.name)
-            .field("size", &self.core.size)
-            .field("home", &self.core.home)
+            .field("name", &self.cache.name)
+            .field("size", &self.cache.size)
+            .field("home", &self.cache.home)
             .finish()
     }
 }

@@ -15,7 +15,7 @@ use core::ops::{Deref, DerefMut};
 use core::ptr::NonNull;
 
 use super::api::{CacheBuilder, RawCache};
-use super::stats::CacheStats;
+use super::slabinfo::CacheStats;
 use crate::error::{Error, Result};
 use crate::os::mem::{self, HUGE_PAGE};
 
@@ -48,7 +48,7 @@ impl CacheBuilder<Dma> {
     /// Builds the pool. Fails as [`RawCache`]'s builder does, and with
     /// [`Error::LayoutTooLarge`] for buffers over 1 MiB.
     pub fn build(self) -> Result<DmaPool> {
-        Ok(DmaPool { raw: RawCache { core: self.build_core()? } })
+        Ok(DmaPool { raw: RawCache { cache: self.build_core()? } })
     }
 }
 

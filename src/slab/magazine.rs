@@ -1,5 +1,5 @@
 //! Magazines, the per-node depot, and the remote-free list: the concurrent
-//! core of the node slabs, after Bonwick and Adams, "Magazines and Vmem"
+//! cache of the node slabs, after Bonwick and Adams, "Magazines and Vmem"
 //! (USENIX 2001).
 //!
 //! A *magazine* is a thread-private stack of object pointers. Each thread keeps

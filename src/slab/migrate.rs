@@ -48,8 +48,9 @@ use core::fmt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::cache::{Core, NOWHERE, NodeSlabs, Pass};
 use super::chunk::Extent;
+use super::kmem::{KmemCache, NOWHERE, Pass};
+use super::node::NodeSlabs;
 use super::register::Refusal;
 use crate::error::{Error, Result};
 use crate::os::mem;
@@ -289,7 +290,7 @@ enum Budget {
     Bytes(usize),
 }
 
-impl Core {
+impl KmemCache {
     /// Moves every node's slabs to `to` (see the module documentation).
     pub(crate) fn migrate(&self, to: usize) -> Result<Migration> {
         self.check_target(to)?;

@@ -63,35 +63,37 @@
 pub mod magazine;
 
 #[cfg(not(loom))]
-mod cache;
+mod checks;
 #[cfg(not(loom))]
 mod chunk;
 #[cfg(not(loom))]
 mod dma;
 #[cfg(not(loom))]
-mod hardened;
+mod kmem;
+#[cfg(not(loom))]
+mod local;
 #[cfg(not(loom))]
 mod migrate;
+#[cfg(not(loom))]
+mod node;
 pub mod published;
 #[cfg(not(loom))]
 pub mod register;
 #[cfg(not(loom))]
-mod stats;
-#[cfg(not(loom))]
-mod thread;
+mod slabinfo;
 
 #[cfg(not(loom))]
 pub use api::*;
 #[cfg(not(loom))]
-pub use cache::Home;
-#[cfg(not(loom))]
 pub use dma::{Dma, DmaBuf, DmaPool, phys_addr, phys_segments};
+#[cfg(not(loom))]
+pub use kmem::Home;
 #[cfg(not(loom))]
 pub use migrate::{Demotion, Migration, Stuck, Unmoved};
 #[cfg(not(loom))]
 pub use register::{Refusal, Region, Registrar};
 #[cfg(not(loom))]
-pub use stats::{CacheStats, NodeCacheStats, NodePages, SlabInfo, slabinfo};
+pub use slabinfo::{CacheStats, NodeCacheStats, NodePages, SlabInfo, slabinfo};
 
 #[cfg(not(loom))]
 mod api;

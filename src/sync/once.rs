@@ -121,7 +121,7 @@ impl<T> InitCell<T> {
 
     /// Runs `init` on the empty slot once; it leaves the slot initialised
     /// (both callers' contract).
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     #[cold]
     fn init_slow(&self, init: impl FnOnce(&mut MaybeUninit<T>)) -> &T {
         if self.claim() {

@@ -117,7 +117,7 @@ static GLOBAL: InitCell<Topology> = InitCell::new();
 #[cfg(loom)]
 static GLOBAL: std::sync::OnceLock<Topology> = std::sync::OnceLock::new();
 
-/// `fork()` handlers' part (the allocator core's, `ForkRank::Core`): no
+/// `fork()` handlers' part (the allocator core's, `ForkRank::Engine`): no
 /// child inherits the process topology half read.
 #[cfg(not(loom))]
 pub(crate) fn global_hold_for_fork() {
@@ -151,7 +151,7 @@ impl Topology {
     /// The machine's topology, read from sysfs and procfs now (no environment
     /// override, no caching). Without a NUMA kernel it is one node 0
     /// ([`Source::NoNuma`]). Never allocates.
-    #[unsafe(link_section = ".text.hot.numaweave")]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub fn detect() -> Result<Self> {
         sysfs::detect()
     }
@@ -400,7 +400,7 @@ impl Iterator for NodeOrder {
 }
 
 /// Builds the process topology as `NUMAWEAVE_TOPOLOGY` asks.
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn from_env() -> Topology {
     // Each way out its own function, so that the common one's stack frame
     // holds one topology, not one per branch (start-up's stack pages stay
@@ -413,7 +413,7 @@ fn from_env() -> Topology {
 
 /// This machine's topology, or one node if discovery fails.
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn real_topology() -> Topology {
     match Topology::detect() {
         Ok(t) => t,

@@ -12,14 +12,14 @@ const NODE_DIR: &str = "/sys/devices/system/node";
 /// `/sys/devices/system/node/node<n>/<leaf>`, without `core::fmt` (this
 /// runs inside the allocator's start-up: see [`PathBuf::push`]).
 #[inline(never)]
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn node_file(n: usize, leaf: &str) -> PathBuf {
     let mut p = PathBuf::new();
     p.push(NODE_DIR).push("/node").push_num(n).push("/").push(leaf);
     p
 }
 
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(super) fn detect() -> Result<Topology> {
     // 4 KiB holds any list file below MAX_CPUS and one node's distance row.
     let mut buf = [0u8; 4096];
@@ -95,7 +95,7 @@ pub(super) fn single_node_fallback() -> Topology {
     t
 }
 
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn read_set(p: &core::ffi::CStr, buf: &mut [u8]) -> Result<Option<NodeSet>> {
     match file::read_str(p, buf) {
         Ok(s) => Ok(Some(NodeSet::parse_list(s)?.0)),
@@ -104,7 +104,7 @@ fn read_set(p: &core::ffi::CStr, buf: &mut [u8]) -> Result<Option<NodeSet>> {
     }
 }
 
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn read_distances(t: &mut Topology, n: usize, buf: &mut [u8]) -> Result<()> {
     let p = node_file(n, "distance");
     // The row lists distances to every online node, in ascending id order.
@@ -130,7 +130,7 @@ fn read_distances(t: &mut Topology, n: usize, buf: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn read_node_memory(n: usize, buf: &mut [u8]) -> Result<u64> {
     let p = node_file(n, "meminfo");
     match file::read_str(p.as_cstr(), buf) {
@@ -156,7 +156,7 @@ pub(crate) fn read_node_free(n: usize) -> Result<u64> {
 
 /// The kB figure after `key` in a meminfo-style text. (Byte searches, not
 /// `str::find`: start-up code, see [`PathBuf::push`].)
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
     let (text, key) = (text.as_bytes(), key.as_bytes());
     let at = text.windows(key.len()).position(|w| w == key)? + key.len();
@@ -215,7 +215,7 @@ pub(super) fn huge_pages(n: usize) -> Result<HugePages> {
 
 /// `Mems_allowed_list` from `/proc/self/status`; `None` when the kernel does not
 /// report it (no cpusets).
-#[unsafe(link_section = ".text.hot.numaweave")]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn read_mems_allowed() -> Result<Option<NodeSet>> {
     // The status file grows with the CPU count (`Cpus_allowed`), the line
     // wanted does not (at most MAX_NODES ids): read it a piece at a time

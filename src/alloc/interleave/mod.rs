@@ -24,9 +24,9 @@ mod window;
 use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
-use super::core::heap::{self, Heap};
-use super::core::size_class::{PAGE_CLASS, class_size};
-use super::core::types::{Block, Segment, State};
+use super::engine::heap::{self, Heap};
+use super::engine::size_class::{PAGE_CLASS, class_size};
+use super::engine::types::{Block, Segment, State};
 use super::region::{NodeRegion, REGION_ALIGN_MAX, REGION_MAX, UNIT, units_for};
 use crate::os::mem::Huge;
 use crate::policy::{Cursor, Granularity, Interleave, Pick};
@@ -279,7 +279,7 @@ impl ThreadInterleaver {
         if !self.window.is_open() {
             return None;
         }
-        let (_, r) = self.window.place();
+        let (_, r) = self.window.turn();
         // SAFETY: the window's region is the space's current one for its
         // node, carved (and its lists used) by this thread only.
         let reg = unsafe { &*r };
@@ -388,7 +388,7 @@ impl ThreadInterleaver {
             // Closed: the turn ended with the allocation that picked.
             return false;
         }
-        let (_, r) = w.place();
+        let (_, r) = w.turn();
         // SAFETY: an open window's region, carved and listed by this thread only.
         let credit = unsafe { (*r).credit() };
         // The turn's allowance: blocks on the page plus frees put back.

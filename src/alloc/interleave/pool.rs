@@ -13,12 +13,12 @@
 //! back (`ThreadInterleaver::reclaim`), before the window, the cursor or the
 //! space is used for anything else. One thread only: plain cells.
 //!
-//! [`Heap::lend`]: crate::alloc::core::heap::Heap::lend
+//! [`Heap::lend`]: crate::alloc::engine::heap::Heap::lend
 
 use core::cell::{Cell, UnsafeCell};
 use core::ptr;
 
-use crate::alloc::core::types::{Block, Page};
+use crate::alloc::engine::types::{Block, Page};
 use crate::alloc::region::NodeRegion;
 use crate::hardened::{self, HARDENED};
 
@@ -95,7 +95,7 @@ impl Pool {
                 // The heap pops with the page's key: encode the links. (The
                 // node is for reports.)
                 (*page).info.key = hardened::page_key(page.cast());
-                (*page).info.node = (*crate::alloc::core::segment::segment_of(list.cast())).arena;
+                (*page).info.node = (*crate::alloc::engine::segment::segment_of(list.cast())).arena;
                 let mut b = list;
                 while !b.is_null() {
                     let next = (*b).next;
@@ -152,7 +152,7 @@ impl Pool {
         if self.filled.get() == 0 || left == 0 || self.region.get() != r || self.units.get() != units {
             return false;
         }
-        debug_assert_eq!(crate::alloc::core::segment::segment_of(p).cast::<NodeRegion>(), r);
+        debug_assert_eq!(crate::alloc::engine::segment::segment_of(p).cast::<NodeRegion>(), r);
         self.allowance.set(left - 1);
         let page = self.page.get();
         let b = p.cast::<Block>();

@@ -12,7 +12,7 @@
 use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
-use crate::alloc::core::types::State;
+use crate::alloc::engine::types::State;
 use crate::alloc::region::{self, NodeRegion, REGION_ALIGN_MAX, UNIT, units_for};
 use crate::os::mem::Huge;
 use crate::sync::{AtomicPtr, Ordering, SpinLock};
@@ -26,7 +26,7 @@ const CREDIT: usize = 1 << 24;
 /// byte turns of 2 MiB or more, so whole huge pages belong to one node, in
 /// regions that huge pages may back), within what a region can give.
 fn turn_units(turn_align: usize) -> usize {
-    turn_align.clamp(UNIT, crate::alloc::core::types::SEGMENT_SIZE / 2) / UNIT
+    turn_align.clamp(UNIT, crate::alloc::engine::types::SEGMENT_SIZE / 2) / UNIT
 }
 
 /// See the module docs.

@@ -111,7 +111,7 @@ impl Window {
 
     /// The turn's node and region.
     #[inline(always)]
-    pub(crate) fn place(&self) -> (usize, *mut NodeRegion) {
+    pub(crate) fn turn(&self) -> (usize, *mut NodeRegion) {
         (self.node.get(), self.region.get())
     }
 

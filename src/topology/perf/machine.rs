@@ -35,7 +35,7 @@ pub(super) fn machine_perf(t: &Topology) -> &'static MemoryPerformance {
     }
 }
 
-/// `fork()` handlers' part (the allocator core's, `ForkRank::Core`): the
+/// `fork()` handlers' part (the allocator core's, `ForkRank::Engine`): the
 /// machine's tables are not being read while a child is made.
 #[cfg(not(loom))]
 pub(crate) fn hold_for_fork() {

@@ -1,0 +1,275 @@
+//! The free: a block back onto its slot's sink (its page, or the heap's free
+//! cache of its class) when the calling thread owns it, else onto its
+//! page's `thread_free` list, whose first push queues the page on its
+//! heap; the owner gathers them at its next refill.
+
+use core::ptr;
+
+use super::{Heap, bump, current, current_or_none, in_page, link, next_of};
+use crate::alloc::engine::segment;
+use crate::alloc::engine::types::SmallSegment;
+use crate::alloc::engine::types::{Block, OWNER_THREAD, Page, State};
+use crate::sync::Ordering;
+
+impl Heap {
+    /// Frees `block` of a page this heap owns onto `page`: the block's page,
+    /// or the heap's free cache of its class (what the block's slot names).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap and owns `page`; `block` is a live
+    /// block of `page`, or of a page of the heap on its node whose class's
+    /// free cache `page` is.
+    #[inline(always)]
+    pub(crate) unsafe fn free_local(heap: *mut Heap, page: *mut Page, block: *mut Block) {
+        // SAFETY: the caller's heap owns the page (or it is the heap's free
+        // cache): its `free`, `used` and the heap's counters are written by
+        // this thread alone.
+        unsafe {
+            debug_assert!((*page).used > 0, "free of a block of a page with none in use");
+            debug_assert!(
+                (in_page(page, block.cast()) || Heap::is_cache(heap, page))
+                    && (*page).info.heap.load(Ordering::Relaxed) == heap
+            );
+            // The counters first: their stores may alias the page as far
+            // as the compiler knows, and after them it read `used` back
+            // from memory for the test (`cmpl $0`) instead of taking the
+            // decrement's flags.
+            bump(&(*heap).counters.frees, 1);
+            bump(&(*heap).counters.bytes_freed, u64::from((*page).info.block_size));
+            Heap::push(heap, page, block);
+        }
+    }
+
+    /// Pushes `block` on `page`'s free list: the block's page, or the
+    /// class's free cache, whose `used` is the room left and reaches 0 when
+    /// this push fills it (`page_event` then gives half back).
+    ///
+    /// # Safety
+    /// As [`free_local`](Self::free_local), the counters booked.
+    #[inline(always)]
+    pub(super) unsafe fn push(heap: *mut Heap, page: *mut Page, block: *mut Block) {
+        // SAFETY: per the contract; owner-only fields.
+        unsafe {
+            (*block).next = link(page, (*page).free);
+            (*page).free = block;
+            (*page).used -= 1;
+            if (*page).used == 0 || (*page).in_full {
+                Heap::page_event(heap, page);
+            }
+        }
+    }
+
+    /// Looks at every page of this heap that other threads freed blocks
+    /// into. A page whose free list is empty gets them now; the others are put
+    /// on the heap's pending list and get them when their free list runs dry
+    /// (`take_remote`). Either way the page leaves `remote_pages`, and no
+    /// remote thread queues it again while its `thread_free` is not empty.
+    ///
+    /// # Safety
+    /// `heap` must be the calling thread's heap (or an orphan being adopted).
+    pub(crate) unsafe fn gather_remote(heap: *mut Heap) {
+        // SAFETY: pages on `remote_pages` are this heap's; see `Page`'s Linked impl
+        // for why each is on the stack at most once.
+        unsafe {
+            // Look before taking: the swap is a locked instruction (about
+            // twenty cycles) and the queue is empty at most refills; a page
+            // queued just after the look is gathered at the next one, as it
+            // would be if queued just after the swap.
+            if (*heap).remote_pages.0.is_empty() {
+                return;
+            }
+            let mut page = (*heap).remote_pages.0.take_all();
+            while !page.is_null() {
+                debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
+                // Read the link before emptying `thread_free`: from then on a
+                // remote thread may push the page again and rewrite it.
+                let next = (*page).remote.remote_next;
+                if (*page).free.is_null() {
+                    Heap::take_remote(heap, page, true);
+                } else if !(*page).pending {
+                    (*heap).pend_link(page);
+                }
+                page = next;
+            }
+        }
+    }
+
+    /// Moves the blocks in `page.thread_free` onto its free list, without
+    /// walking them when the free list is empty (they were last written by
+    /// other cores: a cache miss each). With `may_release`, a page they empty
+    /// may go back to its arena.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
+    pub(super) unsafe fn take_remote(heap: *mut Heap, page: *mut Page, may_release: bool) {
+        // SAFETY: the caller owns the heap and the page.
+        unsafe {
+            if (*page).pending {
+                (*heap).pend_unlink(page);
+            }
+            let (head, n) = (*page).remote.thread_free.take_all();
+            if head.is_null() {
+                return;
+            }
+            // The chain's links are stored as the page's own (`free_remote`):
+            // spliced as it is, walked only to reach its tail.
+            if (*page).free.is_null() {
+                (*page).free = head;
+            } else {
+                let mut tail = head;
+                loop {
+                    let next = next_of(page, tail);
+                    if next.is_null() {
+                        break;
+                    }
+                    tail = next;
+                }
+                (*tail).next = link(page, (*page).free);
+                (*page).free = head;
+            }
+            let n = n as u32;
+            debug_assert!(n <= (*page).used, "more remote frees than blocks in use");
+            (*page).used -= n;
+            let c = &(*heap).counters;
+            bump(&c.remote_frees, u64::from(n));
+            bump(&c.frees, u64::from(n));
+            bump(&c.bytes_freed, u64::from(n) * u64::from((*page).info.block_size));
+            if (*page).in_full || ((*page).used == 0 && may_release) {
+                Heap::page_event_with(heap, page, may_release);
+            }
+        }
+    }
+
+    /// Puts `page` at the head of the pages with remote frees waiting.
+    ///
+    /// # Safety
+    /// `page` is a live page of this heap, not on the pending list; the
+    /// caller is the heap's owner (the fields are owner-only).
+    pub(super) unsafe fn pend_link(&mut self, page: *mut Page) {
+        // SAFETY: owner-only fields of a page of this heap (the contract).
+        unsafe {
+            (*page).pending = true;
+            (*page).pend_prev = ptr::null_mut();
+            (*page).pend_next = self.pending;
+            if !self.pending.is_null() {
+                (*self.pending).pend_prev = page;
+            }
+            self.pending = page;
+        }
+    }
+
+    /// Takes `page` off the pending list.
+    ///
+    /// # Safety
+    /// `page` is a live page of this heap on the pending list; the caller is
+    /// the heap's owner.
+    pub(super) unsafe fn pend_unlink(&mut self, page: *mut Page) {
+        // SAFETY: the contract: the page and its neighbours on the list are
+        // this heap's, their links owner-only.
+        unsafe {
+            let (prev, next) = ((*page).pend_prev, (*page).pend_next);
+            if prev.is_null() {
+                debug_assert_eq!(self.pending, page);
+                self.pending = next;
+            } else {
+                (*prev).pend_next = next;
+            }
+            if !next.is_null() {
+                (*next).pend_prev = prev;
+            }
+            (*page).pending = false;
+            (*page).pend_prev = ptr::null_mut();
+            (*page).pend_next = ptr::null_mut();
+        }
+    }
+}
+
+/// Frees `p`, a live block of `page` (of a small segment), on the page's
+/// free list if the calling thread's heap owns it, else on its remote list.
+///
+/// # Safety
+/// `p` is a live block of `page`, checked (hardened builds) and marked freed.
+#[inline(always)]
+pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
+    // (`NO_HEAP` owns no page.)
+    let heap = current_or_none();
+    // SAFETY: per the contract; `info.heap` is fixed while `p` is live.
+    unsafe {
+        if (*page).info.heap.load(Ordering::Relaxed) == heap {
+            Heap::free_local(heap, page, p.cast::<Block>());
+        } else {
+            free_remote(page, p.cast::<Block>());
+        }
+    }
+}
+
+/// Frees `p`, a live block of small segment `seg` whose slot's sink
+/// ([`sink_of`](segment::sink_of)) is `sink`: into the sink if the
+/// calling thread's heap owns it, else onto its page's remote list.
+///
+/// # Safety
+/// `p` is a live block of `seg`; `sink` its slot's sink.
+#[inline(always)]
+pub(crate) unsafe fn free_to_sink(seg: *mut SmallSegment, sink: *mut Page, p: *mut u8) {
+    // (`NO_HEAP` owns no page, nor is it a free cache's heap.)
+    let heap = current_or_none();
+    // SAFETY: per the contract; the sink's `info.heap` is the page's owner
+    // (a free cache's is its heap), fixed while `p` is live.
+    unsafe {
+        if (*sink).info.heap.load(Ordering::Relaxed) == heap {
+            debug_assert!(
+                Heap::is_cache(heap, sink) || sink == segment::page_of(seg, p),
+                "a slot's sink is its page or its owner's free cache"
+            );
+            debug_assert!(
+                (*heap).owned.load(Ordering::Relaxed) == OWNER_THREAD,
+                "a local free into a heap no thread owns"
+            );
+            debug_assert!(
+                (*segment::page_of(seg, p)).info.heap.load(Ordering::Relaxed) == heap,
+                "a local free of another heap's block (sink {sink:p}, page {:p})",
+                segment::page_of(seg, p)
+            );
+            Heap::free_local(heap, sink, p.cast::<Block>());
+        } else {
+            free_remote(segment::page_of(seg, p), p.cast::<Block>());
+        }
+    }
+}
+
+/// A page of an exited thread's heap got its first remote free since its
+/// remote frees were last collected: the lifecycle collects them at its
+/// next tick, and the freeing thread's heap is armed so that its next
+/// allocation refills and so ticks (a thread that only frees, as a
+/// consumer of a producer that has exited, reaches the tick that way; the
+/// heap floor does not call the lifecycle above it).
+#[cold]
+#[inline(never)]
+fn orphan_freed() {
+    let Some(state) = State::try_get() else { return };
+    state.life.note_orphan_work();
+    let me = current();
+    if !me.is_null() {
+        // SAFETY: the calling thread's heap, between operations (a free's
+        // last step).
+        unsafe { Heap::arm(me, state) };
+    }
+}
+
+/// A block of another heap's page: push it on the page's `thread_free`; the
+/// first push onto an empty list also queues the page on its heap, once.
+#[cold]
+pub(super) unsafe fn free_remote(page: *mut Page, block: *mut Block) {
+    // SAFETY: the block is live and ours to give back; the page and its heap
+    // outlive it (heaps are never freed, pages not reassigned while they hold
+    // a live block).
+    unsafe {
+        // (A hardened build stores the link encoded, as in the page's own
+        // list: the owner then takes the chain without walking it.)
+        if (*page).remote.thread_free.push_by(block, |b, next| (*b).next = link(page, next)) {
+            let heap = (*page).info.heap.load(Ordering::Relaxed);
+            (*heap).remote_pages.0.push(page);
+            if (*heap).owned.load(Ordering::Relaxed) != OWNER_THREAD {
+                orphan_freed();
+            }
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The registry of heaps: a heap made (its descriptor from the metadata
+//! chunks, listed among every heap), the walk over every heap for
+//! statistics, and a heap's direct slots cleared (a placement change).
+
+use core::ptr;
+
+use super::{Heap, empty_page};
+use crate::alloc::engine::arena::alloc_meta;
+use crate::alloc::engine::size_class::CLASSES;
+use crate::alloc::engine::types::{HeapCounters, HeapLife, Loan, PageList, State};
+use crate::sync::{AtomicStack, AtomicU64, CachePadded};
+
+impl Heap {
+    /// Points every class at the empty page, so that the next allocation of
+    /// each goes through a refill (under whatever placement is in force then).
+    ///
+    /// # Safety
+    /// `heap` is the calling thread's heap.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
+    pub(crate) unsafe fn clear_direct(heap: *mut Heap) {
+        // SAFETY: per the contract; the pages stay on the heap's lists.
+        unsafe {
+            Heap::end_loan(heap);
+            for class in 0..CLASSES {
+                Heap::set_direct(heap, class, empty_page());
+                (*heap).cache_serves[class] = false;
+            }
+        }
+    }
+}
+
+impl Heap {
+    /// A new heap on `node`'s arena, owned as `owner` says, listed for the
+    /// statistics; `None` when the OS refuses the memory for its
+    /// descriptor.
+    #[cold]
+    pub(crate) fn make(state: &State, node: usize, owner: u64) -> Option<*mut Heap> {
+        let p = alloc_meta(state, core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
+        let h = p.as_ptr().cast::<Heap>();
+        // SAFETY: fresh, suitably aligned metadata memory.
+        unsafe {
+            // Field by field, in place: the free caches make the heap
+            // 18 KiB, more than a value on a small thread's stack should be.
+            (&raw mut (*h).direct).write([empty_page(); CLASSES]);
+            (&raw mut (*h).counters).write(HeapCounters::new());
+            (&raw mut (*h).lists).write([PageList { head: ptr::null_mut(), tail: ptr::null_mut() }; CLASSES]);
+            (&raw mut (*h).kept_empty).write([ptr::null_mut(); CLASSES]);
+            (&raw mut (*h).refills).write(0);
+            (&raw mut (*h).last_refill).write([0; CLASSES]);
+            (&raw mut (*h).node).write(node);
+            (&raw mut (*h).loan).write(Loan { page: ptr::null_mut(), class: 0, used0: 0 });
+            (&raw mut (*h).next_all).write(ptr::null_mut());
+            (&raw mut (*h).next_orphan).write(ptr::null_mut());
+            (&raw mut (*h).owned).write(AtomicU64::new(owner));
+            (&raw mut (*h).policy).write(ptr::null());
+            (&raw mut (*h).pending).write(ptr::null_mut());
+            (&raw mut (*h).remote_pages).write(CachePadded(AtomicStack::new()));
+            (&raw mut (*h).cache_serves).write([false; CLASSES]);
+            (&raw mut (*h).cache_src).write([ptr::null_mut(); CLASSES]);
+            (&raw mut (*h).cache_seen).write([0; CLASSES]);
+            (&raw mut (*h).cache_filled_at).write([0; CLASSES]);
+            (&raw mut (*h).sparse).write([0; CLASSES]);
+            (&raw mut (*h).life).write(HeapLife::new());
+            // (The free caches are written when the heap takes its first
+            // page of their class, `Heap::sink_for`: the metadata chunk's
+            // fresh memory reads as zeroes, an empty cache of no heap.)
+            let mut all = state.heaps.lock();
+            (*h).next_all = *all;
+            *all = h;
+        }
+        Some(h)
+    }
+}
+
+/// Heaps for stats: every heap ever made.
+pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(&Heap)) {
+    let mut h = *state.heaps.lock();
+    while !h.is_null() {
+        // SAFETY: heaps are never freed; `next_all` is written once, under the
+        // registry lock, before the heap is published.
+        unsafe {
+            f(&*h);
+            h = (*h).next_all;
+        }
+    }
+}

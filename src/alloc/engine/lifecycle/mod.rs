@@ -1,0 +1,209 @@
+//! The memory lifecycle, in one place: what is waiting to go back to the
+//! OS and the tick that sends it (here), a heap's decay (`decay.rs`), a
+//! thread's start and exit (`threads.rs`); exited threads' heaps reclaimed;
+//! trim. Its state is in `types.rs`: the process's [`Lifecycle`], each
+//! heap's [`HeapLife`](crate::alloc::engine::types::HeapLife) and
+//! [`Decay`].
+//!
+//! There is no thread or timer of the allocator's own (one would make every
+//! single-threaded program multi-threaded: glibc's `__libc_single_threaded`
+//! false, stdio locking, `fork()` no longer safe in a signal handler). The
+//! work is done by the threads that allocate, on their slow paths, when it
+//! is due: `Lifecycle::due` holds the earliest time an arena has memory
+//! to purge, and a heap's refill looks at it ([`decay::refill`]). A thread
+//! that keeps allocating reaches a refill often; one that has gone quiet
+//! (a few calls a second, each served by the fast path) is brought back to
+//! its refills while something is due, at no cost to the fast path: its
+//! direct slots are emptied, and each refill serves one block without
+//! filling the slot again until nothing is due.
+//!
+//! An exited thread's heap waits on its arena for a new thread to adopt
+//! it; blocks of its pages that other threads free meanwhile go onto the
+//! pages' remote lists, which nobody would collect: the first such free of
+//! a page flags [`Lifecycle::note_orphan_work`] (and arms the freeing
+//! thread's heap, so that its next allocation ticks), and the next tick
+//! claims each waiting heap with remote frees, collects them and gives its
+//! empty pages back ([`reclaim_orphans`]). The free blocks of its pages
+//! still in use stay resident for a delay ([`Decay::Kept`]: the next
+//! thread of the node most likely adopts the heap and takes them again); a
+//! tick after that purges them if no thread did ([`Decay::Parked`]).
+//!
+//! One thread at a time does the lifecycle's work, under
+//! `Lifecycle::work` (a spin lock in the lock table, held across `fork()`):
+//! a tick that finds it held goes on (the work is not its own), a trim
+//! waits for it.
+
+mod decay;
+mod threads;
+
+pub(crate) use decay::{refill, trim_heap};
+pub(crate) use threads::{init_current, thread_exit};
+
+use crate::alloc::engine::heap::{self, Heap, empty_page};
+use crate::alloc::engine::size_class::CLASSES;
+use crate::alloc::engine::types::{ALL_CLASSES, Decay, Due, Lifecycle, OWNER_RECLAIM, State};
+use crate::sync::Ordering;
+
+/// Does what is due at `now` (ms): exited threads' heaps reclaimed if they
+/// got remote frees, every arena's memory that waited out its delay
+/// purged. One thread at a time; a thread that finds another doing the
+/// lifecycle's work goes on (the work is not its own).
+#[cold]
+#[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
+pub(crate) fn tick(state: &State, now: u64) {
+    let life: &Lifecycle = &state.life;
+    let due = life.due.load(Ordering::Relaxed);
+    let kept = life.orphans_due.load(Ordering::Relaxed);
+    let kept = kept != 0 && now >= kept;
+    let orphans = life.orphan_work.load(Ordering::Relaxed);
+    if !(orphans || kept || (due != 0 && now >= due)) {
+        return;
+    }
+    let Some(mut work) = life.work.try_lock() else { return };
+    let orphans = orphans && work.reclaimed_at != now;
+    if orphans || kept {
+        work.reclaimed_at = now;
+        life.orphan_work.store(false, Ordering::Relaxed);
+        if kept {
+            life.orphans_due.store(0, Ordering::Relaxed);
+        }
+        reclaim_orphans(state, now, kept);
+    }
+    let due = life.due.load(Ordering::Relaxed);
+    if due != 0 && now >= due {
+        // Each arena notes its next due time again as it purges (and so
+        // does any arena that frees meanwhile): the earliest stays.
+        life.due.store(0, Ordering::Relaxed);
+        for n in state.nodes().iter() {
+            if let Some(a) = state.arena(n) {
+                a.tick_at(state, now);
+                debug_assert!(
+                    {
+                        let at = a.inner.lock().purge_at;
+                        at == 0 || at > now || state.config.purge_delay_ms == 0
+                    },
+                    "a tick left memory of node {n} due at or before its time"
+                );
+            }
+        }
+    }
+}
+
+/// Collects the remote frees of exited threads' heaps and gives their
+/// empty pages back; with `kept`, the free blocks the heaps kept since
+/// their threads exited are purged once they waited out the delay. Each
+/// heap with work waiting is claimed on its arena's list (so that no
+/// thread adopts it meanwhile: one that starts now adopts another or makes
+/// one), collected outside the lock, and let go. The caller holds
+/// `Lifecycle::work`.
+pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
+    let delay = state.config.purge_delay_ms;
+    // Heaps whose kept blocks waited out the delay by now.
+    let kept_due = kept.then(|| now.saturating_sub(delay).max(1));
+    for n in state.nodes().iter() {
+        let Some(arena) = state.arena(n) else { continue };
+        let mut claimed = [core::ptr::null_mut::<Heap>(); RECLAIM_BATCH];
+        loop {
+            let k = arena.claim_orphans(&mut claimed, kept_due);
+            for &h in &claimed[..k] {
+                // SAFETY: a claimed heap is owned by nobody else and reached
+                // by other threads only through its pages' remote lists
+                // (atomic) until released.
+                unsafe {
+                    collect_orphan(h, now, delay);
+                    // Kept blocks not yet due: a later tick's.
+                    let since = (*h).life.decay.kept_since();
+                    if since != 0 {
+                        state.life.note_due(Due::Orphans, since + delay);
+                    }
+                }
+                arena.release_orphan(h);
+            }
+            if k < RECLAIM_BATCH {
+                break;
+            }
+        }
+        // The node's shared heap: every free of its blocks is a remote one,
+        // collected when a thread next takes a block there, or here (if no
+        // thread holds it now: then that thread collects).
+        // The same for its heap of cold blocks.
+        for lock in [&arena.shared, &arena.cold] {
+            if let Some(g) = lock.try_lock()
+                && !g.0.is_null()
+            {
+                // SAFETY: the node's shared (or cold) heap, under its lock.
+                unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
+            }
+        }
+    }
+}
+
+/// Orphans claimed at once by [`reclaim_orphans`] (a stack array).
+const RECLAIM_BATCH: usize = 16;
+
+/// An exited thread's heap, claimed by the caller: the remote frees of its
+/// pages collected, its empty pages given back, and its kept blocks purged
+/// once they waited out `delay` (ms) by `now`.
+///
+/// # Safety
+/// `heap` is an exited thread's heap that the caller claimed (no other
+/// thread adopts or collects it meanwhile).
+unsafe fn collect_orphan(heap: *mut Heap, now: u64, delay: u64) {
+    // SAFETY: per the contract: the heap is the caller's until let go.
+    unsafe {
+        debug_assert_eq!((*heap).owned.load(Ordering::Relaxed), OWNER_RECLAIM);
+        debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
+        let decay = (*heap).life.decay;
+        debug_assert!(!decay.live(), "a reclaimed heap in a live state: {decay:?}");
+        let kept = decay.kept_since();
+        let purge = kept == 0 || now.saturating_sub(kept) >= delay;
+        Heap::give_back_free_as(heap, purge, ALL_CLASSES);
+        if purge && kept != 0 {
+            (*heap).life.set(Decay::Parked);
+        }
+        debug_assert!(
+            (0..CLASSES).all(|c| {
+                let mut p = (*heap).lists[c].head;
+                while !p.is_null() && (*p).used > 0 {
+                    p = (*p).next;
+                }
+                p.is_null() && (*heap).kept_empty[c].is_null()
+            }),
+            "a reclaimed orphan keeps an empty page"
+        );
+    }
+}
+
+/// Gives back everything free: the calling thread's heap, exited threads'
+/// heaps, every arena's free pages, empty segments and cached mappings;
+/// other live heaps at their next slow path. Waits for a tick under way.
+pub(crate) fn trim(state: &State) {
+    let h = heap::current();
+    if !h.is_null() {
+        // SAFETY: the calling thread's heap.
+        unsafe { trim_heap(h) };
+    }
+    let _work = state.life.work.lock();
+    state.life.request_trim();
+    state.life.orphan_work.store(false, Ordering::Relaxed);
+    state.life.orphans_due.store(0, Ordering::Relaxed);
+    // Every kept block is due now: a trim gives back everything free.
+    reclaim_orphans(state, u64::MAX, true);
+    for n in state.nodes().iter() {
+        if let Some(a) = state.arena(n) {
+            for lock in [&a.shared, &a.cold] {
+                let g = lock.lock();
+                if !g.0.is_null() {
+                    // SAFETY: the node's shared (or cold) heap, under its lock.
+                    unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
+                }
+            }
+        }
+    }
+    for n in state.nodes().iter() {
+        if let Some(a) = state.arena(n) {
+            a.purge_now();
+        }
+    }
+}
