@@ -448,6 +448,71 @@ fn an_unreadable_free_memory_is_not_low() {
     assert_eq!(pool.stats().demotions, 0, "an unreadable free memory counted as low");
 }
 
+/// A forked child makes its own chunk table at its first new chunk (the
+/// parent's is not its to write); with `memfd_create` refused there, its
+/// caches grow and serve as before, only unpublished. (The sweep cannot
+/// reach this: a process makes its table once, before the sweep starts.)
+#[test]
+fn a_child_whose_table_cannot_be_made_serves_on() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = RawCache::builder("no-table", OBJ).magazine(4).build().unwrap();
+    let p = pool.alloc().unwrap();
+    // SAFETY: an object of this pool, freed once.
+    unsafe { pool.free(p) };
+    failpoint::arm(Call::Memfd, 1, u64::MAX);
+    // SAFETY: the child allocates through the allocator and the pool only,
+    // and ends with `_exit` (no destructor, no stdio).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = failpoint::scope(|| {
+            // 16 MiB of objects: new chunks past what the parent left.
+            let objs: Vec<_> = (0..4096u32).map(|i| (pool.alloc(), i as u8)).collect();
+            let mut ok = true;
+            for (o, byte) in &objs {
+                match o {
+                    // SAFETY: a fresh object of OBJ bytes.
+                    Ok(p) => unsafe { p.as_ptr().write_bytes(*byte, OBJ) },
+                    Err(_) => ok = false,
+                }
+            }
+            for (o, byte) in objs {
+                let p = o.unwrap_or(NonNull::dangling());
+                if ok {
+                    // SAFETY: a live object of OBJ bytes, freed once below.
+                    let s = unsafe { core::slice::from_raw_parts(p.as_ptr(), OBJ) };
+                    ok &= s[0] == byte && s[OBJ - 1] == byte;
+                    // SAFETY: as above.
+                    unsafe { pool.free(p) };
+                }
+            }
+            ok
+        });
+        let refused = failpoint::counts(Call::Memfd).refused;
+        // SAFETY: ends the child at once.
+        unsafe {
+            libc::_exit(if !ok {
+                3
+            } else if refused == 0 {
+                4
+            } else {
+                0
+            })
+        };
+    }
+    failpoint::disarm();
+    assert!(pid > 0, "fork failed");
+    let mut st = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(libc::WIFEXITED(st), "the child died: status {st:#x}");
+    match libc::WEXITSTATUS(st) {
+        0 => {}
+        3 => panic!("the child's objects failed or changed without a table"),
+        4 => panic!("the child never asked for a table of its own"),
+        s => panic!("the child exited {s}"),
+    }
+}
+
 /// A ring's region released for a move and refused when registered again:
 /// its slot and its `RLIMIT_MEMLOCK` booking come back, and the next
 /// buffer of it gets a slot of its own that fixed I/O can use (before: the

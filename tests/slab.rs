@@ -250,6 +250,24 @@ fn freeing_into_the_wrong_cache_panics() {
     unsafe { other.free(p) };
 }
 
+// The wrong cache with slabs far larger than the object's: the address
+// below the object aligned to them is still in the object's chunk (every
+// chunk starts on the largest slab size), so release builds, which find the
+// header by masking, read a header and name the owner too. Hardened builds
+// report and abort instead (tests/hardened.rs).
+#[cfg(not(feature = "hardened"))]
+#[test]
+#[should_panic(expected = "of slab cache \"small\" freed into slab cache \"large\"")]
+fn freeing_into_a_cache_of_larger_slabs_panics() {
+    let small = RawCache::builder("small", 64).build().unwrap();
+    let large = RawCache::builder("large", 1 << 20).build().unwrap();
+    // Past the first slab of the chunk: its address is not one of `large`'s
+    // slab sizes.
+    let objs: Vec<_> = (0..2000).map(|_| small.alloc().unwrap()).collect();
+    // SAFETY: a slab object; the wrong cache is what is being tested.
+    unsafe { large.free(objs[1999]) };
+}
+
 // Hardened builds report and abort instead (tests/hardened.rs).
 #[cfg(not(feature = "hardened"))]
 #[test]

@@ -98,6 +98,9 @@ fn fail_with(e: Error) -> numaweave_status {
 }
 
 /// A C string argument as text.
+///
+/// # Safety
+/// `s` is null or a NUL-terminated string that outlives `'a`.
 unsafe fn text<'a>(s: *const c_char) -> Option<&'a str> {
     if s.is_null() {
         return None;
@@ -112,6 +115,9 @@ fn node_arg(node: c_int) -> Result<usize, numaweave_status> {
 }
 
 /// Writes `t` into `buf` (`len` bytes) like `snprintf`; the length needed.
+///
+/// # Safety
+/// `buf` is null or holds `len` writable bytes.
 unsafe fn write_text(buf: *mut c_char, len: usize, t: &str) -> usize {
     if !buf.is_null() && len > 0 {
         let n = t.len().min(len - 1);
@@ -243,7 +249,7 @@ pub unsafe extern "C" fn numaweave_node_of(p: *const c_void) -> c_int {
 /// `policy` is a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_set_thread_policy(policy: *const c_char) -> numaweave_status {
-    // SAFETY: per the contract.
+    // SAFETY: `policy` is a NUL-terminated string (the caller's word), which `text` reads.
     let Some(s) = (unsafe { text(policy) }) else {
         return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("policy: not a NUL-terminated UTF-8 string"));
     };
@@ -280,7 +286,10 @@ pub struct numaweave_slab {
 
 /// Where a cache's objects go: node `node`, or with `node = -1` the node of
 /// the thread that allocates.
-fn slab_create(
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+unsafe fn slab_create(
     name: *const c_char,
     size: usize,
     align: usize,
@@ -288,7 +297,8 @@ fn slab_create(
         numaweave::slab::CacheBuilder<numaweave::slab::Raw>,
     ) -> numaweave::slab::CacheBuilder<numaweave::slab::Raw>,
 ) -> *mut numaweave_slab {
-    // SAFETY: the caller passes a NUL-terminated name.
+    // SAFETY: `name` is null or a NUL-terminated string (the caller's word),
+    // what `text` reads.
     let Some(name) = (unsafe { text(name) }) else {
         fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("slab name: not a NUL-terminated UTF-8 string"));
         return ptr::null_mut();
@@ -318,7 +328,8 @@ pub unsafe extern "C" fn numaweave_slab_create(
     align: usize,
     node: c_int,
 ) -> *mut numaweave_slab {
-    slab_create(name, size, align, |b| at_node(b, node))
+    // SAFETY: `name` is a NUL-terminated string (the caller's word).
+    unsafe { slab_create(name, size, align, |b| at_node(b, node)) }
 }
 
 /// Homes a cache on `node`, or with `node = -1` on the allocating thread's.
@@ -344,15 +355,18 @@ pub unsafe extern "C" fn numaweave_slab_create_for_device(
     device: *const c_char,
     or_local: bool,
 ) -> *mut numaweave_slab {
-    // SAFETY: per the contract.
+    // SAFETY: `device` is a NUL-terminated string (the caller's word), which `text` reads.
     let Some(dev) = (unsafe { text(device) }) else {
         fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("device: not a NUL-terminated UTF-8 string"));
         return ptr::null_mut();
     };
-    slab_create(name, size, align, |b| {
-        let b = b.device(dev);
-        if or_local { b.or_local() } else { b }
-    })
+    // SAFETY: `name` is a NUL-terminated string (the caller's word).
+    unsafe {
+        slab_create(name, size, align, |b| {
+            let b = b.device(dev);
+            if or_local { b.or_local() } else { b }
+        })
+    }
 }
 
 /// A region of a cache's memory, as a registrar is told of it: `len` bytes
@@ -496,13 +510,14 @@ pub unsafe extern "C" fn numaweave_slab_create_registered(
     node: c_int,
     registrar: *const numaweave_registrar,
 ) -> *mut numaweave_slab {
-    // SAFETY: per the contract.
+    // SAFETY: `registrar` is null or points at a valid registrar (the caller's word).
     let Some(r) = (unsafe { registrar.as_ref() }) else {
         fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("registrar: null"));
         return ptr::null_mut();
     };
     let r: std::sync::Arc<dyn Registrar> = std::sync::Arc::new(CRegistrar(*r, None));
-    slab_create(name, size, align, |b| at_node(b, node).registrar(r))
+    // SAFETY: `name` is a NUL-terminated string (the caller's word).
+    unsafe { slab_create(name, size, align, |b| at_node(b, node).registrar(r)) }
 }
 
 /// `numaweave_slab_create_registered` whose regions can move: with a
@@ -523,7 +538,8 @@ pub unsafe extern "C" fn numaweave_slab_create_movable(
     registrar: *const numaweave_registrar,
     mover: *const numaweave_mover,
 ) -> *mut numaweave_slab {
-    // SAFETY: per the contract.
+    // SAFETY: `registrar` and `mover` are each null or point at a valid one (the
+    // caller's word).
     let (Some(r), Some(m)) = (unsafe { registrar.as_ref() }, unsafe { mover.as_ref() }) else {
         fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("registrar or mover: null"));
         return ptr::null_mut();
@@ -533,7 +549,8 @@ pub unsafe extern "C" fn numaweave_slab_create_movable(
         return ptr::null_mut();
     }
     let r: std::sync::Arc<dyn Registrar> = std::sync::Arc::new(CRegistrar(*r, Some(*m)));
-    slab_create(name, size, align, |b| at_node(b, node).registrar(r))
+    // SAFETY: `name` is a NUL-terminated string (the caller's word).
+    unsafe { slab_create(name, size, align, |b| at_node(b, node).registrar(r)) }
 }
 
 /// An object of the cache, on its home node (the nearest one with memory
@@ -543,7 +560,7 @@ pub unsafe extern "C" fn numaweave_slab_create_movable(
 /// `slab` is a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_slab_alloc(slab: *mut numaweave_slab) -> *mut c_void {
-    // SAFETY: per the contract.
+    // SAFETY: `slab` is a live cache (the caller's word), so it may be borrowed.
     let Some(s) = (unsafe { slab.as_ref() }) else { return ptr::null_mut() };
     match s.cache.alloc() {
         Ok(p) => p.as_ptr().cast(),
@@ -560,7 +577,7 @@ pub unsafe extern "C" fn numaweave_slab_alloc(slab: *mut numaweave_slab) -> *mut
 /// `slab` is a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_slab_alloc_on(slab: *mut numaweave_slab, node: c_int) -> *mut c_void {
-    // SAFETY: per the contract.
+    // SAFETY: `slab` is a live cache (the caller's word), so it may be borrowed.
     let Some(s) = (unsafe { slab.as_ref() }) else { return ptr::null_mut() };
     let Ok(node) = node_arg(node) else { return ptr::null_mut() };
     match s.cache.alloc_on(node) {
@@ -578,9 +595,10 @@ pub unsafe extern "C" fn numaweave_slab_alloc_on(slab: *mut numaweave_slab, node
 /// `slab` is a live cache and `obj` null or one of its live objects.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_slab_free(slab: *mut numaweave_slab, obj: *mut c_void) {
-    // SAFETY: per the contract.
+    // SAFETY: `slab` is a live cache (the caller's word), so it may be borrowed.
     if let (Some(s), Some(o)) = (unsafe { slab.as_ref() }, NonNull::new(obj.cast::<u8>())) {
-        // SAFETY: per the contract.
+        // SAFETY: `o` is a live object of the cache, given up (the caller's word), as
+        // `RawCache::free` asks.
         unsafe { s.cache.free(o) };
     }
 }
@@ -595,7 +613,7 @@ pub unsafe extern "C" fn numaweave_slab_alloc_bulk(
     objs: *mut *mut c_void,
     n: usize,
 ) -> numaweave_status {
-    // SAFETY: per the contract.
+    // SAFETY: `slab` is a live cache (the caller's word), so it may be borrowed.
     let Some(s) = (unsafe { slab.as_ref() }) else {
         return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("null cache"));
     };
@@ -605,8 +623,13 @@ pub unsafe extern "C" fn numaweave_slab_alloc_bulk(
     if objs.is_null() {
         return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("null array"));
     }
-    // SAFETY: per the contract, `n` pointers.
-    let out = unsafe { core::slice::from_raw_parts_mut(objs.cast::<*mut u8>(), n) };
+    // SAFETY: `objs`, not null (checked), holds `n` writable pointers (the caller's
+    // word). A C caller's array is often uninitialised: it is nulled first, so the
+    // slice is made over initialised pointers.
+    let out = unsafe {
+        ptr::write_bytes(objs, 0, n);
+        core::slice::from_raw_parts_mut(objs.cast::<*mut u8>(), n)
+    };
     match s.cache.alloc_bulk(out) {
         Ok(()) => NUMAWEAVE_OK,
         Err(e) => fail_with(e),
@@ -616,17 +639,20 @@ pub unsafe extern "C" fn numaweave_slab_alloc_bulk(
 /// Gives `n` objects back at once.
 ///
 /// # Safety
-/// `slab` is a live cache; `objs` holds `n` of its live objects.
+/// `slab` is a live cache; `objs` holds `n` of its live objects, no object
+/// twice.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_slab_free_bulk(slab: *mut numaweave_slab, objs: *const *mut c_void, n: usize) {
-    // SAFETY: per the contract.
+    // SAFETY: `slab` is a live cache (the caller's word), so it may be borrowed.
     let Some(s) = (unsafe { slab.as_ref() }) else { return };
     if objs.is_null() || n == 0 {
         return;
     }
-    // SAFETY: per the contract; `NonNull<u8>` has the layout of a non-null pointer.
+    // SAFETY: `objs`, not null (checked), holds `n` live objects (the caller's word),
+    // so non-null pointers; `NonNull<u8>` has the layout of a non-null pointer.
     let objs = unsafe { core::slice::from_raw_parts(objs.cast::<NonNull<u8>>(), n) };
-    // SAFETY: per the contract.
+    // SAFETY: each of `objs` is a live object of the cache, given up (the caller's
+    // word), as `RawCache::free_bulk` asks.
     unsafe { s.cache.free_bulk(objs) };
 }
 
@@ -637,7 +663,8 @@ pub unsafe extern "C" fn numaweave_slab_free_bulk(slab: *mut numaweave_slab, obj
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_slab_destroy(slab: *mut numaweave_slab) {
     if !slab.is_null() {
-        // SAFETY: per the contract, from `Box::into_raw`.
+        // SAFETY: `slab` is a live cache, which `slab_create` made with `Box::into_raw`,
+        // not used after this (the caller's word).
         drop(unsafe { Box::from_raw(slab) });
     }
 }
@@ -693,12 +720,12 @@ pub unsafe extern "C" fn numaweave_slab_migrate(
     node: c_int,
     out: *mut numaweave_migration,
 ) -> numaweave_status {
-    // SAFETY: per the contract.
+    // SAFETY: `slab` is a live cache (the caller's word), so it may be borrowed.
     let Some(s) = (unsafe { slab.as_ref() }) else {
         return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("slab: null"));
     };
     if !out.is_null() {
-        // SAFETY: per the contract `out` is writable.
+        // SAFETY: `out` is not null, so writable (the caller's word).
         unsafe { out.write(numaweave_migration { to: -1, ..Default::default() }) };
     }
     let node = match node_arg(node) {
@@ -731,7 +758,7 @@ pub unsafe extern "C" fn numaweave_slab_migrate(
         *slot += u.pages as u64;
     }
     if !out.is_null() {
-        // SAFETY: per the contract `out` is writable.
+        // SAFETY: `out` is not null, so writable (the caller's word).
         unsafe { out.write(c) };
     }
     NUMAWEAVE_OK
@@ -753,7 +780,7 @@ pub unsafe extern "C" fn numaweave_slab_demote_when(
     to: c_int,
     every_ms: u32,
 ) -> numaweave_status {
-    // SAFETY: per the contract.
+    // SAFETY: `slab` is a live cache (the caller's word), so it may be borrowed.
     let Some(s) = (unsafe { slab.as_ref() }) else {
         return fail(NUMAWEAVE_INVALID_ARGUMENT, format_args!("slab: null"));
     };
@@ -781,7 +808,8 @@ pub unsafe extern "C" fn numaweave_slab_demote_when(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_slabinfo(buf: *mut c_char, len: usize) -> usize {
     let t = numaweave::slab::slabinfo().to_string();
-    // SAFETY: per the contract.
+    // SAFETY: `buf` is null or holds `len` writable bytes (the caller's word), as
+    // `write_text` needs.
     unsafe { write_text(buf, len, &t) }
 }
 
@@ -883,7 +911,7 @@ pub unsafe extern "C" fn numaweave_stats(out: *mut numaweave_node_stats, max: c_
     let s = A.stats();
     let top = s.nodes.iter().last().map_or(0, |n| n + 1);
     for n in 0..(max.max(0) as usize).min(s.per_node.len()) {
-        // SAFETY: per the contract, `n < max`.
+        // SAFETY: `n < max`, and `out` holds `max` writable entries (the caller's word).
         unsafe { out.add(n).write((&s.per_node[n]).into()) };
     }
     top as c_int
@@ -897,7 +925,8 @@ pub unsafe extern "C" fn numaweave_stats(out: *mut numaweave_node_stats, max: c_
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn numaweave_stats_print(buf: *mut c_char, len: usize) -> usize {
     let t = A.stats().to_string();
-    // SAFETY: per the contract.
+    // SAFETY: `buf` is null or holds `len` writable bytes (the caller's word), as
+    // `write_text` needs.
     unsafe { write_text(buf, len, &t) }
 }
 

@@ -485,8 +485,9 @@ macro_rules! delete_fns {
         #[unsafe(link_section = ".text.sorted.numaweave")]
         pub unsafe extern "C" fn $name(p: *mut c_void $(, $arg: $t)*) {
             $(let _ = $arg;)*
-            // SAFETY: forwarded contract; the size and alignment are found
-            // from the block.
+            // SAFETY: `p` is null or a live block from `new` (the operator's C++ contract),
+            // so ours or the next allocator's, as `free_inline` asks; its size and alignment
+            // are found from the block.
             unsafe { free_inline(p) }
         }
     )*};

@@ -67,7 +67,8 @@ pub unsafe fn free(p: *mut c_void) {
         Some(f) => {
             // SAFETY: the next `free`, with `free`'s signature.
             let f: unsafe extern "C" fn(*mut c_void) = unsafe { core::mem::transmute(f) };
-            // SAFETY: per the contract.
+            // SAFETY: `p` is a live block of the next allocator (the caller's word), which
+            // its `free` takes.
             unsafe { f(p) }
         }
         None => {
@@ -99,7 +100,8 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         Some(f) => {
             // SAFETY: the next `realloc`, with `realloc`'s signature.
             let f: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void = unsafe { core::mem::transmute(f) };
-            // SAFETY: per the contract.
+            // SAFETY: `p` is a live block of the next allocator (the caller's word), which
+            // its `realloc` may resize.
             unsafe { f(p, size) }
         }
         None => {
@@ -120,7 +122,8 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
         Some(f) => {
             // SAFETY: the next `malloc_usable_size`, with its signature.
             let f: unsafe extern "C" fn(*mut c_void) -> usize = unsafe { core::mem::transmute(f) };
-            // SAFETY: per the contract.
+            // SAFETY: `p` is a live block of the next allocator (the caller's word), which
+            // its `malloc_usable_size` may read.
             unsafe { f(p) }
         }
         None => 0,

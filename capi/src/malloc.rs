@@ -104,7 +104,8 @@ unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    // SAFETY: forwarded contract.
+    // SAFETY: `p` is null, a live block of ours, or the next allocator's (the caller's
+    // word), as `free_inline` asks.
     unsafe { free_inline(p) }
 }
 
@@ -136,7 +137,8 @@ pub(crate) unsafe fn free_inline(p: *mut c_void) {
     // (the contract); nothing of any other is read.
     #[allow(unreachable_code)]
     if unsafe { !A.free_if_small(p.cast()) } {
-        // SAFETY: forwarded contract.
+        // SAFETY: `p` is null, a live block of ours or the next allocator's (the caller's
+        // word), and `free_if_small` freed nothing of it: as `free_not_small` asks.
         unsafe { free_not_small(p) };
     }
 }
@@ -150,7 +152,8 @@ pub(crate) unsafe fn free_inline(p: *mut c_void) {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn free_not_small(p: *mut c_void) {
     if !p.is_null() {
-        // SAFETY: forwarded contract.
+        // SAFETY: `p` is not null (tested), and a live block of ours or the next
+        // allocator's (the caller's word), as `free_other` asks.
         unsafe { free_other(p) };
     }
 }
@@ -166,7 +169,8 @@ unsafe fn free_other(p: *mut c_void) {
     debug_assert!(!p.is_null());
     // SAFETY: as in `free`.
     if unsafe { !A.free_if_owned(p.cast()) } {
-        // SAFETY: per the contract: not ours, so the next allocator's.
+        // SAFETY: `free_if_owned` found `p` in no segment of ours, so by `free`'s
+        // contract it is a live block of the next allocator, as `foreign::free` asks.
         unsafe { foreign::free(p) };
     }
 }
@@ -197,10 +201,11 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
-        // SAFETY: forwarded contract.
+        // SAFETY: `malloc` takes any size; C's contract asks nothing more of its caller.
         return unsafe { malloc(size) };
     }
-    // SAFETY: forwarded contract.
+    // SAFETY: `p` is not null (tested) and, by C's `realloc` contract, a live block of
+    // ours or the next allocator's, as `realloc_block` asks.
     unsafe { realloc_block(p, size) }
 }
 
@@ -214,7 +219,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn realloc_block(p: *mut c_void, size: usize) -> *mut c_void {
     if size == 0 {
-        // SAFETY: forwarded contract.
+        // SAFETY: `p` is a live block of ours or the next allocator's (C's `realloc`
+        // contract, the caller's word), as `free` asks.
         unsafe { free(p) };
         return ptr::null_mut();
     }
@@ -244,7 +250,8 @@ unsafe fn realloc_block(p: *mut c_void, size: usize) -> *mut c_void {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
-        // SAFETY: forwarded contract.
+        // SAFETY: `p` is null or a live block of ours or the next allocator's (C's
+        // `reallocarray` contract), as `realloc` asks.
         Some(total) => unsafe { realloc(p, total) },
         None => {
             set_errno(libc::ENOMEM);
@@ -286,7 +293,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
         // (`aligned` set errno to ENOMEM.)
         return libc::ENOMEM;
     }
-    // SAFETY: per the contract.
+    // SAFETY: `out` is valid for a write (the caller's word).
     unsafe { *out = p };
     0
 }
@@ -372,7 +379,8 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
-    // SAFETY: forwarded contract (the size is found from the block).
+    // SAFETY: `p` is null or a live block of ours or the next allocator's (the
+    // caller's word, as for `free`); the size is found from the block.
     unsafe { free(p) }
 }
 
@@ -383,7 +391,8 @@ pub unsafe extern "C" fn free_sized(p: *mut c_void, _size: usize) {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
-    // SAFETY: forwarded contract.
+    // SAFETY: `p` is null or a live block of ours or the next allocator's (the
+    // caller's word, as for `free`); the size and alignment are found from the block.
     unsafe { free(p) }
 }
 

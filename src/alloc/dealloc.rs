@@ -78,7 +78,8 @@ unsafe fn free_not_small(p: *mut u8, kind: u8) {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn free_checked_not_small(p: *mut u8) {
     if !p.is_null() {
-        // SAFETY: forwarded contract.
+        // SAFETY: `p` is not null, and a live block of ours or, a misuse, in no segment
+        // of ours (as `free`, the caller's word): what `free_checked_other` asks.
         unsafe { free_checked_other(p) };
     }
 }

@@ -202,7 +202,8 @@ unsafe impl Allocator for NodeHandle {
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded contract.
+        // SAFETY: `ptr` is a live block of this handle (or a clone) and `layout` fits it,
+        // as `Allocator::deallocate` requires of its caller: what `dealloc` asks.
         unsafe { dealloc(ptr, layout) }
     }
 }
@@ -214,7 +215,8 @@ unsafe impl Allocator for ColdHandle {
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded contract.
+        // SAFETY: `ptr` is a live block of this handle (or a clone) and `layout` fits it,
+        // as `Allocator::deallocate` requires of its caller: what `dealloc` asks.
         unsafe { dealloc(ptr, layout) }
     }
 }
@@ -232,7 +234,8 @@ unsafe impl Allocator for InterleaveHandle {
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded contract.
+        // SAFETY: `ptr` is a live block of this handle (or a clone) and `layout` fits it,
+        // as `Allocator::deallocate` requires of its caller: what `dealloc` asks.
         unsafe { dealloc(ptr, layout) }
     }
 }

@@ -203,7 +203,8 @@ pub(crate) unsafe fn free(state: &State, seg: *mut Segment) {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn realloc(state: &State, p: *mut u8, align: usize, new_size: usize) -> *mut u8 {
     let seg = segment_of(p);
-    // SAFETY: per the contract the header is live.
+    // SAFETY: `p` is a live huge block of this allocator (the caller's word), so its
+    // segment header and block header are mapped.
     let (base, len, arena, asked) =
         unsafe { ((*seg).map_base, (*seg).map_len, usize::from((*seg).arena), (*header(p)).asked) };
     let off = p as usize - base as usize;

@@ -294,8 +294,8 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_fast(&self, size: usize) -> *mut u8 {
-        // SAFETY: forwarded contract; `pop_fast` looks up the sizes from 1
-        // to SMALL_MAX only, as `class_of_malloc_small` asks.
+        // SAFETY: `pop_fast` only asks that `class_of` take sizes 1 to SMALL_MAX, as
+        // `class_of_malloc_small` does; any `size` is fine here.
         unsafe { self.pop_fast(size, |s| size_class::class_of_malloc_small(s)) }
     }
 
@@ -310,8 +310,8 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn alloc_fast_new(&self, size: usize) -> *mut u8 {
-        // SAFETY: forwarded contract; `pop_fast` looks up the sizes from 1
-        // to SMALL_MAX only, as `class_of_new_small` asks.
+        // SAFETY: `pop_fast` only asks that `class_of` take sizes 1 to SMALL_MAX, as
+        // `class_of_new_small` does; any `size` is fine here.
         unsafe { self.pop_fast(size, |s| size_class::class_of_new_small(s)) }
     }
 
@@ -357,7 +357,8 @@ impl NumaAlloc {
     pub unsafe fn alloc_miss(&self, size: usize) -> *mut u8 {
         debug_assert!(size != 0, "malloc(0) is malloc(1)");
         if hardened::full() {
-            // SAFETY: forwarded contract.
+            // SAFETY: `size` is not 0 and fits a `Layout` with `malloc_align(size)`, a power
+            // of two (the caller's word): a valid layout for `alloc`.
             return unsafe { self.alloc(Layout::from_size_align_unchecked(size, malloc_align(size))) };
         }
         if size <= SMALL_MAX {
@@ -369,7 +370,8 @@ impl NumaAlloc {
                 return unsafe { placement::refill(heap, size_class::class_of_malloc(size)) };
             }
         }
-        // SAFETY: forwarded contract.
+        // SAFETY: `size` is not 0 and fits a `Layout` aligned to `malloc_align(size)` (the
+        // caller's word), which is what `alloc_slow` serves.
         unsafe { self.alloc_slow(size, malloc_align(size), false) }
     }
 
@@ -397,7 +399,8 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn free_if_owned(&self, p: *mut u8) -> bool {
-        // SAFETY: forwarded contract.
+        // SAFETY: if `p` lies in a live segment of ours it is a live block of this
+        // allocator (the caller's word), which is all `free_if_ours` asks.
         unsafe { dealloc::free_if_ours(p) }
     }
 
@@ -410,7 +413,8 @@ impl NumaAlloc {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn free_if_small(&self, p: *mut u8) -> bool {
-        // SAFETY: forwarded contract.
+        // SAFETY: if `p` lies in a live segment of ours it is a live block of this
+        // allocator (the caller's word), which is all `free_if_small` asks.
         unsafe { dealloc::free_if_small(p) }
     }
 
@@ -443,14 +447,16 @@ impl NumaAlloc {
     #[unsafe(link_section = ".text.sorted.numaweave")]
     pub unsafe fn realloc_unsized(&self, p: *mut u8, new_size: usize) -> *mut u8 {
         if hardened::full() {
-            // SAFETY: forwarded contract; the asked size with alignment 8
-            // is the block's layout as far as the red zone is concerned.
+            // SAFETY: `p` is a live block; `new_size` is non-zero and, rounded up to 16, at
+            // most `isize::MAX` (the caller's word). Under `full` `realloc` reads only the
+            // layout's alignment, so `old` may stand for its size.
             unsafe {
                 let old = usable_size(p);
                 return self.realloc(p, Layout::from_size_align_unchecked(old, malloc_align(new_size)), new_size);
             }
         }
-        // SAFETY: forwarded contract.
+        // SAFETY: `p` is a live block of ours; `new_size` is non-zero and, rounded up to 16,
+        // at most `isize::MAX` (the caller's word), as `realloc_plain` needs.
         unsafe { self.realloc_plain(p, malloc_align(new_size), None, new_size) }
     }
 
@@ -500,6 +506,13 @@ impl NumaAlloc {
         stats::Stats::snapshot(self.state())
     }
 
+    /// Every allocation the fast paths do not serve: a block of `size`
+    /// bytes aligned to `align` (zeroed with `zero`), placed by the policy
+    /// in force; null when no memory can be had.
+    ///
+    /// # Safety
+    /// `size` is non-zero and `align` a power of two (a `Layout`'s), as
+    /// `GlobalAlloc::alloc` asks of its caller.
     #[cold]
     #[inline(never)]
     #[unsafe(link_section = ".text.sorted.numaweave")]
@@ -606,7 +619,8 @@ pub const COLD_BELOW: u8 = 128;
 pub(crate) fn cold_block(state: &'static State, size: usize, align: usize) -> (*mut u8, usize) {
     let node = placement::cold_node(state, state.topology.current_node());
     let p = match class_for(size, align) {
-        // SAFETY: a block of class `c` just handed out (or null).
+        // SAFETY: `class_for` gives a class below CLASSES; the block is one
+        // of class `c` just handed out (or null), what `realigned` takes.
         Some(c) => unsafe { heap::realigned(Heap::alloc_cold(state, node, c), c, align) },
         None => huge::alloc_on(state, node, size, align, false),
     };
@@ -662,8 +676,11 @@ unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) -> *mut u8 
 
 /// The usable size of the live block at `p` (under `NUMAWEAVE_CHECK=full`
 /// in a hardened build, the size it was asked for: the rest is red zone).
+///
+/// # Safety
+/// `p` is a live block of this allocator.
 unsafe fn usable_size(p: *const u8) -> usize {
-    // SAFETY: forwarded contract.
+    // SAFETY: `p` is a live block of this allocator (the caller's word, as the doc says).
     let bs = unsafe { raw_usable_size(p) };
     if hardened::full() {
         // SAFETY: a live block, handed out with its red zone.
@@ -673,9 +690,12 @@ unsafe fn usable_size(p: *const u8) -> usize {
 }
 
 /// The size of the live block at `p`, whole.
+///
+/// # Safety
+/// `p` is a live block of this allocator.
 unsafe fn raw_usable_size(p: *const u8) -> usize {
     let seg = segment_of(p);
-    // SAFETY: per the caller's contract the segment header is live.
+    // SAFETY: `p` is a live block (the caller's word), so its segment header is mapped.
     unsafe {
         match (*seg).kind {
             SegmentKind::Huge => huge::usable_size(seg, p),
@@ -686,10 +706,15 @@ unsafe fn raw_usable_size(p: *const u8) -> usize {
 
 /// The size of the live block at `p` of a small or region segment `seg`
 /// whose kind the caller has read already.
+///
+/// # Safety
+/// `p` is a live block of this allocator in `seg`, whose kind is `kind`
+/// (not huge).
 #[inline(always)]
 unsafe fn paged_usable_size(seg: *mut Segment, kind: SegmentKind, p: *const u8) -> usize {
     debug_assert!(kind != SegmentKind::Huge);
-    // SAFETY: per the caller's contract `p` is a live block of `seg`.
+    // SAFETY: `p` is a live block of `seg`, a small or region segment (the caller's
+    // word): its slot belongs to a page, or its region knows its size.
     unsafe {
         if kind == SegmentKind::Small {
             (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize
@@ -713,32 +738,39 @@ unsafe impl GlobalAlloc for NumaAlloc {
         // the others ask.
         if HARDENED {
             if hardened::fast_size(layout.size()) {
-                // SAFETY: forwarded contract; `full` is off.
+                // SAFETY: `layout` is `GlobalAlloc::alloc`'s, non-zero in size (its caller's
+                // word), and `fast_size` found it at most SMALL_MAX with `full` off, as
+                // `alloc_checked_off` asks.
                 return unsafe { self.alloc_checked_off(layout) };
             }
             if hardened::full() {
-                // SAFETY: forwarded contract.
+                // SAFETY: `layout` has a non-zero size, as `GlobalAlloc::alloc` requires of its
+                // caller; forwarded unchanged.
                 return unsafe { alloc_red_zoned(self, layout, false) };
             }
         }
-        // SAFETY: forwarded contract.
+        // SAFETY: `layout` has a non-zero size, as `GlobalAlloc::alloc` requires of its
+        // caller; forwarded unchanged.
         unsafe { self.alloc_plain(layout) }
     }
 
     #[cfg_attr(not(feature = "hardened"), inline)]
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
-        // SAFETY: forwarded contract: `p` is a live block of this allocator.
+        // SAFETY: `p` is a block this allocator handed out and not freed since, as
+        // `GlobalAlloc::dealloc` requires of its caller: what `dealloc::free` asks.
         unsafe { dealloc::free(p) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if hardened::full() {
-            // SAFETY: forwarded contract.
+            // SAFETY: `layout` has a non-zero size, as `GlobalAlloc::alloc_zeroed` requires
+            // of its caller; forwarded unchanged.
             return unsafe { alloc_red_zoned(self, layout, true) };
         }
         // Small blocks are cleared; fresh huge mappings are zero already.
-        // SAFETY: forwarded contract.
+        // SAFETY: `layout` is valid with a non-zero size (`GlobalAlloc::alloc_zeroed`'s
+        // contract), so its size and alignment are what `alloc_slow` serves.
         unsafe { self.alloc_slow(layout.size(), layout.align(), true) }
     }
 
@@ -746,8 +778,9 @@ unsafe impl GlobalAlloc for NumaAlloc {
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if hardened::full() {
             // Every size change moves the block: its red zone follows the size.
-            // SAFETY: forwarded contract; `new_size` with the old alignment
-            // is a valid layout.
+            // SAFETY: `p` is a live block of `layout`; `new_size` is non-zero and, rounded up
+            // to `layout.align()`, at most `isize::MAX` (`GlobalAlloc::realloc`'s contract),
+            // so the new layout is valid.
             unsafe {
                 let q = self.alloc(Layout::from_size_align_unchecked(new_size, layout.align()));
                 if !q.is_null() {
@@ -757,7 +790,8 @@ unsafe impl GlobalAlloc for NumaAlloc {
                 return q;
             }
         }
-        // SAFETY: forwarded contract.
+        // SAFETY: `p` is a live block of `layout`; `new_size` is non-zero and, rounded up
+        // to its alignment, at most `isize::MAX` (`GlobalAlloc::realloc`'s contract).
         unsafe { self.realloc_plain(p, layout.align(), Some(layout.size()), new_size) }
     }
 }
@@ -767,13 +801,17 @@ impl NumaAlloc {
     /// `always`: so the default build's `malloc` is the very code it was
     /// before the hardened build shared this; the hardened one needs it
     /// inlined.)
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`: `layout`'s size is non-zero.
     #[cfg_attr(not(feature = "hardened"), inline)]
     #[cfg_attr(feature = "hardened", inline(always))]
     unsafe fn alloc_plain(&self, layout: Layout) -> *mut u8 {
         // `size - 1` against the bound: a zero size (which `GlobalAlloc`
         // callers may not pass, C's `alloc` never does) wraps past it to
         // the slow path, so the class needs no saturating subtraction.
-        // SAFETY: forwarded contract.
+        // SAFETY: `layout` is as `GlobalAlloc::alloc` takes it (non-zero in size, its
+        // caller's word), as `alloc_paged` asks.
         unsafe { self.alloc_paged::<true>(layout, layout.size().wrapping_sub(1) < SMALL_MAX) }
     }
 
@@ -790,7 +828,8 @@ impl NumaAlloc {
     #[inline(always)]
     unsafe fn alloc_checked_off(&self, layout: Layout) -> *mut u8 {
         debug_assert!(layout.size() <= SMALL_MAX && !hardened::full());
-        // SAFETY: forwarded contract; `full` is off.
+        // SAFETY: `layout` is as `GlobalAlloc::alloc` takes it and at most SMALL_MAX (the
+        // caller's word), so `small`; `full` is off, as `LOOK_FULL = false` needs.
         unsafe { self.alloc_paged::<false>(layout, true) }
     }
 
@@ -801,7 +840,9 @@ impl NumaAlloc {
     /// the caller found it off).
     ///
     /// # Safety
-    /// As `GlobalAlloc::alloc`.
+    /// As `GlobalAlloc::alloc`: `layout`'s size is non-zero; and `small`
+    /// only if that size is at most [`SMALL_MAX`] (the class indexes a
+    /// table unchecked).
     #[inline(always)]
     unsafe fn alloc_paged<const LOOK_FULL: bool>(&self, layout: Layout, small: bool) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
@@ -828,6 +869,11 @@ impl NumaAlloc {
 
     /// `GlobalAlloc::realloc` without red zones, for a block whose size is
     /// `old_size` where the caller knows it, its usable size where not (C).
+    ///
+    /// # Safety
+    /// `p` is a live block of this allocator, given up to this call;
+    /// `align` a power of two and `new_size` non-zero, together a valid
+    /// `Layout`; `old_size`, if given, the size the block was asked with.
     #[unsafe(link_section = ".text.sorted.numaweave")]
     unsafe fn realloc_plain(&self, p: *mut u8, align: usize, old_size: Option<usize>, new_size: usize) -> *mut u8 {
         let seg = segment_of(p);

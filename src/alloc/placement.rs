@@ -329,7 +329,8 @@ extern "C" fn drop_default_interleaver(il: *mut libc::c_void) {
 #[cold]
 #[inline(never)]
 pub(crate) unsafe fn free_region(seg: *mut Segment, p: *mut u8) {
-    // SAFETY: the caller's contract.
+    // SAFETY: `p` is a live block of region `seg` given up by the caller (its word), and
+    // `thread_interleaver()` is this thread's in force: what `interleave::free` asks.
     unsafe { interleave::free(seg, p, thread_interleaver()) }
 }
 
@@ -455,8 +456,9 @@ pub(crate) fn show_default(state: &State) {
 /// `heap` is the calling thread's heap.
 #[inline]
 unsafe fn policy_of(heap: *mut Heap) -> &'static ThreadPolicy {
-    // SAFETY: per the contract: set by `thread_heap` for this thread (a heap
-    // made elsewhere, only in tests, has none and looks it up).
+    // SAFETY: `heap` is the calling thread's (the caller's word), so `policy` is what
+    // `thread_heap` set for this thread, live while it lives (a heap made elsewhere, only
+    // in tests, has none and looks it up).
     match unsafe { (*heap).policy.cast::<ThreadPolicy>().as_ref() } {
         Some(t) => t,
         None => this_thread_policy(),

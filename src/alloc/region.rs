@@ -385,7 +385,8 @@ impl NodeRegion {
     pub(crate) unsafe fn file_free(&self, head: *mut Block, tail: *mut Block, units: usize) {
         let mut b = head;
         loop {
-            // SAFETY: per the contract; read the link before filing.
+            // SAFETY: `b` is a free block of this region the caller gives up, so its first word
+            // links the chain; read before filing overwrites it.
             let next = unsafe { (*b).next };
             match self.reuse.get(units - 1) {
                 Some(list) if self.reuse_units.get() + units <= REUSE_MAX => {
@@ -547,7 +548,8 @@ pub(crate) unsafe fn retire(r: NonNull<NodeRegion>) {
 /// `p` is a live block of region `seg`, given up by the caller.
 pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
     let r = seg.cast::<NodeRegion>();
-    // SAFETY: per the contract the region is live until our release.
+    // SAFETY: `p` is a live block of region `seg` (the caller's word), holding a
+    // reference, so the region stays mapped until our `release`.
     unsafe {
         let reg = &*r;
         let units = reg.block_size(p) / UNIT;
@@ -573,7 +575,8 @@ pub(crate) unsafe fn free_shared(seg: *mut Segment, p: *mut u8) {
 /// # Safety
 /// Retired with no live block: nobody else can reach `r`.
 unsafe fn unmap(r: *mut NodeRegion) {
-    // SAFETY: per the contract the header is ours.
+    // SAFETY: `r` is retired with no live block (the caller's word): nobody else can
+    // reach it, and its header is still mapped.
     let (node, base, len, hugetlb) =
         unsafe { (usize::from((*r).seg.arena), (*r).seg.map_base, (*r).seg.map_len, (*r).seg.hugetlb) };
     super::engine::segmap::remove(base);

@@ -855,7 +855,8 @@ impl RawCache {
     /// and report them as the allocator's other misuses.)
     #[inline]
     pub unsafe fn free(&self, obj: NonNull<u8>) {
-        // SAFETY: per the contract, `obj` lies in a slab.
+        // SAFETY: `obj` is a live object of some numaweave slab cache (the caller's word), so
+        // it lies in slab memory, as `check_owner` asks.
         if !unsafe { self.cache.check_owner(obj) } {
             return;
         }
@@ -884,8 +885,8 @@ impl RawCache {
         } else {
             // Under `NUMAWEAVE_ON_ERROR=report` the objects found wrong are
             // left out (leaked), the others freed.
-            // SAFETY: per the contract each lies in a slab; checked to be
-            // this cache's before its mark is looked at.
+            // SAFETY: each is a live object of some numaweave slab cache (the caller's word), so
+            // lies in slab memory; checked to be this cache's before its mark is looked at.
             let ok: Vec<_> = objs
                 .iter()
                 .copied()

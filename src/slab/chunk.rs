@@ -38,6 +38,11 @@ use crate::os::mem::{self, BindFlags, HUGE_PAGE, Huge, MemPolicy};
 
 /// Largest chunk. Address space only until slabs are touched.
 pub(crate) const MAX_CHUNK: usize = 256 << 20;
+/// Every chunk starts on a multiple of this, the largest slab size
+/// (`kmem::MAX_SLAB`, asserted there): an object's address rounded down to
+/// any cache's slab size stays in its chunk, so a free into the wrong
+/// cache reads a mapped header (and is named), never unmapped memory.
+pub(crate) const CHUNK_ALIGN: usize = 4 << 20;
 /// Largest hugetlb chunk: its pages are committed when it is mapped.
 const MAX_HUGETLB_CHUNK: usize = 32 << 20;
 /// Slots in a node's first chunk.
@@ -390,10 +395,11 @@ impl Chunks {
         Ok(())
     }
 
-    /// A bound mapping of `len` bytes aligned to `slot` (and to a huge page
-    /// with `thp`, which asks for transparent huge pages).
+    /// A bound mapping of `len` bytes aligned to `slot` and [`CHUNK_ALIGN`]
+    /// (and to a huge page with `thp`, which asks for transparent huge
+    /// pages).
     fn map(len: usize, slot: usize, phys: usize, thp: bool) -> Result<NonNull<u8>> {
-        let align = if thp { slot.max(HUGE_PAGE) } else { slot };
+        let align = if thp { slot.max(HUGE_PAGE) } else { slot }.max(CHUNK_ALIGN);
         let p = mem::map_aligned(len, align).map_err(|_| Error::NodeOutOfMemory { node: phys })?;
         // SAFETY: a fresh mapping of ours, not yet touched.
         if let Err(e) = unsafe { mem::bind(p, len, MemPolicy::Preferred(phys), BindFlags::NONE) } {
@@ -419,7 +425,7 @@ impl Chunks {
     /// to be there: a node whose pool is short would otherwise be served
     /// from another node's pool.
     fn map_hugetlb(len: usize, slot: usize, phys: usize, page: usize) -> Result<NonNull<u8>> {
-        mem::map_hugetlb_on(len, slot.max(page), page, MemPolicy::Preferred(phys), Some(phys), None)
+        mem::map_hugetlb_on(len, slot.max(page).max(CHUNK_ALIGN), page, MemPolicy::Preferred(phys), Some(phys), None)
     }
 
     /// Gives back the slot at `p` (of `slot` bytes, of which the first
@@ -443,8 +449,8 @@ impl Chunks {
             // handed them to the kernel or a device: returned and faulted in
             // again, a page would be a new one, not the one registered.
             if !c.huge && !registered {
-                // SAFETY: per the contract the slot's memory is unused; it
-                // is page-aligned (slots are at least a page) and mapped.
+                // SAFETY: nothing uses the slot's memory any more (the caller's word); it is
+                // page-aligned (slots are at least a page) and mapped by us (its chunk stays).
                 let _ = unsafe { mem::decommit(p, touched.min(slot)) };
             }
             c.free.push(a);
@@ -493,6 +499,8 @@ mod tests {
         assert!(addrs.windows(2).all(|w| w[1] - w[0] >= slot), "overlapping slots");
         // 8, 8, 16, 32, 64 slots: five mappings for 100 slabs, not 100.
         assert!(c.count() <= 5, "{} chunks", c.count());
+        // Any cache's slab header below an object lies in its chunk.
+        assert!(c.list.iter().all(|ch| ch.base % CHUNK_ALIGN == 0), "a chunk off CHUNK_ALIGN");
         for p in &got {
             // SAFETY: a slot of ours, in use by nobody but this test.
             unsafe { p.as_ptr().write_bytes(0xab, 4096) };

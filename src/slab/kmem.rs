@@ -21,6 +21,7 @@ use crate::topology::{MAX_NODES, Topology};
 
 /// Largest slab; objects must fit at least twice.
 pub(crate) const MAX_SLAB: usize = 4 << 20;
+const _: () = assert!(MAX_SLAB <= super::chunk::CHUNK_ALIGN, "a slab header must lie in its chunk");
 /// Smallest slab (fewer slabs to walk and relist per object).
 const MIN_SLAB: usize = 16 << 10;
 /// Objects a slab aims to hold at least.
@@ -322,10 +323,12 @@ impl KmemCache {
     /// `NUMAWEAVE_ON_ERROR=report`: the caller leaks the object).
     ///
     /// # Safety
-    /// `obj` lies in memory some numaweave cache mapped (any cache: a foreign
-    /// object is what this catches), or the slab-aligned address below it is
-    /// readable. (Debug and hardened builds need neither: they look the slab
-    /// up in the registry of slabs.)
+    /// `obj` lies in a chunk some numaweave cache mapped (any cache: a
+    /// foreign object is what this catches; chunks start on
+    /// [`CHUNK_ALIGN`](super::chunk::CHUNK_ALIGN), so the address below it
+    /// aligned to this cache's slab size is in the same chunk), or that
+    /// address is readable. (Debug and hardened builds need neither: they
+    /// look the slab up in the registry of slabs.)
     pub(crate) unsafe fn check_owner(&self, obj: NonNull<u8>) -> bool {
         // Found from the registry, an object of a cache with another slab
         // size is named, not misread, and a pointer into no slab at all (a
@@ -339,7 +342,8 @@ impl KmemCache {
         } else {
             self.slab_of(obj)
         };
-        // SAFETY: per the contract the header address is readable.
+        // SAFETY: with `RANGES`, `s` is a registered slab, whose header is mapped; else it is
+        // the slab-aligned address below `obj`, which the caller's terms make readable.
         let (magic, owner) = unsafe { ((*s).magic, (*s).cache.cast::<KmemCache>()) };
         if magic != SLAB_MAGIC {
             return reject(format_args!(
@@ -446,7 +450,8 @@ impl KmemCache {
     /// # Safety
     /// The caller holds the slab's node mutex.
     unsafe fn take_from(&self, slab: *mut Slab) -> Option<NonNull<u8>> {
-        // SAFETY: per the contract the slab's state is ours.
+        // SAFETY: the caller holds `slab`'s node mutex (its word), which guards `state`: no
+        // one else has it.
         let st = unsafe { &mut (*slab).state };
         let obj = if !st.free.is_null() {
             let obj = st.free;
@@ -588,7 +593,7 @@ impl KmemCache {
     /// `obj` is an object of this cache on `node`, out of its slab, owned by
     /// the caller; the caller holds the node mutex.
     unsafe fn put(&self, s: &mut Slabs, obj: *mut u8) -> *mut Slab {
-        // SAFETY: per the contract `obj` is a live object of this cache.
+        // SAFETY: `obj` is a live object of this cache (the caller's word), so not null.
         let slab = self.slab_of(unsafe { NonNull::new_unchecked(obj) });
         // SAFETY: its slab's state is guarded by the mutex we hold.
         unsafe {
@@ -630,7 +635,8 @@ impl KmemCache {
         let mut s = ns.lock();
         let dead = self.dead.load(Ordering::Acquire);
         for &obj in objs {
-            // SAFETY: per the contract; we hold the mutex.
+            // SAFETY: `obj` is this cache's, of `node` and owned by us (the caller's word), and `s`
+            // is `node`'s slabs under the mutex we hold: what `put` asks.
             let slab = unsafe { self.put(&mut s, obj) };
             // SAFETY: `slab` is on one of the node's lists.
             if dead && unsafe { (*slab).state.inuse } == 0 {
@@ -665,7 +671,8 @@ impl KmemCache {
     /// # Safety
     /// `obj` is a free object of this cache owned by the caller.
     pub(crate) unsafe fn link_before(&self, obj: NonNull<u8>, chain: *mut u8) {
-        // SAFETY: per the contract the link word is ours.
+        // SAFETY: `obj` is a free object of this cache owned by the caller, so its link word
+        // (inside its slot) is ours to write.
         unsafe { *self.link_of(obj.as_ptr()) = chain };
     }
 

@@ -369,7 +369,8 @@ enum Freed {
 /// caller, and the cache is alive (the object's slab holds a reference).
 #[inline]
 pub(crate) unsafe fn free(cache: *const KmemCache, obj: NonNull<u8>) {
-    // SAFETY: per the contract the cache is alive.
+    // SAFETY: the cache is alive (`obj`'s slab holds a reference to it, as the caller
+    // guarantees), so `cache` may be borrowed.
     let c = unsafe { &*cache };
     // SAFETY: `obj` is this cache's.
     let node = if c.multi_node { unsafe { c.node_of(obj) } } else { c.first_node };
@@ -405,11 +406,18 @@ pub(crate) unsafe fn free(cache: *const KmemCache, obj: NonNull<u8>) {
     }
 }
 
+/// A free the thread's magazines did not take: a full magazine to the
+/// node's depot, or the object straight to its slab.
+///
+/// # Safety
+/// `obj` is a live object of `cache` on `node`, given up by the caller; its
+/// slab holds a reference to `cache`.
 #[cold]
 unsafe fn free_slow(cache: *const KmemCache, obj: NonNull<u8>, node: usize, urgent: bool) {
     // Hold the cache: giving objects back may release the slab whose
     // reference kept it alive.
-    // SAFETY: alive per the caller's contract.
+    // SAFETY: `cache` is a live `Arc<KmemCache>` allocation: the caller's live object
+    // `obj` sits in a slab that holds a reference to it (as in `free`).
     unsafe { KmemCache::hold(cache) };
     // SAFETY: just held.
     let c = unsafe { &*cache };

@@ -412,7 +412,8 @@ impl RemoteList {
     /// writable, pointer-aligned link word at `link`; the caller gives up the
     /// objects.
     pub unsafe fn push_chain(&self, first: NonNull<u8>, last: NonNull<u8>, link: usize) {
-        // SAFETY: per the contract; the closure writes `last`'s link word only.
+        // SAFETY: the chain's objects are free and given up by the caller, so they stay live
+        // until taken; the closure writes only `last`'s link word, writable at `link`.
         unsafe {
             self.stack.push_chain_by(first.as_ptr(), last.as_ptr(), |l, head| l.add(link).cast::<*mut u8>().write(head))
         };

@@ -108,7 +108,8 @@ impl List {
     /// # Safety
     /// `s` is a live slab on no list; the caller holds the node mutex.
     pub(super) unsafe fn push(&mut self, s: *mut Slab, id: ListId) {
-        // SAFETY: per the contract, the slab and the list are ours.
+        // SAFETY: `s` is a live slab on no list, and the caller holds the node mutex that
+        // guards this list and every slab's links (its word).
         unsafe {
             (*s).state.list = id;
             (*s).state.prev = ptr::null_mut();
@@ -124,7 +125,8 @@ impl List {
     /// # Safety
     /// `s` is on this list; the caller holds the node mutex.
     pub(super) unsafe fn remove(&mut self, s: *mut Slab) {
-        // SAFETY: per the contract, `s` and its neighbours are on this list.
+        // SAFETY: `s` is on this list (the caller's word), so are its neighbours, and the
+        // node mutex the caller holds guards all their links.
         unsafe {
             let (p, n) = ((*s).state.prev, (*s).state.next);
             if p.is_null() {

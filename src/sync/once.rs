@@ -204,8 +204,9 @@ impl<T> InitCell<T> {
     /// the caller wrote the value itself).
     unsafe fn read(&self) -> &T {
         let p: *const T = self.value.with(|p| p.cast::<T>());
-        // SAFETY: per the contract the value is initialised and published, and it
-        // is immutable from now on, so a shared reference tied to `&self` is sound.
+        // SAFETY: the caller saw READY with Acquire (or wrote the value itself), so
+        // the value is initialised and visible to us; it is never written again, so a
+        // shared reference tied to `&self` is sound.
         unsafe { &*p }
     }
 }

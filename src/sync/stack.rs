@@ -98,7 +98,8 @@ impl<T: Linked> AtomicStack<T> {
     /// has taken it.
     #[inline]
     pub unsafe fn push(&self, node: *mut T) -> bool {
-        // SAFETY: per the contract; the node's link is ours until taken.
+        // SAFETY: `node` is live, on no stack, and stays live until taken (the caller's
+        // word); the closure writes only its link.
         unsafe { self.push_chain_by(node, node, |n, head| *T::next_ptr(n) = head) }
     }
 }
@@ -151,7 +152,8 @@ impl<T: Linked> CountedStack<T> {
     /// and the stack must hold fewer than 65535 nodes.
     #[inline]
     pub unsafe fn push(&self, node: *mut T) -> bool {
-        // SAFETY: per the contract; the node's link is ours until taken.
+        // SAFETY: `node` is live, on no stack, below 2^48, with room in the count (the
+        // caller's word), as `push_by` asks; the closure writes only its link.
         unsafe { self.push_by(node, |n, next| *T::next_ptr(n) = next) }
     }
 

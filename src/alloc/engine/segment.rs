@@ -30,8 +30,9 @@ pub(crate) fn segment_of(p: *const u8) -> *mut Segment {
 #[inline(always)]
 pub(crate) unsafe fn page_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page {
     let slot = (p as usize - seg as usize) >> SLOT_SHIFT;
-    // SAFETY: per the contract `slot` indexes a live page's slot; the map holds
-    // the page's first slot, whose descriptor is the page's.
+    // SAFETY: `p` is in a slot of `seg` that belongs to a page (the caller's word), so
+    // `slot` is in 1..SLOTS and the map holds that page's first slot, whose descriptor
+    // is the page's.
     unsafe {
         debug_assert_eq!((*seg).seg.kind, SegmentKind::Small);
         debug_assert!(slot > 0 && slot < SLOTS, "pointer in a segment's header slot");
@@ -54,8 +55,8 @@ pub(crate) unsafe fn page_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page 
 #[inline(always)]
 pub(crate) unsafe fn sink_of(seg: *mut SmallSegment, p: *const u8) -> *mut Page {
     let slot = (p as usize - seg as usize) >> SLOT_SHIFT;
-    // SAFETY: per the contract `slot` indexes a live page's slot, whose
-    // entry was set when its heap took the page.
+    // SAFETY: `p` is in a slot of `seg` that belongs to a page (the caller's word), so
+    // `slot` is in 1..SLOTS and its sink was set when its heap took the page.
     unsafe {
         debug_assert!(slot > 0 && slot < SLOTS, "pointer in a segment's header slot");
         let sink = (*seg).slot_sink.get_unchecked(slot).load(Ordering::Relaxed);
@@ -91,7 +92,8 @@ pub(crate) unsafe fn set_sink(seg: *mut SmallSegment, page: *mut Page, sink: *mu
 /// its owner (or the thread setting it up) writes its sinks.
 #[inline]
 pub(crate) unsafe fn store_sinks(seg: *mut SmallSegment, page: *mut Page, sink: *mut Page) {
-    // SAFETY: per the contract; the slots are the page's own.
+    // SAFETY: `page` is a page of `seg` with its descriptor written (the caller's word),
+    // so its `first_slot` and `slots` name its own slots, in range; the stores are atomic.
     unsafe {
         let first = usize::from((*page).info.first_slot);
         for s in first..first + usize::from((*page).info.slots) {

@@ -177,7 +177,8 @@ impl<T> RawLock for SpinLock<T> {
         self.lock_raw();
     }
     unsafe fn release(&self) {
-        // SAFETY: forwarded contract.
+        // SAFETY: the forking thread took this lock with `take` (`lock_raw`) and holds no
+        // guard for it (`release`'s contract), as `unlock_raw` asks.
         unsafe { self.unlock_raw() }
     }
 }

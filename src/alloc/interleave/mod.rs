@@ -449,8 +449,9 @@ impl ThreadInterleaver {
         if n == 0 {
             return;
         }
-        // SAFETY: per the contract: the pool, its region and its lists are
-        // this thread's; the loan is the heap's only one.
+        // SAFETY: we run on the interleaver's thread (the caller's word): the pool, its
+        // region and its lists are this thread's, and `heap`, if not null, is its heap,
+        // whose only loan is the pool's.
         unsafe {
             if !heap.is_null() {
                 Heap::end_loan(heap);
@@ -531,7 +532,8 @@ impl SharedInterleaver {
 /// calling thread's interleaver in force (or null).
 #[inline]
 pub(crate) unsafe fn free(seg: *mut Segment, p: *mut u8, il: *const ThreadInterleaver) {
-    // SAFETY: per the contract the region is live.
+    // SAFETY: `p` is a live block of region `seg` (the caller's word) and holds a
+    // reference to it, so the region's header is live.
     let r = unsafe { &*seg.cast::<NodeRegion>() };
     if r.owned_by(il as usize) {
         // SAFETY: owned by `il`, which is this thread's.

@@ -156,7 +156,8 @@ impl Pool {
         self.allowance.set(left - 1);
         let page = self.page.get();
         let b = p.cast::<Block>();
-        // SAFETY: per the contract; the page's free list is this thread's.
+        // SAFETY: we are on the pool's thread (the caller's word), so the page's free list
+        // is ours; `p`, live and given up, takes the link in its first word.
         unsafe {
             (*b).next = if HARDENED { hardened::encode((*page).free, (*page).info.key) } else { (*page).free };
             (*page).free = b;

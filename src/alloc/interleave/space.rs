@@ -219,8 +219,9 @@ pub(crate) fn lock_spaces_for_fork() {
 /// Taken by `lock_spaces_for_fork` on this thread (or, in the child, the
 /// thread it was copied from).
 pub(crate) unsafe fn unlock_spaces_after_fork() {
-    // SAFETY: per the contract every lock here is held by us; the spaces
-    // are live (see `lock_spaces_for_fork`).
+    // SAFETY: this thread (or, in the child, its original) took the list's lock and
+    // every space's lock in `lock_spaces_for_fork` (the caller's word); listed spaces
+    // are live while the list is locked.
     unsafe {
         let mut sp = (*SPACES.raw_value()).0;
         while let Some(space) = sp.as_ref() {

@@ -65,7 +65,8 @@ impl Arena {
     /// `heap` is a live heap its exiting thread gives up, on no list.
     pub(crate) unsafe fn park_orphan(&self, heap: *mut Heap) {
         let mut g = self.inner.lock();
-        // SAFETY: per the contract; the list is ours under the lock.
+        // SAFETY: `heap` is a live heap its exiting thread gives up, on no list (the caller's
+        // word): its owner word and orphan link are ours to write under the lock.
         unsafe {
             (*heap).owned.store(OWNER_NONE, Ordering::Relaxed);
             (*heap).next_orphan = g.orphans;

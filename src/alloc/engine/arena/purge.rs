@@ -298,7 +298,8 @@ pub(super) fn note_bound_purge(g: &mut ArenaInner, state: &State, now: u64, dirt
 /// # Safety
 /// `seg` is a listed segment of the arena whose lock `g` is.
 pub(super) unsafe fn note_reuse(g: &mut ArenaInner, seg: *mut SmallSegment, mask: u64, state: &State) {
-    // SAFETY: per the contract, the slot map and times are ours under the lock.
+    // SAFETY: `seg` is a listed segment of the arena whose lock `g` is (the caller's word):
+    // it is mapped, and its slot map and times change only under that lock, held.
     unsafe {
         let purged = (*seg).purged_slots & mask;
         if purged == 0 {

@@ -48,7 +48,9 @@ impl Heap {
     /// As [`free_local`](Self::free_local), the counters booked.
     #[inline(always)]
     pub(super) unsafe fn push(heap: *mut Heap, page: *mut Page, block: *mut Block) {
-        // SAFETY: per the contract; owner-only fields.
+        // SAFETY: `heap` is the calling thread's and owns `page` (the caller's word), so the
+        // page's `free` and `used` are this thread's alone; `block`, live and given up, takes
+        // the link.
         unsafe {
             (*block).next = link(page, (*page).free);
             (*page).free = block;
@@ -191,7 +193,8 @@ impl Heap {
 pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
     // (`NO_HEAP` owns no page.)
     let heap = current_or_none();
-    // SAFETY: per the contract; `info.heap` is fixed while `p` is live.
+    // SAFETY: `p` is a live block of `page` (the caller's word), so `page` is a live
+    // descriptor whose `info.heap` is fixed while `p` is; equal to ours, we own the page.
     unsafe {
         if (*page).info.heap.load(Ordering::Relaxed) == heap {
             Heap::free_local(heap, page, p.cast::<Block>());
@@ -211,8 +214,9 @@ pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
 pub(crate) unsafe fn free_to_sink(seg: *mut SmallSegment, sink: *mut Page, p: *mut u8) {
     // (`NO_HEAP` owns no page, nor is it a free cache's heap.)
     let heap = current_or_none();
-    // SAFETY: per the contract; the sink's `info.heap` is the page's owner
-    // (a free cache's is its heap), fixed while `p` is live.
+    // SAFETY: `p` is a live block of `seg` and `sink` its slot's sink (the caller's word);
+    // the sink's `info.heap` is the page's owner (a free cache's is its heap), fixed
+    // while `p` is live.
     unsafe {
         if (*sink).info.heap.load(Ordering::Relaxed) == heap {
             debug_assert!(

@@ -104,7 +104,9 @@ impl Heap {
     /// # Safety
     /// As [`take_into_cache`](Self::take_into_cache); the cache is direct.
     pub(super) unsafe fn serve_from(heap: *mut Heap, class: usize, page: *mut Page) -> *mut u8 {
-        // SAFETY: per the contract.
+        // SAFETY: `heap` is the calling thread's and owns `page`, of `class` with free
+        // blocks; the class's cache is empty and direct (the caller's word): what
+        // `take_into_cache`, `set_direct` and `pop` ask.
         unsafe {
             if node_of(page) == (*heap).node {
                 Heap::take_into_cache(heap, class, page);
@@ -134,10 +136,10 @@ impl Heap {
     /// `heap` is the calling thread's heap and owns `page`; the cache is
     /// empty.
     pub(super) unsafe fn take_into_cache(heap: *mut Heap, class: usize, page: *mut Page) {
-        // SAFETY: per the contract; owner-only fields. `used` counts the
-        // page's blocks off its free list (and the references), so the rest
-        // of what it carved is on the list; its links are plain (the cache
-        // exists only where they are: `CACHING`).
+        // SAFETY: `heap` is the calling thread's and owns `page`; the cache is empty (the
+        // caller's word): these fields are ours alone. `used` counts the page's blocks off
+        // its free list (and the references), so the rest of what it carved is on the list;
+        // its links are plain (the cache exists only where they are: `CACHING`).
         unsafe {
             let cache = Heap::cache_page(heap, class);
             let room = cache_room(class);
@@ -166,7 +168,8 @@ impl Heap {
     /// As [`free_local`](Self::free_local), the block's counters already
     /// booked.
     pub(super) unsafe fn give_back(heap: *mut Heap, page: *mut Page, block: *mut Block) {
-        // SAFETY: per the contract; owner-only fields.
+        // SAFETY: `heap` is the calling thread's and owns `page`; `block` is a live block of
+        // it (the caller's word): the page's list and `used` are ours to write.
         unsafe {
             debug_assert!((*page).used > 0, "a cached block of a page with none in use");
             debug_assert!(in_page(page, block.cast()) && (*page).info.heap.load(Ordering::Relaxed) == heap);
@@ -207,16 +210,17 @@ impl Heap {
     /// node), else (and in hardened builds) the page itself.
     ///
     /// # Safety
-    /// `heap` is a live heap; `page` a page descriptor with its `info.node`
-    /// set; `class < CLASSES`.
+    /// `heap` is a live heap the calling thread owns (it writes the heap's
+    /// free cache unsynchronised); `page` a page descriptor with its
+    /// `info.node` set; `class < CLASSES`.
     ///
     /// A class's free cache is written here, when the heap takes its first
     /// page of the class (a heap's caches are 17 KiB, most of which a
     /// thread using a few classes never touches).
     pub(crate) unsafe fn sink_for(heap: *mut Heap, page: *mut Page, class: usize) -> *mut Page {
-        // SAFETY: forwarded contract; the caller is the heap's owner (it
-        // takes the page), so the cache is written by no other thread, and
-        // none reads it before a block of the page is handed out.
+        // SAFETY: `heap` is live and `class < CLASSES` (the caller's word), so the cache is
+        // in bounds; the caller is also the heap's owner (`fresh_page`, taking the page), so
+        // no other thread writes the cache, nor reads it before a block of the page is out.
         unsafe {
             if !CACHING || usize::from((*page).info.node) != (*heap).node {
                 return page;

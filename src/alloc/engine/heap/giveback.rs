@@ -28,13 +28,14 @@ impl Heap {
     #[inline]
     pub(crate) unsafe fn arm(heap: *mut Heap, state: &State) {
         #[cfg(test)]
-        // SAFETY: per the contract.
+        // SAFETY: `heap` is the calling thread's heap (the caller's word): its lifecycle is ours.
         if unsafe { (*heap).life.steady } {
             return;
         }
         if state.life.pending() {
             let now = crate::os::monotonic_ms();
-            // SAFETY: per the contract.
+            // SAFETY: `heap` is the calling thread's heap, between operations on it (the
+            // caller's word): its lifecycle fields and slots are ours, as `arm_at` asks.
             unsafe {
                 let life = &mut (*heap).life;
                 if life.event_armed_at == now {
@@ -57,7 +58,8 @@ impl Heap {
     #[inline(never)]
     #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) unsafe fn arm_at(heap: *mut Heap, now: u64) {
-        // SAFETY: per the contract.
+        // SAFETY: `heap` is the calling thread's heap, between operations on it (the caller's
+        // word): its lifecycle fields and direct slots are ours to change.
         unsafe {
             if (*heap).life.armed_at == now {
                 return;
@@ -95,7 +97,9 @@ impl Heap {
     #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) unsafe fn give_back_free_as(heap: *mut Heap, purge_blocks: bool, classes: ClassSet) {
         let given = |class: usize| classes & (1 << class) != 0;
-        // SAFETY: per the contract.
+        // SAFETY: the heap is ours alone, between operations (the calling thread's, a claimed
+        // exited one, or a shared one under its lock: the caller's word), so its slots,
+        // caches and lists may change.
         unsafe {
             for class in (0..CLASSES).filter(|&c| given(c)) {
                 if !Heap::is_lent(heap, class) {

@@ -60,7 +60,8 @@ impl Heap {
     /// # Safety
     /// `heap` is the calling thread's heap (or its exiting owner's).
     pub(crate) unsafe fn end_loan(heap: *mut Heap) {
-        // SAFETY: per the contract; the lent page is live while lent.
+        // SAFETY: `heap` is the calling thread's heap (or its exiting owner's: the caller's
+        // word), so its loan, slots and counters are ours; the lent page is live while lent.
         unsafe {
             let Loan { page, class, used0 } = (*heap).loan;
             if page.is_null() {

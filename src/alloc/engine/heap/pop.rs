@@ -158,7 +158,8 @@ impl Heap {
     #[cold]
     #[inline(never)]
     pub(super) unsafe fn pop_full(heap: *mut Heap, page: *mut Page, block: *mut Block, class: usize) -> NonNull<u8> {
-        // SAFETY: per the contract; `block` is not null.
+        // SAFETY: `block` is `page`'s first free block, `class < CLASSES` and the heap is
+        // this thread's (`take`'s terms, the caller's word); a free block is not null.
         unsafe {
             hardened::handing_out(block.cast(), || kind_of(page));
             NonNull::new_unchecked(Heap::take(heap, page, block, next_of(page, block), class))

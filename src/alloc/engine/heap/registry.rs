@@ -18,7 +18,8 @@ impl Heap {
     /// `heap` is the calling thread's heap.
     #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) unsafe fn clear_direct(heap: *mut Heap) {
-        // SAFETY: per the contract; the pages stay on the heap's lists.
+        // SAFETY: `heap` is the calling thread's heap (the caller's word), as `end_loan` and
+        // `set_direct` ask; the pages it held stay on the heap's lists.
         unsafe {
             Heap::end_loan(heap);
             for class in 0..CLASSES {

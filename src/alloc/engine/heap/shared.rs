@@ -64,12 +64,16 @@ impl Heap {
     /// A block of `class` from the heap of cold blocks of `node`'s arena
     /// (made on first use; fresh pages from that arena), null when no
     /// memory can be had.
+    ///
+    /// # Safety
+    /// `class < CLASSES` (the pop indexes its slot unchecked).
     #[cold]
     #[inline(never)]
-    pub(crate) fn alloc_cold(state: &State, node: usize, class: usize) -> *mut u8 {
+    pub(crate) unsafe fn alloc_cold(state: &State, node: usize, class: usize) -> *mut u8 {
         let arena = state.node_arena(node);
         let mut g = arena.cold.lock();
-        // SAFETY: `g` is the cold heap's lock, held.
+        // SAFETY: `g` is the cold heap's lock, held; `class < CLASSES` (the
+        // caller's word).
         unsafe { Heap::alloc_locked(&mut g, state, arena.node, class) }
     }
 
@@ -80,7 +84,8 @@ impl Heap {
     /// # Safety
     /// `slot` is the content of that heap's lock, held by the caller: the
     /// heap is used under it alone (no thread's TLS slot names it, so no
-    /// fast path reaches it), which is what its owner-only fields need.
+    /// fast path reaches it), which is what its owner-only fields need;
+    /// `class < CLASSES`.
     #[unsafe(link_section = ".text.sorted.numaweave")]
     unsafe fn alloc_locked(slot: &mut SharedHeap, state: &State, node: usize, class: usize) -> *mut u8 {
         debug_assert!(class < CLASSES);
@@ -91,7 +96,9 @@ impl Heap {
             }
         }
         let sh = slot.0;
-        // SAFETY: per the contract; `class < CLASSES`.
+        // SAFETY: the caller holds `sh`'s lock, under which alone the heap is used (its
+        // word), as `pop` and `refill` need of an owner; `class < CLASSES` as the callers
+        // must (asserted above in debug builds).
         unsafe {
             let mut p = Heap::pop(sh, class);
             if p.is_null() {

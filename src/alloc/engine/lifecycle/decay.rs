@@ -93,7 +93,8 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize, state: &State, placem
 #[inline]
 #[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn heartbeat(heap: *mut Heap, state: &State) -> Beat {
-    // SAFETY: per the contract: the lifecycle fields are the owner's.
+    // SAFETY: `heap` is the calling thread's heap, between operations on it (the caller's
+    // word): its lifecycle fields are the owner's, ours.
     unsafe {
         let life = &(*heap).life;
         #[cfg(test)]
@@ -118,7 +119,8 @@ unsafe fn heartbeat(heap: *mut Heap, state: &State) -> Beat {
 #[inline(never)]
 #[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn heartbeat_slow(heap: *mut Heap, state: &State) -> Beat {
-    // SAFETY: per the contract.
+    // SAFETY: `heap` is the calling thread's heap, between operations on it (as
+    // `heartbeat`'s caller says): its fields are ours, as `trim_heap` and `decay` ask.
     unsafe {
         debug_assert!((*heap).life.decay.live(), "a heartbeat of a heap no thread owns");
         let epoch = state.life.trim_epoch();
@@ -157,7 +159,8 @@ unsafe fn heartbeat_slow(heap: *mut Heap, state: &State) -> Beat {
 /// # Safety
 /// `heap` is the calling thread's heap, between operations on it.
 unsafe fn decay(heap: *mut Heap, now: u64, delay: u64) {
-    // SAFETY: per the contract.
+    // SAFETY: `heap` is the calling thread's heap, between operations on it (the caller's
+    // word): its lifecycle, lists and slots are ours, as `give_back_free_as` asks.
     unsafe {
         let life: &mut HeapLife = &mut (*heap).life;
         let elapsed = now.saturating_sub(life.decayed_at);
@@ -207,7 +210,8 @@ unsafe fn after_beat(heap: *mut Heap, class: usize, beat: Beat) {
         Beat::Looked(now) => (now, true),
         Beat::Owed(now) => (now, false),
     };
-    // SAFETY: per the contract; a lent slot is the lender's to end.
+    // SAFETY: `heap` is the calling thread's heap, its refill done (the caller's word):
+    // its lifecycle and slots are ours; a lent slot is the lender's to end.
     unsafe {
         let life = &mut (*heap).life;
         if life.class_at[class] != now as u32 {
@@ -237,7 +241,8 @@ unsafe fn after_beat(heap: *mut Heap, class: usize, beat: Beat) {
 /// # Safety
 /// `heap` is the calling thread's heap, between operations on it.
 pub(crate) unsafe fn trim_heap(heap: *mut Heap) {
-    // SAFETY: per the contract.
+    // SAFETY: `heap` is the calling thread's heap, between operations on it (the caller's
+    // word), as `give_back_free_as` asks; its lifecycle fields are ours.
     unsafe {
         Heap::give_back_free_as(heap, true, ALL_CLASSES);
         (*heap).life.decayed_at = crate::os::monotonic_ms();

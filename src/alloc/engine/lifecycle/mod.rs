@@ -150,7 +150,8 @@ const RECLAIM_BATCH: usize = 16;
 /// `heap` is an exited thread's heap that the caller claimed (no other
 /// thread adopts or collects it meanwhile).
 unsafe fn collect_orphan(heap: *mut Heap, now: u64, delay: u64) {
-    // SAFETY: per the contract: the heap is the caller's until let go.
+    // SAFETY: the caller claimed `heap`, an exited thread's (its word): no other thread
+    // adopts or collects it until let go, so it is ours, as `give_back_free_as` asks.
     unsafe {
         debug_assert_eq!((*heap).owned.load(Ordering::Relaxed), OWNER_RECLAIM);
         debug_assert!((*heap).direct.iter().all(|&d| d == empty_page()), "an orphan with direct pages");
