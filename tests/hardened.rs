@@ -43,6 +43,27 @@ fn misuse(case: &str) {
     // hardened build must catch before touching anything it should not.
     unsafe {
         match case {
+            "past-a-huge-block" => {
+                // A huge block's usable end is its mapping's end: under
+                // `NUMAWEAVE_GUARD=1` the next page is the guard.
+                let l = layout(8 << 20, 16);
+                let p = A.alloc(l);
+                let end = p.add(A.usable_size(p));
+                end.sub(1).write_volatile(1);
+                // What the kernel has at `end`: the guard, mapped, no access.
+                let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+                let at = end as usize;
+                let perms = maps.lines().find_map(|l| {
+                    let (range, rest) = l.split_once(' ')?;
+                    let (a, b) = range.split_once('-')?;
+                    let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
+                    (a <= at && at < b).then(|| rest[..4].to_string())
+                });
+                eprintln!("GUARD {}", perms.as_deref().unwrap_or("unmapped"));
+                eprintln!("WRITING {end:p}");
+                end.write_volatile(1);
+                eprintln!("NOT STOPPED");
+            }
             "double-free-local" => {
                 let p = A.alloc(layout(64, 8));
                 A.dealloc(p, layout(64, 8));
@@ -376,6 +397,12 @@ fn busy() {
 
 /// Runs `case` in a child; returns its stderr and whether it aborted.
 fn run(case: &str, env: &[(&str, &str)]) -> (String, bool) {
+    let (err, signal) = run_to_signal(case, env);
+    (err, signal == Some(libc::SIGABRT))
+}
+
+/// Runs `case` in a child; returns its stderr and the signal it died of.
+fn run_to_signal(case: &str, env: &[(&str, &str)]) -> (String, Option<i32>) {
     use std::os::unix::process::ExitStatusExt;
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child", "--nocapture", "--test-threads=1"])
@@ -387,7 +414,7 @@ fn run(case: &str, env: &[(&str, &str)]) -> (String, bool) {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    (err, out.status.signal() == Some(libc::SIGABRT))
+    (err, out.status.signal())
 }
 
 /// The child's side: commits the misuse named in the environment.
@@ -479,6 +506,17 @@ fn free_of_a_stack_pointer() {
 fn free_of_an_interior_pointer() {
     aborts_with_report("interior-pointer", &[]);
     aborts_with_report("huge-interior", &[]);
+}
+
+/// `NUMAWEAVE_GUARD=1`: a write past a huge block's end meets the guard
+/// page (SIGSEGV at the write); without it, the next page is unmapped
+/// address space or another mapping, and nothing is promised.
+#[test]
+fn a_write_past_a_huge_block_meets_its_guard_page() {
+    let (err, signal) = run_to_signal("past-a-huge-block", &[("NUMAWEAVE_GUARD", "1")]);
+    assert!(err.contains("GUARD ---p"), "no guard page after the block: {err}");
+    assert!(err.contains("WRITING") && !err.contains("NOT STOPPED"), "{err}");
+    assert_eq!(signal, Some(libc::SIGSEGV), "{err}");
 }
 
 #[test]
