@@ -138,3 +138,88 @@ fn memory_comes_back_without_a_call() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Exited threads' kept free blocks come back however their exits fall:
+/// two threads exit 40 ms apart, each leaving its pages half in use (the
+/// live half handed to main, never freed) and the other half kept for the
+/// next thread of the node. The tick that purges the first heap's blocks
+/// when they are due must leave the second's due time noted. (Before, it
+/// cleared it: the second heap's blocks stayed resident until a trim,
+/// another exit or a remote free into its pages.)
+#[test]
+fn every_exited_threads_kept_blocks_come_back() {
+    if !in_child() {
+        rerun("every_exited_threads_kept_blocks_come_back", &[], "kept blocks");
+        return;
+    }
+    /// 32 KiB blocks, two to a page: every other one freed leaves every
+    /// page in use with one free block, whose pages past its first go
+    /// back to the OS when the heap's kept blocks are purged.
+    fn half_kept() -> Vec<usize> {
+        let l = Layout::from_size_align(32 << 10, 8).unwrap();
+        let all: Vec<usize> = (0..256)
+            .map(|_| {
+                // SAFETY: a valid layout; the block written whole.
+                unsafe {
+                    let p = A.alloc(l);
+                    assert!(!p.is_null());
+                    p.write_bytes(0x3c, l.size());
+                    p as usize
+                }
+            })
+            .collect();
+        let (even, odd): (Vec<_>, Vec<_>) = all.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+        for (_, &p) in even {
+            // SAFETY: blocks allocated above, freed once (the odd ones by
+            // main).
+            unsafe { A.dealloc(p as *mut u8, l) };
+        }
+        odd.into_iter().map(|(_, &p)| p).collect()
+    }
+    let base = resident();
+    // Both alive at once (two heaps: a thread that starts after another
+    // exited adopts its heap), the second exiting 40 ms after the first.
+    let go = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let spawn = |wait_ms| {
+        let go = go.clone();
+        std::thread::spawn(move || {
+            let live = half_kept();
+            go.wait();
+            std::thread::sleep(Duration::from_millis(wait_ms));
+            live
+        })
+    };
+    let (a, b) = (spawn(0), spawn(40));
+    go.wait();
+    let first = a.join().unwrap();
+    let second = b.join().unwrap();
+    let held = resident() - base;
+    let start = Instant::now();
+    // 2 × 4 MiB kept: at least 6 of them back.
+    loop {
+        let now = resident().saturating_sub(base);
+        if now + 6 * MIB <= held {
+            println!(
+                "kept blocks: {} of {} KiB back in {} ms",
+                (held - now) >> 10,
+                held >> 10,
+                start.elapsed().as_millis()
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{} KiB of {} KiB still resident after 5 s:\n{}",
+            now >> 10,
+            held >> 10,
+            A.stats()
+        );
+        drop(std::hint::black_box(Box::new([1u8; 64])));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let l = Layout::from_size_align(32 << 10, 8).unwrap();
+    for p in first.into_iter().chain(second) {
+        // SAFETY: the live halves, freed once.
+        unsafe { A.dealloc(p as *mut u8, l) };
+    }
+}

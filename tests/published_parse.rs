@@ -7,18 +7,23 @@
 //! `PARSE_SEED=N` reruns one).
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use numaweave::NumaAlloc;
-use numaweave::slab::published::{self, BadTable, FILE_LEN, SLOTS};
+use numaweave::slab::published::{self, BadTable, FILE_LEN, ReadError, SLOTS};
 
 mod support;
 use support::Rng;
 
-/// The allocator, counting the bytes live while `COUNTING` is set.
+/// The allocator, counting the bytes live while `COUNTING` is set on the
+/// calling thread (the test harness runs other tests on other threads).
 struct Counting(NumaAlloc);
 
-static COUNTING: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    // (Const, without a destructor: the allocator may read it at any time.)
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
@@ -26,15 +31,15 @@ static PEAK: AtomicUsize = AtomicUsize::new(0);
 // bookkeeping beside it.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
+        if COUNTING.get() {
+            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed).wrapping_add(l.size());
             PEAK.fetch_max(now, Ordering::Relaxed);
         }
         // SAFETY: the caller's layout, passed on.
         unsafe { self.0.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        if COUNTING.load(Ordering::Relaxed) {
+        if COUNTING.get() {
             LIVE.fetch_sub(l.size(), Ordering::Relaxed);
         }
         // SAFETY: as above.
@@ -122,9 +127,9 @@ fn any_bytes_parse_to_a_bounded_table_or_a_typed_error() {
         let seq = if t.len() > 24 { get(&t, SEQ) } else { 0 };
         let before = LIVE.load(Ordering::Relaxed);
         PEAK.store(before, Ordering::Relaxed);
-        COUNTING.store(true, Ordering::Relaxed);
+        COUNTING.set(true);
         let got = published::parse(&t, seq);
-        COUNTING.store(false, Ordering::Relaxed);
+        COUNTING.set(false);
         let peak = PEAK.load(Ordering::Relaxed) - before;
         assert!(peak <= t.len(), "round {round}: {peak} bytes allocated for a file of {}", t.len());
         match got {
@@ -158,4 +163,23 @@ fn a_table_read_while_it_changes_is_refused() {
     put(&mut t, SEQ, 6);
     assert_eq!(published::parse(&t, 8), Err(BadTable::Changing), "seq moved on during the read");
     assert!(published::parse(&t, 6).is_ok());
+}
+
+/// `read_file` reads the file again from its start after a changing table
+/// (a file whose `seq` stays odd is refused as changing, every read of it
+/// whole). Before, the second read began at the end the first left the
+/// file's offset at, read nothing, and named the table too short.
+#[test]
+fn a_file_read_again_is_read_from_its_start() {
+    let mut r = Rng(11);
+    let mut t = valid(&mut r, 2);
+    let path = std::env::temp_dir().join(format!("numaweave-published-{}", std::process::id()));
+    put(&mut t, SEQ, 4);
+    std::fs::write(&path, &t).unwrap();
+    assert_eq!(published::read_file(&path).map(|t| t.chunks.len()).ok(), Some(2));
+    put(&mut t, SEQ, 5);
+    std::fs::write(&path, &t).unwrap();
+    let got = published::read_file(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert!(matches!(got, Err(ReadError::Bad(BadTable::Changing))), "{got:?}");
 }

@@ -595,6 +595,63 @@ fn every_region_is_registered_before_use_and_unregistered_once() {
     assert_eq!(ledger.unregistered.load(Ordering::Relaxed), ledger.registered.load(Ordering::Relaxed));
 }
 
+/// A forked child leaves its parent's registrations alone: an inherited
+/// chunk the child gives back is not unregistered (the registration is the
+/// parent's: an io_uring table or a VFIO container the two share), no
+/// inherited chunk counts as registered in it, and a new slab carved from
+/// an inherited chunk is registered by the child first. (Before, the
+/// child's shrink unregistered the parent's regions.)
+#[test]
+fn a_forked_child_leaves_its_parents_registrations_alone() {
+    let ledger = Arc::new(Ledger::default());
+    let cache = RawCache::builder("fork_registered", 4096).align(4096).registrar(ledger.clone()).build().unwrap();
+    let objs: Vec<NonNull<u8>> = (0..600).map(|_| cache.alloc().unwrap()).collect();
+    let keep = objs[0];
+    for o in &objs[1..] {
+        // SAFETY: objects of this cache, given back once.
+        unsafe { cache.free(*o) };
+    }
+    let registered = ledger.registered.load(Ordering::Relaxed);
+    assert!(registered >= 2);
+    // SAFETY: the child uses the cache and the ledger (its own copies) and
+    // ends with `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            if cache.stats().total().registered_regions != 0 {
+                return 3;
+            }
+            cache.shrink();
+            if ledger.unregistered.load(Ordering::Relaxed) != 0 {
+                return 4;
+            }
+            let Ok(o) = cache.alloc() else { return 5 };
+            if !ledger.covers(o.as_ptr() as usize, 4096) || ledger.registered.load(Ordering::Relaxed) == registered {
+                return 6;
+            }
+            0
+        })();
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(libc::WIFEXITED(st), "the child died: {st:#x}");
+    let what = [
+        "",
+        "",
+        "",
+        "inherited chunks counted as registered",
+        "the parent's regions unregistered",
+        "no object",
+        "a slab carved from an unregistered chunk",
+    ];
+    assert_eq!(libc::WEXITSTATUS(st), 0, "in the child: {}", what.get(libc::WEXITSTATUS(st) as usize).unwrap_or(&"?"));
+    // SAFETY: as above.
+    unsafe { cache.free(keep) };
+}
+
 #[test]
 fn a_refused_region_fails_the_allocation_and_is_not_kept() {
     let ledger = Arc::new(Ledger { refuse: AtomicUsize::new(libc::ENOMEM as usize), ..Default::default() });

@@ -87,6 +87,41 @@ fn fixed_writes_and_reads_round_trip_through_registered_buffers() {
     }
 }
 
+/// A forked child shares the ring with its parent, not its registrations:
+/// the child's shrink of the pool leaves the parent's slots filled (before,
+/// it emptied them and the parent's next fixed read failed with EFAULT),
+/// and in the child no buffer has a slot.
+#[test]
+fn a_forked_childs_shrink_leaves_the_parents_slots_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ring) = ring() else { return };
+    let mut file = tempfile();
+    file.write_all(&[0x6b; SIZE]).unwrap();
+    let mut bufs: Vec<_> = (0..100).map(|_| ring.alloc().unwrap()).collect();
+    let mut kept = bufs.pop().unwrap();
+    drop(bufs);
+    let pinned = ring.pinned();
+    // SAFETY: the child shrinks the pool and ends with `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        ring.pool().shrink();
+        let code = if ring.pinned() != 0 { 3 } else { 0 };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "the child: status {st:#x}");
+    assert_eq!(ring.pinned(), pinned);
+    kept.fill(0);
+    let r = opcode::ReadFixed::new(types::Fd(file.as_raw_fd()), kept.as_mut_ptr(), SIZE as u32, kept.index())
+        .offset(0)
+        .build();
+    assert_eq!(run(&ring, r), SIZE as i32, "READ_FIXED after the child's shrink");
+    assert!(kept.iter().all(|&x| x == 0x6b));
+}
+
 #[test]
 fn a_region_past_the_memlock_limit_is_refused_and_the_ring_goes_on() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -60,6 +60,7 @@ use io_uring::squeue::Entry;
 
 use crate::error::{Error, Result};
 use crate::os::mem::{Mapping, MemPolicy, memlock_limit};
+use crate::os::thread::fork_generation;
 use crate::slab::{DmaBuf, DmaPool, Refusal, Region, Registrar};
 use crate::topology::Topology;
 
@@ -112,12 +113,21 @@ impl Table {
 /// [module documentation](self)). [`NodeRing`] makes and uses one; it is
 /// public for rings the application makes itself, which must have a sparse
 /// table of `slots` entries registered ([`FixedBuffers::new`] does it).
+///
+/// A table is its process's. A forked child shares the ring (the same
+/// kernel object) with its parent, so there it makes no kernel call and
+/// takes no lock (a parent's thread may have held it at the fork): no
+/// region has a slot in the child, registering is refused (`EPERM`), and
+/// giving a region back leaves the parent's slot alone.
 pub struct FixedBuffers {
     ring: Arc<IoUring>,
     table: Mutex<Table>,
     /// Bumped as a region leaves its slot: a slot found before and the
     /// same generation now is still that region's.
     generation: AtomicU64,
+    /// The fork generation of the process that made the table
+    /// (`os::thread::fork_generation`).
+    forks: u64,
 }
 
 impl FixedBuffers {
@@ -129,7 +139,13 @@ impl FixedBuffers {
             .register_buffers_sparse(u32::from(slots))
             .map_err(|e| io_error("io_uring_register(IORING_REGISTER_BUFFERS2)", &e))?;
         let table = Table { slots: vec![None; usize::from(slots)], ..Table::default() };
-        Ok(Arc::new(Self { ring, table: Mutex::new(table), generation: AtomicU64::new(0) }))
+        let forks = fork_generation();
+        Ok(Arc::new(Self { ring, table: Mutex::new(table), generation: AtomicU64::new(0), forks }))
+    }
+
+    /// Whether this process made the table (not a forked child of it).
+    fn ours(&self) -> bool {
+        fork_generation() == self.forks
     }
 
     /// The slot of the registered region that holds `len` bytes at `p`, if
@@ -141,6 +157,9 @@ impl FixedBuffers {
     /// The region holding `len` bytes at `a`, its slot, and the generation
     /// the answer holds for.
     fn find(&self, a: usize, len: usize) -> Option<Hit> {
+        if !self.ours() {
+            return None;
+        }
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         // Read under the lock, which unregistering holds as it bumps it.
         let generation = self.generation.load(Ordering::Relaxed);
@@ -153,6 +172,9 @@ impl FixedBuffers {
 
     /// Bytes this table has registered (pinned) now.
     pub fn registered(&self) -> u64 {
+        if !self.ours() {
+            return 0;
+        }
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         t.slots.iter().flatten().map(|&(_, len)| len as u64).sum()
     }
@@ -172,6 +194,9 @@ impl FixedBuffers {
 
 impl Registrar for FixedBuffers {
     fn register(&self, r: &Region) -> core::result::Result<(), Refusal> {
+        if !self.ours() {
+            return Err(Refusal::Errno(libc::EPERM));
+        }
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let Some(slot) = t.slots.iter().position(Option::is_none) else {
             return Err(Refusal::Errno(libc::ENOSPC));
@@ -196,6 +221,10 @@ impl Registrar for FixedBuffers {
     }
 
     fn unregister(&self, r: &Region) {
+        if !self.ours() {
+            // The slot is the parent's (a child's pool never registers).
+            return;
+        }
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         // Its slot, through the map: one of the few that touch its first granule.
         let Some(slot) = Self::slot_in(&t, r) else {
@@ -217,6 +246,9 @@ impl Registrar for FixedBuffers {
     }
 
     fn release_for_move(&self, r: &Region) -> core::result::Result<(), Refusal> {
+        if !self.ours() {
+            return Err(Refusal::Errno(libc::EPERM));
+        }
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let slot = Self::slot_in(&t, r).ok_or(Refusal::Errno(libc::ENOENT))?;
         // Fixed I/O on the region's buffers fails (`EFAULT`) until the slot
@@ -230,6 +262,9 @@ impl Registrar for FixedBuffers {
     /// table's, and a buffer of it finds no slot until the pool registers
     /// it again ([`NodeRing::alloc`] asks).
     fn register_moved(&self, r: &Region) -> core::result::Result<(), Refusal> {
+        if !self.ours() {
+            return Err(Refusal::Errno(libc::EPERM));
+        }
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let slot = Self::slot_in(&t, r).ok_or(Refusal::Errno(libc::ENOENT))?;
         let iov = libc::iovec { iov_base: r.addr.as_ptr().cast(), iov_len: r.len };

@@ -76,12 +76,13 @@
 //!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock
 //!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
 //!             io/uring.rs table                 Mutex     -      a ring's registered-buffer table (feature
-//!                                                                io-uring): not held across fork; a child cannot
-//!                                                                use its parent's rings' registrations anyway
+//!                                                                io-uring): not held across fork; a child never
+//!                                                                takes it (the table is its parent's: every call
+//!                                                                checks the fork generation first)
 //! ```
 
 use std::sync::Once;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -154,6 +155,17 @@ static INSTALLED: Once = Once::new();
 /// [`ForkRank`]), whenever the layers register. A rank registered again
 /// keeps its first handlers.
 pub fn at_fork(rank: ForkRank, prepare: fn(), release: fn()) -> Result<()> {
+    install()?;
+    let [p, q] = &HANDLERS[rank as usize];
+    // The release handler first: a `fork()` whose `prepare` ran it finds it.
+    if q.compare_exchange(0, release as usize, Ordering::Release, Ordering::Relaxed).is_ok() {
+        p.store(prepare as usize, Ordering::Release);
+    }
+    Ok(())
+}
+
+/// Installs the one `pthread_atfork` pair, once.
+fn install() -> Result<()> {
     let mut r = 0;
     INSTALLED.call_once(|| {
         // SAFETY: the handlers are plain `extern "C" fn()`s.
@@ -162,12 +174,23 @@ pub fn at_fork(rank: ForkRank, prepare: fn(), release: fn()) -> Result<()> {
     if r != 0 {
         return Err(Error::Os { call: "pthread_atfork", errno: r });
     }
-    let [p, q] = &HANDLERS[rank as usize];
-    // The release handler first: a `fork()` whose `prepare` ran it finds it.
-    if q.compare_exchange(0, release as usize, Ordering::Release, Ordering::Relaxed).is_ok() {
-        p.store(prepare as usize, Ordering::Release);
-    }
     Ok(())
+}
+
+/// Bumped first thing in the child of every `fork()` (once the handlers
+/// are installed).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// The process's fork generation: what a `fork()` child sees differs from
+/// what its parent saw before the fork, so that state recorded with it
+/// (a registration, a descriptor made) is known to be an ancestor's.
+/// Unlike a pid it cannot come back: a pid is reused once its process has
+/// gone, and a grandchild may get its grandparent's. Installs the fork
+/// handlers on first use (if that fails, it never changes: callers keep
+/// the pid beside it).
+pub fn fork_generation() -> u64 {
+    let _ = install();
+    FORKS.load(Ordering::Relaxed)
 }
 
 /// The handler stored at `slot`, if any.
@@ -229,6 +252,7 @@ extern "C" fn run_parent() {
 /// reset (glibc's child resets it too; its count may hold the parent's
 /// takes), and the release handlers see [`in_forked_child`] true.
 extern "C" fn run_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
     IN_CHILD.store(true, Ordering::Relaxed);
     if release_ranks() & STDIO_HELD != 0 {
         stdio::reset();

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use super::register::{Refusal, Region, Registrar};
 use crate::error::{Error, Result};
 use crate::os::mem::{self, BindFlags, HUGE_PAGE, Huge, MemPolicy};
+use crate::os::thread::fork_generation;
 
 /// Largest chunk. Address space only until slabs are touched.
 pub(crate) const MAX_CHUNK: usize = 256 << 20;
@@ -117,38 +118,61 @@ pub(crate) struct Chunks {
     registrar: Option<(Arc<dyn Registrar>, usize)>,
     /// The cache's name, for the published table of chunks.
     name: Arc<str>,
+    /// The fork generation (`os::thread::fork_generation`) the chunks'
+    /// `registered` flags are this process's for: in a forked child they
+    /// are its parent's, and read as false until [`sync_fork`](Self::sync_fork)
+    /// clears them. (The fork handlers do that too, but a single-threaded
+    /// process's fork runs none.)
+    forks: u64,
 }
 
 impl Chunks {
     /// No chunks yet; with `registrar`, each chunk is registered, on `node`.
     /// Each is listed in the published table under `name`.
     pub(crate) fn new(registrar: Option<(Arc<dyn Registrar>, usize)>, name: Arc<str>) -> Self {
-        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0, registrar, name }
+        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0, registrar, name, forks: fork_generation() }
+    }
+
+    /// Whether this process registered `c` (not a parent before a fork).
+    fn holds(&self, c: &Chunk) -> bool {
+        c.registered && self.forks == fork_generation()
+    }
+
+    /// In a forked child, first: no chunk is registered in it.
+    fn sync_fork(&mut self) {
+        let now = fork_generation();
+        if self.forks != now {
+            for c in &mut self.list {
+                c.registered = false;
+            }
+            self.forks = now;
+            self.first_room = 0;
+        }
     }
 
     /// Registered chunks, and their bytes.
     pub(crate) fn registered(&self) -> (usize, usize) {
-        self.list.iter().filter(|c| c.registered).fold((0, 0), |(n, b), c| (n + 1, b + c.len))
+        self.list.iter().filter(|c| self.holds(c)).fold((0, 0), |(n, b), c| (n + 1, b + c.len))
     }
 
     /// Every chunk, for slots of `slot` bytes.
     pub(crate) fn extents(&self, slot: usize) -> Vec<Extent> {
-        self.list.iter().map(|c| Self::extent_of(c, slot)).collect()
+        self.list.iter().map(|c| self.extent_of(c, slot)).collect()
     }
 
     /// The chunk at `base`, if it is still mapped.
     pub(crate) fn extent(&self, base: usize, slot: usize) -> Option<Extent> {
         let i = self.list.partition_point(|c| c.base < base);
-        self.list.get(i).filter(|c| c.base == base).map(|c| Self::extent_of(c, slot))
+        self.list.get(i).filter(|c| c.base == base).map(|c| self.extent_of(c, slot))
     }
 
-    fn extent_of(c: &Chunk, slot: usize) -> Extent {
+    fn extent_of(&self, c: &Chunk, slot: usize) -> Extent {
         Extent {
             base: c.base,
             len: c.len,
             used: (c.carved * slot).next_multiple_of(c.page_size).min(c.len),
             page_size: c.page_size,
-            registered: c.registered,
+            registered: self.holds(c),
             huge: c.huge,
         }
     }
@@ -216,22 +240,26 @@ impl Chunks {
         debug_assert!(c.moving);
         c.moving = false;
         c.frozen = false;
-        if c.used == 0 {
-            let i = self.list.partition_point(|c| c.base < base);
+        let (used, i) = (c.used, self.list.partition_point(|c| c.base < base));
+        if used == 0 {
             self.unmap_at(i);
-            self.first_room = self.first_room.min(i);
         }
+        // Its room (a frozen chunk was passed over) or the gap it leaves.
+        self.first_room = self.first_room.min(i);
     }
 
     /// A forked child: no migration runs in it (the thread that ran one in
-    /// the parent is not there), so no chunk is moving; a chunk whose
-    /// registration the parent had released is taken as registered (a
-    /// child's registrations are its own to make).
-    pub(crate) fn forget_moves(&mut self) {
+    /// the parent is not there), so no chunk is moving; and no chunk is
+    /// registered in it. Registrations are the parent's (an io_uring
+    /// table, a VFIO container, an RDMA protection domain the child shares
+    /// or lacks): the child never unregisters them, and registers a chunk
+    /// of its own accord before carving a new slab from it (`take`).
+    pub(crate) fn after_fork_in_child(&mut self) {
         for c in &mut self.list {
             c.moving = false;
             c.frozen = false;
         }
+        self.sync_fork();
     }
 
     /// The chunk at `base` is no longer registered (its registration was
@@ -247,6 +275,7 @@ impl Chunks {
     /// registration: `Ok(true)` when it is registered now (or was), `Ok(false)`
     /// for an address of no chunk; the registrar's refusal as the error.
     pub(crate) fn register_again(&mut self, addr: usize) -> Result<bool> {
+        self.sync_fork();
         let Some((r, node)) = self.registrar.clone() else { return Ok(false) };
         let i = self.list.partition_point(|c| c.base <= addr);
         let Some(c) = i.checked_sub(1).map(|i| &mut self.list[i]).filter(|c| addr < c.base + c.len) else {
@@ -292,11 +321,27 @@ impl Chunks {
     /// `strict`: no base pages when hugetlb pages are short (an error).
     pub(crate) fn take(&mut self, slot: usize, phys: usize, huge: Huge, strict: bool) -> Result<NonNull<u8>> {
         debug_assert!(slot.is_power_of_two());
-        while self.first_room < self.list.len() && !self.list[self.first_room].has_room(slot) {
-            self.first_room += 1;
-        }
-        if self.first_room == self.list.len() {
-            self.grow(slot, phys, huge, strict)?;
+        self.sync_fork();
+        loop {
+            while self.first_room < self.list.len() && !self.list[self.first_room].has_room(slot) {
+                self.first_room += 1;
+            }
+            if self.first_room == self.list.len() {
+                // (A new chunk is registered, or not made.)
+                self.grow(slot, phys, huge, strict)?;
+            }
+            let c = &self.list[self.first_room];
+            // A registrar's pool carves no slab from memory its registrar
+            // does not know: a chunk whose registration a move lost (or a
+            // forked child's inherited one) is registered again first, or
+            // passed over (tried again once `first_room` comes back down).
+            if self.registrar.is_none() || c.registered {
+                break;
+            }
+            let base = c.base;
+            if self.register_again(base).is_err() {
+                self.first_room += 1;
+            }
         }
         let c = &mut self.list[self.first_room];
         let p = match c.free.pop() {
@@ -436,6 +481,7 @@ impl Chunks {
     /// `p` came from [`take`](Self::take) with the same `slot` and nothing
     /// uses its memory any more.
     pub(crate) unsafe fn give(&mut self, p: NonNull<u8>, slot: usize, touched: usize) {
+        self.sync_fork();
         let a = p.as_ptr() as usize;
         let i = self.list.partition_point(|c| c.base <= a) - 1;
         let c = &mut self.list[i];

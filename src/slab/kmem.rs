@@ -733,7 +733,7 @@ impl KmemCache {
             unsafe { self.moves.reset_in_child() };
             for ns in self.nodes.iter() {
                 // SAFETY: taken by `lock_for_fork` (the copied thread's).
-                unsafe { ns.slabs.raw_value().chunks.forget_moves() };
+                unsafe { ns.slabs.raw_value().chunks.after_fork_in_child() };
             }
         }
         for ns in self.nodes.iter().rev() {

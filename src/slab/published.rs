@@ -262,19 +262,27 @@ impl std::error::Error for ReadError {}
 /// then the `seq` word again; read again (a few times) while a writer is
 /// changing it.
 pub fn read_file(path: &std::path::Path) -> Result<Table, ReadError> {
-    use std::io::Read;
     use std::os::unix::fs::FileExt;
     let f = std::fs::File::open(path).map_err(ReadError::Io)?;
-    let mut bytes = Vec::with_capacity(FILE_LEN + 1);
+    // One byte more than a table: a longer file is no table.
+    let mut bytes = vec![0u8; FILE_LEN + 1];
     for _ in 0..10 {
-        bytes.clear();
-        // One byte more than a table: a longer file is no table.
-        (&f).take(FILE_LEN as u64 + 1).read_to_end(&mut bytes).map_err(ReadError::Io)?;
-        let mut seq = [0u8; 8];
-        if bytes.len() != FILE_LEN || f.read_exact_at(&mut seq, (H_SEQ * 8) as u64).is_err() {
-            return Err(ReadError::Bad(BadTable::Size { len: bytes.len() }));
+        // Each pass from the start (`read_at`: the file's offset is not
+        // used, so a pass after a changing table reads it whole again).
+        let mut n = 0;
+        while n < bytes.len() {
+            match f.read_at(&mut bytes[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ReadError::Io(e)),
+            }
         }
-        match parse(&bytes, u64::from_le_bytes(seq)) {
+        let mut seq = [0u8; 8];
+        if n != FILE_LEN || f.read_exact_at(&mut seq, (H_SEQ * 8) as u64).is_err() {
+            return Err(ReadError::Bad(BadTable::Size { len: n }));
+        }
+        match parse(&bytes[..n], u64::from_le_bytes(seq)) {
             Err(BadTable::Changing) => continue,
             r => return r.map_err(ReadError::Bad),
         }
@@ -283,16 +291,24 @@ pub fn read_file(path: &std::path::Path) -> Result<Table, ReadError> {
 }
 
 /// Reads a table from its live words (an in-process reader; the model's,
-/// which keeps a table of a few slots): every word with a relaxed load,
-/// then `seq` again after an acquire fence, as a reader of the file does
-/// with its two reads.
+/// which keeps a table of a few slots): `seq` with an acquire load (so
+/// that no word below is read before it), every word with a relaxed load,
+/// then `seq` again after an acquire fence; the table is taken only if
+/// both `seq`s are the same even value.
 pub fn read_words(words: &[AtomicU64]) -> Result<Table, BadTable> {
     if words.len() < HEADER_WORDS || !(words.len() - HEADER_WORDS).is_multiple_of(WORDS) {
         return Err(BadTable::Size { len: words.len() * 8 });
     }
-    let copy: Vec<u64> = words.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+    let seq_before = words[H_SEQ].load(Ordering::Acquire);
+    let mut copy: Vec<u64> = words.iter().map(|w| w.load(Ordering::Relaxed)).collect();
     fence(Ordering::Acquire);
     let seq_after = words[H_SEQ].load(Ordering::Relaxed);
+    if seq_before != seq_after {
+        return Err(BadTable::Changing);
+    }
+    // (The copy's own `seq` was read between the two: decode against the
+    // first.)
+    copy[H_SEQ] = seq_before;
     decode(|i| copy[i], (words.len() - HEADER_WORDS) / WORDS, seq_after)
 }
 
@@ -358,7 +374,8 @@ impl Words<'_> {
     /// Counts a chunk not listed (the table was full).
     pub fn count_unlisted(&self) {
         let seq = &self.0[H_SEQ];
-        let s = seq.load(Ordering::Relaxed);
+        // (Even, as in `edit`.)
+        let s = seq.load(Ordering::Relaxed) & !1;
         seq.store(s + 1, Ordering::Relaxed);
         fence(Ordering::Release);
         self.0[H_UNLISTED].fetch_add(1, Ordering::Relaxed);
@@ -373,8 +390,10 @@ impl Words<'_> {
         debug_assert!(slot < self.slots());
         let w = self.0;
         let seq = &w[H_SEQ];
-        let s = seq.load(Ordering::Relaxed);
-        debug_assert!(s.is_multiple_of(2), "an edit while another is under way");
+        // (Even: edits are made under the writer's lock. Any process of the
+        // user may write the file through `/proc/PID/fd`, so an odd value
+        // is not asserted against; it is made even.)
+        let s = seq.load(Ordering::Relaxed) & !1;
         w[H_EDITING].store(slot as u64, Ordering::Relaxed);
         seq.store(s + 1, Ordering::Relaxed);
         fence(Ordering::Release);
@@ -414,6 +433,7 @@ mod writer {
     use super::{FILE_LEN, TABLE_WORDS, Words};
     use crate::os::mem;
     use crate::os::memfd::{MemFile, process_id};
+    use crate::os::thread::fork_generation;
     use crate::sync::{AtomicU64, Mutex};
 
     struct Writer {
@@ -426,15 +446,17 @@ mod writer {
         /// Making the file failed: not tried again (the table stays
         /// private, and `numastat` shows no caches).
         failed: bool,
-        /// The process the file belongs to.
+        /// The process the file belongs to, and its fork generation
+        /// (`os::thread::fork_generation`: a pid may come back).
         pid: u32,
+        forks: u64,
     }
 
     // SAFETY: the writer is reached only under `TABLE`'s lock; its file and
     // private mapping are process-wide resources.
     unsafe impl Send for Writer {}
 
-    static TABLE: Mutex<Writer> = Mutex::new(Writer { file: None, shadow: None, failed: false, pid: 0 });
+    static TABLE: Mutex<Writer> = Mutex::new(Writer { file: None, shadow: None, failed: false, pid: 0, forks: 0 });
 
     fn words<'a>(p: core::ptr::NonNull<u8>) -> &'a [AtomicU64] {
         // SAFETY: `p` is a live mapping of `FILE_LEN` bytes, page-aligned
@@ -449,21 +471,21 @@ mod writer {
         /// need be (the private copy first); in a forked child, a file of
         /// its own made from the private copy.
         fn ready(&mut self) -> Option<(Words<'static>, Option<Words<'static>>)> {
-            let pid = process_id();
+            let (pid, forks) = (process_id(), fork_generation());
             if self.shadow.is_none() {
                 let p = mem::map(FILE_LEN).ok()?;
                 Words(words(p)).init(pid);
                 self.shadow = Some(p);
-                self.pid = pid;
+                (self.pid, self.forks) = (pid, forks);
             }
             let shadow = words(self.shadow?);
-            if self.pid != pid {
+            if self.pid != pid || self.forks != forks {
                 // A forked child: the parent's file is not ours. Its
                 // mapping is not here (`MADV_DONTFORK`), and its descriptor
                 // is left alone: the handle goes (it closes nothing).
                 self.file = None;
                 self.failed = false;
-                self.pid = pid;
+                (self.pid, self.forks) = (pid, forks);
                 // The private copy is the parent's table at the fork.
                 Words(shadow).copy_for(shadow, pid);
             }

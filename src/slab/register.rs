@@ -143,10 +143,17 @@ pub trait Registrar: Send + Sync {
     }
 
     /// Registers `region` again once its pages moved (`region.node` is the
-    /// new node), under the names `release_for_move` kept. A refusal fails
-    /// the migration with [`Error::Registration`](crate::Error::Registration);
-    /// the region stays in the pool, unregistered (and `unregister` is not
-    /// called for it).
+    /// new node), under the names `release_for_move` kept. A refusal does
+    /// not fail the migration (its pages have moved): it is counted in
+    /// [`Migration::registrations_lost`](crate::slab::Migration), with the
+    /// errno. The region stays in the pool, unregistered (`unregister` is
+    /// not called for it), and no new slab is carved from it until
+    /// [`register`](Self::register) takes it again, which the pool asks
+    /// before carving from it and [`RawCache::register_again`](crate::slab::RawCache::register_again)
+    /// asks for an object's region. Objects of slabs carved in it before
+    /// the move stay in service: a pool whose device must know every
+    /// object's memory calls `register_again` for those (`NodeRing` does,
+    /// at each buffer it hands out).
     fn register_moved(&self, region: &Region) -> Result<(), Refusal> {
         self.register(region)
     }

@@ -183,10 +183,15 @@ impl<T> RawLock for SpinLock<T> {
     }
 }
 
+/// Whether the last [`fork_prepare`] took the state's locks: it found the
+/// state ready. [`fork_release`] releases only then (a state another
+/// thread was making at the prepare is ready at the release, its locks
+/// not taken, maybe held by their owners).
+static TOOK_LOCKS: AtomicBool = AtomicBool::new(false);
+
 fn fork_prepare() {
-    if let Some(s) = State::try_get() {
-        fork_locks(s).for_each(|l| l.take());
-    }
+    let took = State::try_get().map(|s| fork_locks(s).for_each(|l| l.take())).is_some();
+    TOOK_LOCKS.store(took, Ordering::Relaxed);
     // The once-cells (see the lock table in `os/thread.rs`): the state
     // (an initialisation another thread is running is waited out), the
     // topology its start-up reads, the memory-performance tables read
@@ -203,9 +208,11 @@ fn fork_release() {
     crate::topology::perf_release_after_fork();
     crate::topology::global_release_after_fork();
     STATE.release_after_fork();
-    if let Some(s) = State::try_get() {
+    if TOOK_LOCKS.swap(false, Ordering::Relaxed)
+        && let Some(s) = State::try_get()
+    {
         // SAFETY: `fork_prepare` took every one of them on this (or, in the
-        // child, the copied) thread (the state, ready then, is ready now).
+        // child, the copied) thread: it found the state ready, as it is now.
         fork_locks(s).rev().for_each(|l| unsafe { l.release() });
     }
 }

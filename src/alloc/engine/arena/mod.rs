@@ -77,11 +77,13 @@ impl Arena {
     /// Claims up to `out.len()` of the heaps waiting on this arena whose
     /// pages got remote frees, or (with `kept_due`) whose kept free blocks
     /// are due: kept since `kept_due` or before ([`OWNER_RECLAIM`]: not
-    /// adopted meanwhile); returns how many it put in `out`. Each is let go
-    /// with [`release_orphan`](Self::release_orphan).
-    pub(crate) fn claim_orphans(&self, out: &mut [*mut Heap], kept_due: Option<u64>) -> usize {
+    /// adopted meanwhile); returns how many it put in `out`, and the
+    /// earliest time a heap it passed over has kept its blocks since (0:
+    /// none), so that the caller notes when that heap is due. Each heap
+    /// claimed is let go with [`release_orphan`](Self::release_orphan).
+    pub(crate) fn claim_orphans(&self, out: &mut [*mut Heap], kept_due: Option<u64>) -> (usize, u64) {
         let g = self.inner.lock();
-        let mut k = 0;
+        let (mut k, mut earliest) = (0, 0u64);
         let mut h = g.orphans;
         // SAFETY: as in `adopt_orphan`; the decay of an unowned heap was
         // last written by an owner before it let go under this lock.
@@ -89,15 +91,18 @@ impl Arena {
             while !h.is_null() && k < out.len() {
                 let kept = (*h).life.decay.kept_since();
                 let due = kept_due.is_some_and(|d| kept != 0 && kept <= d);
-                if (*h).owned.load(Ordering::Relaxed) == OWNER_NONE && (due || !(*h).remote_pages.0.is_empty()) {
+                let unowned = (*h).owned.load(Ordering::Relaxed) == OWNER_NONE;
+                if unowned && (due || !(*h).remote_pages.0.is_empty()) {
                     (*h).owned.store(OWNER_RECLAIM, Ordering::Relaxed);
                     out[k] = h;
                     k += 1;
+                } else if unowned && kept != 0 && (earliest == 0 || kept < earliest) {
+                    earliest = kept;
                 }
                 h = (*h).next_orphan;
             }
         }
-        k
+        (k, earliest)
     }
 
     /// Lets go of a heap [`claim_orphans`](Self::claim_orphans) claimed.
@@ -113,42 +118,83 @@ impl Arena {
     }
 
     /// Bytes of the arena's segments and cached mappings the kernel holds
-    /// in memory (`mincore`, under the lock: a statistic, not a hot path),
-    /// and of those, the bytes of free slots and cached mappings: what is
-    /// resident and free, measured, so that the two figures add up (free
-    /// slots are counted whole in `dirty`, touched or not).
+    /// in memory (`mincore`), and of those, the bytes of free slots and
+    /// cached mappings: what is resident and free, measured, so that the
+    /// two figures add up (free slots are counted whole in `dirty`, touched
+    /// or not). The ranges and free-slot masks are copied under the lock
+    /// and the kernel asked outside it: a `mincore` per segment, thousands
+    /// for a large heap, would keep the node's refills spinning. A range
+    /// unmapped meanwhile is refused by the kernel and counts nothing (a
+    /// statistic of the moment it is read).
     pub(crate) fn resident(&self) -> (u64, u64) {
+        /// A cached mapping's mask: all of it free.
+        const CACHED: u64 = u64::MAX;
+        let count = |g: &ArenaInner| {
+            let mut n = 0;
+            // SAFETY: listed segments and cached mappings are live under
+            // the lock the caller holds.
+            unsafe {
+                let mut seg = g.segments;
+                while !seg.is_null() {
+                    n += 1;
+                    seg = (*seg).seg.next;
+                }
+                let mut c = g.cached;
+                while !c.is_null() {
+                    n += 1;
+                    c = (*c).next;
+                }
+            }
+            n
+        };
+        let n = count(&self.inner.lock());
+        // (Room for a few made meanwhile: more are left out.)
+        let mut ranges: Vec<(usize, usize, u64)> = Vec::new();
+        if ranges.try_reserve_exact(n + 8).is_err() {
+            return (0, 0);
+        }
+        {
+            let g = self.inner.lock();
+            // SAFETY: as in `count`; a segment's slot map is read under the
+            // lock that guards it.
+            unsafe {
+                let mut seg = g.segments;
+                while !seg.is_null() && ranges.len() < ranges.capacity() {
+                    ranges.push((seg as usize, SEGMENT_SIZE, (*seg).free_slots));
+                    seg = (*seg).seg.next;
+                }
+                let mut c = g.cached;
+                while !c.is_null() && ranges.len() < ranges.capacity() {
+                    ranges.push((c as usize, (*c).len, CACHED));
+                    c = (*c).next;
+                }
+            }
+        }
         let page = crate::os::page_size();
         let per_slot = SLOT_SIZE / page;
-        let g = self.inner.lock();
         let (mut all, mut free) = (0u64, 0u64);
         let mut present = [false; SEGMENT_SIZE / 4096];
-        let mut seg = g.segments;
-        // SAFETY: listed segments and cached mappings are live under the
-        // lock we hold; each is a page-aligned mapping of ours; a
-        // segment's slot maps are read under the lock that guards them.
-        unsafe {
-            while !seg.is_null() {
-                let pages = SEGMENT_SIZE / page;
-                if pages <= present.len()
-                    && mem::resident_pages(NonNull::new_unchecked(seg.cast()), SEGMENT_SIZE, &mut present).is_ok()
-                {
-                    for (slot, chunk) in present[..pages].chunks(per_slot).enumerate() {
-                        let n = chunk.iter().filter(|&&p| p).count() as u64 * page as u64;
-                        all += n;
-                        if (*seg).free_slots & (1 << slot) != 0 {
-                            free += n;
-                        }
-                    }
-                }
-                seg = (*seg).seg.next;
-            }
-            let mut c = g.cached;
-            while !c.is_null() {
-                let n = mem::resident_bytes(NonNull::new_unchecked(c.cast()), (*c).len).unwrap_or(0);
+        for (at, len, mask) in ranges {
+            // SAFETY: a page-aligned address of a mapping of ours when it
+            // was copied; `mincore` only reads the page tables (an unmapped
+            // range is refused), never the memory.
+            let at = unsafe { NonNull::new_unchecked(at as *mut u8) };
+            if mask == CACHED {
+                let n = mem::resident_bytes(at, len).unwrap_or(0);
                 all += n;
                 free += n;
-                c = (*c).next;
+                continue;
+            }
+            let pages = len / page;
+            if pages > present.len() || mem::resident_pages(at, len, &mut present).is_err() {
+                continue;
+            }
+            for (slot, chunk) in present[..pages].chunks(per_slot).enumerate() {
+                let n = chunk.iter().filter(|&&p| p).count() as u64 * page as u64;
+                all += n;
+                if mask & (1 << slot) != 0 {
+                    free += n;
+                }
             }
         }
         (all, free)

@@ -105,7 +105,12 @@ pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
         let Some(arena) = state.arena(n) else { continue };
         let mut claimed = [core::ptr::null_mut::<Heap>(); RECLAIM_BATCH];
         loop {
-            let k = arena.claim_orphans(&mut claimed, kept_due);
+            let (k, passed_over) = arena.claim_orphans(&mut claimed, kept_due);
+            // A heap keeping its blocks, not due yet: noted again (the
+            // tick that found orphans due cleared the time).
+            if passed_over != 0 {
+                state.life.note_due(Due::Orphans, passed_over + delay);
+            }
             for &h in &claimed[..k] {
                 // SAFETY: a claimed heap is owned by nobody else and reached
                 // by other threads only through its pages' remote lists
