@@ -189,10 +189,16 @@ fn a_registered_pool_moves_through_its_registrar_or_not_at_all() {
     let refusing = Table::new(true, true);
     let stuck = RawCache::builder("refusing", OBJ).registrar(refusing.clone()).build().unwrap();
     let objs2 = filled(&stuck, 100);
+    let pages: usize = stuck.resident().iter().map(|r| r.pages).sum();
     let m = stuck.migrate(node).unwrap();
     assert_eq!((m.regions_moved, refusing.reregisters.load(Relaxed)), (0, 0));
     assert!(refusing.releases.load(Relaxed) >= 1);
-    // (Pages already on the target are not "unmoved": here, all of them.)
+    // Nothing moved; every page is accounted for, either on the target
+    // already (every one where the pool has a single node) or stuck by the
+    // registrar's refusal, and by nothing else.
+    let stuck_pages: usize = m.unmoved.iter().map(|u| u.pages).sum();
+    assert_eq!(m.pages_moved, 0, "{m}");
+    assert!(pages > 0 && m.pages_already + stuck_pages == pages, "{pages} pages: {m}");
     assert!(m.unmoved.iter().all(|u| u.why == Stuck::Registrar(Refusal::Errno(libc::EBUSY))), "{m}");
     assert_eq!(stuck.stats().total().registered_regions, refusing.registers.load(Relaxed));
     check(&objs2);

@@ -31,9 +31,13 @@ fn churn(threads: usize) {
     }
 }
 
-// One test: thread churn and RSS are process-wide.
+/// The figures read are process-wide: the tests of this binary run one at
+/// a time (the harness runs them on threads of one process).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn spawning_and_joining_threads_reuses_heaps_and_leaks_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     churn(500);
     let before = A.stats();
     let rss_before = rss_bytes();
@@ -57,6 +61,7 @@ fn spawning_and_joining_threads_reuses_heaps_and_leaks_nothing() {
 
 #[test]
 fn realloc_through_the_global_allocator_keeps_contents() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: valid layouts; each block freed once with its current layout.
     unsafe {
         let mut l = Layout::from_size_align(24, 8).unwrap();
