@@ -598,8 +598,9 @@ fn every_region_is_registered_before_use_and_unregistered_once() {
 /// A forked child leaves its parent's registrations alone: an inherited
 /// chunk the child gives back is not unregistered (the registration is the
 /// parent's: an io_uring table or a VFIO container the two share), no
-/// inherited chunk counts as registered in it, and a new slab carved from
-/// an inherited chunk is registered by the child first. (Before, the
+/// inherited chunk counts as registered in it, and the child's registrar
+/// is asked before the child uses one (a new slab's chunk before it is
+/// carved; an object of an older slab through `register_again`). (Before, the
 /// child's shrink unregistered the parent's regions.)
 #[test]
 fn a_forked_child_leaves_its_parents_registrations_alone() {
@@ -626,6 +627,13 @@ fn a_forked_child_leaves_its_parents_registrations_alone() {
                 return 4;
             }
             let Ok(o) = cache.alloc() else { return 5 };
+            // From a new slab, its chunk registered by the child first; from
+            // a slab carved before the fork (a magazine's), registered on
+            // demand: either way the child's registrar was asked.
+            // SAFETY: a live object of this cache.
+            if !matches!(unsafe { cache.register_again(o) }, Ok(true)) {
+                return 6;
+            }
             if !ledger.covers(o.as_ptr() as usize, 4096) || ledger.registered.load(Ordering::Relaxed) == registered {
                 return 6;
             }
