@@ -850,9 +850,10 @@ impl RawCache {
     /// # Safety
     /// `obj` came from an allocation of a numaweave slab cache, has not been
     /// freed since, and is not used afterwards. (An object of *another*
-    /// cache, or a pointer into the middle of one, is caught with a panic;
-    /// hardened builds also catch a double free and a pointer into no slab,
-    /// and report them as the allocator's other misuses.)
+    /// cache is caught with a panic, and in debug builds a pointer into the
+    /// middle of one too; hardened builds also catch a double free and a
+    /// pointer into no slab, and report them as the allocator's other
+    /// misuses.)
     #[inline]
     pub unsafe fn free(&self, obj: NonNull<u8>) {
         // SAFETY: `obj` is a live object of some numaweave slab cache (the caller's word), so
