@@ -183,6 +183,21 @@ pub enum Error {
         /// Bytes the region would have pinned.
         asked: usize,
     },
+    /// The kernel moved pages of a pool's region to another node as its
+    /// registrar pinned them (the node's memory is movable, `ZONE_MOVABLE`,
+    /// where no long-term pin may stay: CXL and memory-only nodes usually
+    /// are): the registration was undone, the region unmapped, and the
+    /// allocation that needed it failed. A pool built with
+    /// [`OffNodePins::Report`](crate::slab::OffNodePins::Report) keeps such
+    /// regions and counts their pages instead.
+    PinsLeftNode {
+        /// The node the region was bound to.
+        node: usize,
+        /// The region's length in bytes.
+        len: usize,
+        /// Its pages the kernel held on other nodes.
+        pages: usize,
+    },
     /// A pool could not move to another node: this region of it is
     /// registered with a registrar that cannot let it go for a move (its
     /// pages are pinned for the kernel or a device). Nothing moved.
@@ -257,6 +272,11 @@ impl fmt::Display for Error {
                 "pinning {asked} more bytes on node {node} would pass RLIMIT_MEMLOCK ({limit} bytes, {pinned} pinned); \
                  raise it with `ulimit -l` or systemd's LimitMEMLOCK="
             ),
+            Error::PinsLeftNode { node, len, pages } => write!(
+                f,
+                "pinning a {len}-byte region on node {node} moved {pages} of its pages to other nodes (the node's \
+                 memory is movable, where no pin may stay); the registration was undone"
+            ),
             Error::RegisteredRegion { addr, len, node } => write!(
                 f,
                 "the pool's region at {addr:#x} ({len} bytes, node {node}) is registered and its registrar cannot \
@@ -288,6 +308,7 @@ pub fn errno_name(errno: i32) -> &'static str {
         libc::EACCES => "EACCES",
         libc::EFAULT => "EFAULT",
         libc::EBUSY => "EBUSY",
+        libc::EXDEV => "EXDEV",
         libc::EEXIST => "EEXIST",
         libc::ENODEV => "ENODEV",
         libc::ENOTDIR => "ENOTDIR",

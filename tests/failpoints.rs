@@ -555,6 +555,55 @@ fn a_ring_region_refused_after_a_move_is_registered_again_on_demand() {
     assert!(buf.iter().all(|&b| b == 0x42));
 }
 
+/// A ring region whose pages cannot be located once pinned (the node's
+/// zones unreadable, so looked up; the lookup refused): a pool that
+/// promises its node (the default) refuses the region, its registration
+/// undone (the slot and the `RLIMIT_MEMLOCK` booking back); one built to
+/// report keeps it, counting no page off the node. With the zones
+/// unreadable and the lookup working, the region is looked up and kept.
+#[cfg(feature = "io-uring")]
+#[test]
+fn a_ring_region_whose_pins_cannot_be_located_is_refused_or_kept_as_asked() {
+    use numaweave::io::uring::{FixedBuffers, NodeRing};
+    use numaweave::slab::OffNodePins;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let node = Topology::global().current_node();
+    let rings = [OffNodePins::Refuse, OffNodePins::Report].map(|p| NodeRing::with_pins(node, 4096, 8, p));
+    let [Ok(refusing), Ok(reporting)] = rings else {
+        support::cannot_run(format_args!("no io_uring here"));
+        return;
+    };
+    let before = FixedBuffers::pinned_in_process();
+    failpoint::arm(Call::Open, 1, u64::MAX);
+    failpoint::arm_also(Call::PageQuery, 1, u64::MAX);
+    let refused = failpoint::scope(|| refusing.alloc().map(drop));
+    assert!(failpoint::counts(Call::PageQuery).refused >= 1, "the pages were not looked up");
+    let kept = failpoint::scope(|| reporting.alloc());
+    failpoint::disarm();
+    match refused {
+        Err(Error::Os { call: "move_pages(query)", .. }) => {}
+        other => panic!("a region that could not be located was not refused: {other:?}"),
+    }
+    assert_eq!(refusing.pinned(), 0, "the refused region kept its slot");
+    let kept = kept.expect("a reporting pool refused the region");
+    assert!(reporting.pinned() > 0);
+    assert_eq!(FixedBuffers::pinned_in_process() - before, reporting.pinned(), "a memlock booking leaked");
+    assert_eq!(reporting.pool().cache().stats().total().pinned_off_node, 0);
+    drop(kept);
+
+    // Zones unreadable, lookup working: looked up, and on this machine's
+    // node every page is where it belongs.
+    failpoint::arm(Call::Open, 1, u64::MAX);
+    let served = failpoint::scope(|| refusing.alloc());
+    let looked = failpoint::counts(Call::PageQuery).seen;
+    failpoint::disarm();
+    let buf = served.expect("a region on its node refused");
+    assert!(looked >= 1, "the pages were not looked up with the zones unreadable");
+    assert!(refusing.pinned() > 0);
+    assert_eq!(refusing.pool().cache().stats().total().pinned_off_node, 0);
+    drop(buf);
+}
+
 #[cfg(feature = "io-uring")]
 fn tempfile() -> std::fs::File {
     let path = std::env::temp_dir().join(format!("numaweave-failpoints-{}", std::process::id()));

@@ -47,6 +47,9 @@ pub enum numaweave_status {
     /// A pool could not move: a region of it is registered (pinned) and its
     /// registrar cannot release it. Nothing moved.
     NUMAWEAVE_REGISTERED = 10,
+    /// The kernel moved a registered region's pages to another node as it
+    /// pinned them (the node's memory is movable): the region was refused.
+    NUMAWEAVE_PINS_LEFT_NODE = 11,
 }
 
 use numaweave_status::*;
@@ -91,6 +94,7 @@ fn fail_with(e: Error) -> numaweave_status {
         Error::LimitReached { .. } => NUMAWEAVE_LIMIT_REACHED,
         Error::Os { .. } => NUMAWEAVE_OS_ERROR,
         Error::Registration { .. } | Error::MemlockLimit { .. } => NUMAWEAVE_REGISTRATION_FAILED,
+        Error::PinsLeftNode { .. } => NUMAWEAVE_PINS_LEFT_NODE,
         Error::RegisteredRegion { .. } => NUMAWEAVE_REGISTERED,
         _ => NUMAWEAVE_INVALID_ARGUMENT,
     };

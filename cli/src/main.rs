@@ -343,13 +343,21 @@ fn published_table(pid: u32) -> Option<published::Table> {
     None
 }
 
+/// One cache's pages: bytes on each kernel node, and of those, bytes on
+/// another node than the one their chunk is bound to.
+#[derive(Default)]
+struct CacheRow {
+    by_node: BTreeMap<usize, u64>,
+    off_node: u64,
+}
+
 /// Per cache, the bytes of its pages on each kernel node, asked of the
 /// kernel page by page (`move_pages` of the process, a query), a bounded
 /// batch at a time: a chunk's length is the other process's word
 /// (`published::parse` bounds it, and nothing here grows with it).
-fn cache_usage(pid: u32, t: &published::Table) -> BTreeMap<String, BTreeMap<usize, u64>> {
+fn cache_usage(pid: u32, t: &published::Table) -> BTreeMap<String, CacheRow> {
     const BATCH: usize = 1024;
-    let mut by: BTreeMap<String, BTreeMap<usize, u64>> = BTreeMap::new();
+    let mut by: BTreeMap<String, CacheRow> = BTreeMap::new();
     let (mut addrs, mut st) = ([core::ptr::null::<u8>(); BATCH], [0i32; BATCH]);
     for c in &t.chunks {
         let page = c.page_size();
@@ -366,7 +374,10 @@ fn cache_usage(pid: u32, t: &published::Table) -> BTreeMap<String, BTreeMap<usiz
             }
             for &s in &st[..n] {
                 if let Ok(node) = usize::try_from(s) {
-                    *row.entry(node).or_default() += page as u64;
+                    *row.by_node.entry(node).or_default() += page as u64;
+                    if c.node().is_some_and(|bound| bound != node) {
+                        row.off_node += page as u64;
+                    }
                 }
             }
         }
@@ -377,20 +388,22 @@ fn cache_usage(pid: u32, t: &published::Table) -> BTreeMap<String, BTreeMap<usiz
 fn caches(pid: u32) {
     let Some(t) = published_table(pid) else { return };
     let by = cache_usage(pid, &t);
-    let nodes: std::collections::BTreeSet<usize> = by.values().flat_map(|r| r.keys().copied()).collect();
+    let nodes: std::collections::BTreeSet<usize> = by.values().flat_map(|r| r.by_node.keys().copied()).collect();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!("\nPer-cache slab memory (in MiB) for PID {pid}, where its pages are");
     let mut head = format!("{:<16}", "Cache");
     for n in &nodes {
         head.push_str(&format!(" {:>15}", format!("Node {n}")));
     }
-    println!("{head} {:>15}", "Total");
+    // "Off its node": pages on another node than their chunk is bound to
+    // (a full node's fallback, or pins the kernel moved off a movable node).
+    println!("{head} {:>15} {:>15}", "Total", "Off its node");
     for (name, row) in &by {
         let mut line = format!("{name:<16}");
         for n in &nodes {
-            line.push_str(&format!(" {:>15.2}", mib(row.get(n).copied().unwrap_or(0))));
+            line.push_str(&format!(" {:>15.2}", mib(row.by_node.get(n).copied().unwrap_or(0))));
         }
-        println!("{line} {:>15.2}", mib(row.values().sum()));
+        println!("{line} {:>15.2} {:>15.2}", mib(row.by_node.values().sum()), mib(row.off_node));
     }
     if t.unlisted > 0 {
         println!("({} chunks not listed: the process's table was full)", t.unlisted);

@@ -21,9 +21,12 @@ fn numastat_shows_each_cache_of_a_live_process_by_node() {
     assert!(out.status.success());
     assert!(text.contains("Per-cache slab memory"), "no per-cache table");
     let row = text.lines().find(|l| l.starts_with("cli_numastat")).expect("the cache has no row");
-    let total: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
-    // 4 MiB of objects written, on this machine's node(s).
+    let fields: Vec<f64> = row.split_whitespace().skip(1).map(|f| f.parse().unwrap()).collect();
+    let (total, off) = (fields[fields.len() - 2], fields[fields.len() - 1]);
+    // 4 MiB of objects written, on this machine's node(s), each page on the
+    // node its chunk is bound to (the table says which).
     assert!(total >= 4.0, "{row}");
+    assert!(off == 0.0, "pages off their chunk's node on a machine where none can be: {row}");
     for p in objs {
         // SAFETY: objects of this pool, each freed once.
         unsafe { pool.free(p) };

@@ -26,13 +26,15 @@ fn table() -> Arc<Vec<AtomicU64>> {
 }
 
 /// The entries the writer lists, one after the other, in slot 0.
-const A: (usize, usize, &str) = (0x1000_0000, 0x1_0000, "alpha");
-const B: (usize, usize, &str) = (0x2000_0000, 0x2_0000, "beta");
+const A: (usize, usize, Option<usize>, &str) = (0x1000_0000, 0x1_0000, Some(1), "alpha");
+const B: (usize, usize, Option<usize>, &str) = (0x2000_0000, 0x2_0000, None, "beta");
 
 fn whole(t: &Table) {
     assert!(t.chunks.len() <= 1);
     if let Some(c) = t.chunks.first() {
-        let ok = [A, B].iter().any(|&(s, l, n)| c.start == s && c.len == l && c.name() == n && c.page_size() == 4096);
+        let ok = [A, B].iter().any(|&(s, l, node, n)| {
+            c.start == s && c.len == l && c.node() == node && c.name() == n && c.page_size() == 4096
+        });
         assert!(ok, "a torn entry accepted: {c:?}");
     }
 }
@@ -44,9 +46,9 @@ fn model(name: &str, read: fn(&[AtomicU64]) -> Result<Table, BadTable>) {
             let w = w.clone();
             thread::spawn(move || {
                 let t = Words(&w);
-                t.list(0, A.0, A.1, 4096, A.2);
+                t.list(0, A.0, A.1, 4096, A.2, A.3);
                 t.clear(0);
-                t.list(0, B.0, B.1, 4096, B.2);
+                t.list(0, B.0, B.1, 4096, B.2, B.3);
             })
         };
         if let Ok(t) = read(&w) {

@@ -61,7 +61,7 @@ use io_uring::squeue::Entry;
 use crate::error::{Error, Result};
 use crate::os::mem::{Mapping, MemPolicy, memlock_limit};
 use crate::os::thread::fork_generation;
-use crate::slab::{DmaBuf, DmaPool, Refusal, Region, Registrar};
+use crate::slab::{DmaBuf, DmaPool, OffNodePins, Refusal, Region, Registrar};
 use crate::topology::Topology;
 
 /// Bytes pinned by every [`FixedBuffers`] of the process.
@@ -412,10 +412,39 @@ impl NodeRing {
     /// A ring of `entries` submission entries and a pool of `buf_size`-byte
     /// buffers (up to 1 MiB) on `node`, its regions registered as they
     /// come (up to 1,024 regions: a pool of tens of GiB).
+    ///
+    /// A region whose pages the kernel moves to another node as it pins
+    /// them (the node's memory is movable, as a CXL node's usually is)
+    /// fails the allocation that needed it with
+    /// [`Error::PinsLeftNode`]: see [`with_pins`](Self::with_pins).
     pub fn new(node: usize, buf_size: usize, entries: u32) -> Result<Self> {
+        Self::with_pins(node, buf_size, entries, OffNodePins::Refuse)
+    }
+
+    /// [`new`](Self::new), with what a region whose pages the kernel pinned
+    /// off the node does: [`OffNodePins::Report`] keeps it and counts its
+    /// pages in the pool's `pinned_off_node` (its statistics per node).
+    ///
+    /// ```no_run
+    /// use numaweave::io::uring::NodeRing;
+    /// use numaweave::slab::OffNodePins;
+    ///
+    /// // Buffers on node 2 (a CXL expander, onlined movable), wherever the
+    /// // kernel pins them; how many bytes left the node is counted.
+    /// let ring = NodeRing::with_pins(2, 4096, 64, OffNodePins::Report).unwrap();
+    /// let buf = ring.alloc().unwrap();
+    /// let off = ring.pool().cache().stats().total().pinned_off_node;
+    /// println!("{off} bytes pinned off node 2");
+    /// # drop(buf);
+    /// ```
+    pub fn with_pins(node: usize, buf_size: usize, entries: u32, pins: OffNodePins) -> Result<Self> {
         let ring = Arc::new(IoUring::new(entries).map_err(|e| io_error("io_uring_setup", &e))?);
         let fixed = FixedBuffers::new(ring.clone(), 1024)?;
-        let pool = DmaPool::builder("uring_fixed", buf_size).node(node).registrar(fixed.clone()).build()?;
+        let pool = DmaPool::builder("uring_fixed", buf_size)
+            .node(node)
+            .registrar(fixed.clone())
+            .off_node_pins(pins)
+            .build()?;
         Ok(Self {
             pool,
             fixed,
@@ -431,7 +460,7 @@ impl NodeRing {
     /// A buffer on the ring's node (the nearest with memory when it is out
     /// of it), in a registered region. Fails as [`DmaPool::alloc`] does, and
     /// with [`Error::MemlockLimit`] when its region would pass
-    /// `RLIMIT_MEMLOCK`. A region a migration left unregistered (the kernel
+    /// `RLIMIT_MEMLOCK` (and [`Error::PinsLeftNode`], see [`new`](Self::new)). A region a migration left unregistered (the kernel
     /// refused it again after the move) is registered again here, in a
     /// slot of its own; a refusal is the error (the buffer goes back).
     pub fn alloc(&self) -> Result<FixedBuf<'_>> {

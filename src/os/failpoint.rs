@@ -96,7 +96,7 @@ pub(crate) fn check(_call: Call) -> crate::error::Result<()> {
 #[cfg(feature = "failpoints")]
 pub(crate) use armed::check;
 #[cfg(feature = "failpoints")]
-pub use armed::{Counts, arm, arm_with, counts, disarm, scope};
+pub use armed::{Counts, arm, arm_also, arm_with, counts, disarm, scope};
 
 #[cfg(feature = "failpoints")]
 mod armed {
@@ -145,6 +145,13 @@ mod armed {
     /// `times - 1` after it; the counts of every kind start again.
     pub fn arm(call: Call, nth: u64, times: u64) {
         disarm();
+        FROM[call as usize].store(nth, Ordering::Relaxed);
+        TIMES[call as usize].store(times, Ordering::Relaxed);
+    }
+
+    /// Like [`arm`], keeping what else is armed (and the counts): two
+    /// kinds refused together.
+    pub fn arm_also(call: Call, nth: u64, times: u64) {
         FROM[call as usize].store(nth, Ordering::Relaxed);
         TIMES[call as usize].store(times, Ordering::Relaxed);
     }

@@ -11,6 +11,8 @@
 //!   (`move_pages`), each page's refusal with its errno.
 //! - `memfd` (crate-private): a shared memory file other processes read
 //!   through `/proc/PID/fd` (`memfd_create`).
+//! - [`zones`]: how much of a node's memory is movable (`/proc/zoneinfo`),
+//!   where a long-term pin cannot stay.
 //! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), pinning a thread to a CPU.
 //! - `file` (crate-private): raw reads of small sysfs/procfs files into
 //!   caller buffers, and the environment, without touching the heap; the
@@ -44,6 +46,7 @@ pub mod pages;
 pub(crate) mod thread;
 #[cfg(not(loom))]
 pub(crate) mod tls;
+pub mod zones;
 
 mod errno;
 

@@ -99,3 +99,28 @@ pub fn page_nodes_of(pid: i32, addrs: &[*const u8], status: &mut [i32]) -> Resul
     };
     super::os_result(r, "move_pages")
 }
+
+/// How many pages of `[base, base + len)`, in pages of `page` bytes, are
+/// present on a kernel node other than `node` (pages not present count for
+/// none): [`page_nodes_of`] over the range in batches of [`MOVE_BATCH`],
+/// on the stack.
+///
+/// The addresses are not dereferenced, so any range is safe to pass.
+pub fn count_off_node(base: usize, len: usize, page: usize, node: usize) -> Result<usize> {
+    if page == 0 || !page.is_power_of_two() {
+        return Err(Error::Os { call: "move_pages", errno: libc::EINVAL });
+    }
+    let mut addrs = [core::ptr::null::<u8>(); MOVE_BATCH];
+    let mut status = [0i32; MOVE_BATCH];
+    let (mut at, end, mut off) = (base, base.saturating_add(len), 0);
+    while at < end {
+        let n = ((end - at).div_ceil(page)).min(MOVE_BATCH);
+        for (i, a) in addrs[..n].iter_mut().enumerate() {
+            *a = (at + i * page) as *const u8;
+        }
+        page_nodes_of(0, &addrs[..n], &mut status[..n])?;
+        off += status[..n].iter().filter(|&&s| s >= 0 && s as usize != node).count();
+        at += n * page;
+    }
+    Ok(off)
+}

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::kmem::{Ctor, Home, KmemCache, OnEmpty, Spec};
 use super::local::{self, Start};
 use super::magazine::MAG_MAX;
+use super::pins::OffNodePins;
 use super::register::Registrar;
 use super::slabinfo::{CacheStats, register_cache};
 use crate::error::{DeviceKind, Error, Result};
@@ -163,6 +164,7 @@ pub struct CacheBuilder<K> {
     huge_strict: bool,
     pub(super) lock: bool,
     registrar: Option<Arc<dyn Registrar>>,
+    pins: OffNodePins,
     _kind: PhantomData<K>,
 }
 
@@ -181,6 +183,7 @@ impl<K> CacheBuilder<K> {
             huge_strict: false,
             lock: false,
             registrar: None,
+            pins: OffNodePins::Refuse,
             _kind: PhantomData,
         }
     }
@@ -304,6 +307,17 @@ impl<K> CacheBuilder<K> {
         self
     }
 
+    /// What a region does whose pages the kernel moved to another node as
+    /// the registrar pinned them (its node's memory is movable, as CXL and
+    /// memory-only nodes usually are): fail the allocation with
+    /// [`Error::PinsLeftNode`] ([`OffNodePins::Refuse`], the default) or
+    /// stay, counted in [`NodeCacheStats::pinned_off_node`](super::NodeCacheStats::pinned_off_node)
+    /// ([`OffNodePins::Report`]). See [`OffNodePins`].
+    pub fn off_node_pins(mut self, pins: OffNodePins) -> Self {
+        self.pins = pins;
+        self
+    }
+
     fn resolve_home(&self, topo: &Topology) -> Result<Home> {
         match &self.home {
             HomeSpec::Local => Ok(Home::Local),
@@ -358,6 +372,7 @@ impl<K> CacheBuilder<K> {
             huge_strict: self.huge_strict,
             lock: self.lock,
             registrar: self.registrar,
+            pins: self.pins,
         };
         register_cache(|index| KmemCache::new(spec, index, topo))
     }

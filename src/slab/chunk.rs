@@ -32,6 +32,7 @@
 use core::ptr::NonNull;
 use std::sync::Arc;
 
+use super::pins::{self, OffNodePins};
 use super::register::{Refusal, Region, Registrar};
 use crate::error::{Error, Result};
 use crate::os::mem::{self, BindFlags, HUGE_PAGE, Huge, MemPolicy};
@@ -74,6 +75,11 @@ struct Chunk {
     /// Its registration is released for a move: no slab is carved from it
     /// until it is registered again (a registrar is promised none).
     frozen: bool,
+    /// The kernel node it is bound to (at mapping, or by the last move).
+    phys: usize,
+    /// Of its pages, those the kernel held on another node than `phys`
+    /// once the registrar had them (kept with `OffNodePins::Report`).
+    off_node: usize,
 }
 
 /// A chunk as a migration or a placement count sees it.
@@ -116,6 +122,8 @@ pub(crate) struct Chunks {
     /// The pool's registrar, and the node (as the topology names it) that
     /// it is told the chunks are on: with one, every chunk is registered.
     registrar: Option<(Arc<dyn Registrar>, usize)>,
+    /// What a registration whose pages the kernel moved off the node does.
+    pins: OffNodePins,
     /// The cache's name, for the published table of chunks.
     name: Arc<str>,
     /// The fork generation (`os::thread::fork_generation`) the chunks'
@@ -127,10 +135,11 @@ pub(crate) struct Chunks {
 }
 
 impl Chunks {
-    /// No chunks yet; with `registrar`, each chunk is registered, on `node`.
-    /// Each is listed in the published table under `name`.
-    pub(crate) fn new(registrar: Option<(Arc<dyn Registrar>, usize)>, name: Arc<str>) -> Self {
-        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0, registrar, name, forks: fork_generation() }
+    /// No chunks yet; with `registrar`, each chunk is registered, on `node`,
+    /// and `pins` says what a registration the kernel moved off the node
+    /// does. Each is listed in the published table under `name`.
+    pub(crate) fn new(registrar: Option<(Arc<dyn Registrar>, usize)>, pins: OffNodePins, name: Arc<str>) -> Self {
+        Self { list: Vec::new(), first_room: 0, huge_fallbacks: 0, registrar, pins, name, forks: fork_generation() }
     }
 
     /// Whether this process registered `c` (not a parent before a fork).
@@ -153,6 +162,36 @@ impl Chunks {
     /// Registered chunks, and their bytes.
     pub(crate) fn registered(&self) -> (usize, usize) {
         self.list.iter().filter(|c| self.holds(c)).fold((0, 0), |(n, b), c| (n + 1, b + c.len))
+    }
+
+    /// Bytes of registered chunks the kernel held on another node than
+    /// theirs once their registrar had them (`OffNodePins::Report`).
+    pub(crate) fn pinned_off_node(&self) -> usize {
+        self.list.iter().filter(|c| self.holds(c)).map(|c| c.off_node * c.page_size).sum()
+    }
+
+    /// Checks where the kernel left the pages of `region` (chunk at
+    /// `region.addr`, bound to `phys`) once its registrar registered it:
+    /// with pages on another node and [`OffNodePins::Refuse`], the
+    /// registration is undone and the error says so (the caller unmaps or
+    /// marks the chunk); otherwise the count of such pages, kept.
+    fn check_pins(&self, r: &dyn Registrar, region: &Region, phys: usize) -> Result<usize> {
+        let base = region.addr.as_ptr() as usize;
+        let off = match pins::off_node(base, region.len, region.page_size, phys) {
+            Ok(n) => n,
+            // Where the pages are cannot be told: a pool that promises them
+            // on their node cannot keep the region; one that reports does.
+            Err(e) if self.pins == OffNodePins::Refuse => {
+                r.unregister(region);
+                return Err(e);
+            }
+            Err(_) => 0,
+        };
+        if off > 0 && self.pins == OffNodePins::Refuse {
+            r.unregister(region);
+            return Err(Error::PinsLeftNode { node: region.node, len: region.len, pages: off });
+        }
+        Ok(off)
     }
 
     /// Every chunk, for slots of `slot` bytes.
@@ -197,14 +236,20 @@ impl Chunks {
     /// the last refusal and how many, if any.
     pub(crate) fn rebind(&mut self, phys: usize, node: usize) -> Option<(i32, usize)> {
         let mut refused = None;
-        for c in &self.list {
+        for c in &mut self.list {
             // SAFETY: a live mapping of ours; a policy change moves nothing.
             let r = unsafe {
                 mem::bind(NonNull::new_unchecked(c.base as *mut u8), c.len, MemPolicy::Preferred(phys), BindFlags::NONE)
             };
-            if let Err(e) = r {
-                let n = refused.map_or(0, |(_, n)| n);
-                refused = Some((e.errno().unwrap_or(libc::EIO), n + 1));
+            match r {
+                Ok(()) => {
+                    c.phys = phys;
+                    super::published::rebind(c.base, phys);
+                }
+                Err(e) => {
+                    let n = refused.map_or(0, |(_, n)| n);
+                    refused = Some((e.errno().unwrap_or(libc::EIO), n + 1));
+                }
             }
         }
         if let Some((_, n)) = &mut self.registrar {
@@ -262,6 +307,27 @@ impl Chunks {
         self.sync_fork();
     }
 
+    /// After its registrar took the chunk at `base` again once its pages
+    /// moved (`region`): where the kernel left them, as
+    /// [`check_pins`](Self::check_pins) says. A refusal undoes the
+    /// registration and loses it ([`lose_registration`](Self::lose_registration)):
+    /// `EXDEV`, the pages left the node.
+    pub(crate) fn settle_pins(&mut self, base: usize, r: &dyn Registrar, region: &Region) -> Result<()> {
+        let Some(phys) = self.find(base).map(|c| c.phys) else { return Ok(()) };
+        match self.check_pins(r, region, phys) {
+            Ok(off) => {
+                if let Some(c) = self.find(base) {
+                    c.off_node = off;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.lose_registration(base);
+                Err(e)
+            }
+        }
+    }
+
     /// The chunk at `base` is no longer registered (its registration was
     /// released for a move and could not be made again): it is not
     /// unregistered when it goes, and is registered again on demand.
@@ -291,7 +357,13 @@ impl Chunks {
             Refusal::Errno(errno) => Error::Registration { node, len: c.len, errno },
             Refusal::Memlock { limit, pinned } => Error::MemlockLimit { node, limit, pinned, asked: c.len },
         })?;
+        let phys = c.phys;
+        // (Refused, it stays unregistered, as it was: asked again next time.)
+        let off = self.check_pins(&*r, &region, phys)?;
+        let i = self.list.partition_point(|c| c.base <= addr.as_ptr() as usize) - 1;
+        let c = &mut self.list[i];
         c.registered = true;
+        c.off_node = off;
         Ok(true)
     }
 
@@ -375,7 +447,7 @@ impl Chunks {
             let mut l = len.max(unit);
             loop {
                 if let Ok(p) = Self::map_hugetlb(l, slot, phys, page) {
-                    return self.add(p, l, true, page);
+                    return self.add(p, l, true, page, phys);
                 }
                 if l == unit {
                     break;
@@ -398,23 +470,33 @@ impl Chunks {
                 Err(_) => len /= 2,
             }
         };
-        self.add(base, len, thp, crate::os::page_size())
+        self.add(base, len, thp, crate::os::page_size(), phys)
     }
 
-    /// Registers the fresh mapping at `p` if the pool has a registrar (a
-    /// refusal unmaps it and is the error), then lists it in address order
-    /// and points `first_room` at it.
-    fn add(&mut self, p: NonNull<u8>, len: usize, huge: bool, page_size: usize) -> Result<()> {
+    /// Registers the fresh mapping at `p`, bound to kernel node `phys`, if
+    /// the pool has a registrar (a refusal, or pages the kernel pinned off
+    /// the node under [`OffNodePins::Refuse`], unmaps it and is the error),
+    /// then lists it in address order and points `first_room` at it.
+    fn add(&mut self, p: NonNull<u8>, len: usize, huge: bool, page_size: usize, phys: usize) -> Result<()> {
+        let mut off_node = 0;
         if let Some((r, node)) = &self.registrar {
             let region = Region { addr: p, len, node: *node, page_size };
-            if let Err(refusal) = r.register(&region) {
-                // SAFETY: our fresh mapping; nothing was handed out of it.
-                let _ = unsafe { mem::unmap(p, len) };
-                let node = *node;
-                return Err(match refusal {
+            let node = *node;
+            let registered = r
+                .register(&region)
+                .map_err(|refusal| match refusal {
                     Refusal::Errno(errno) => Error::Registration { node, len, errno },
                     Refusal::Memlock { limit, pinned } => Error::MemlockLimit { node, limit, pinned, asked: len },
-                });
+                })
+                .and_then(|()| self.check_pins(&**r, &region, phys));
+            match registered {
+                Ok(off) => off_node = off,
+                Err(e) => {
+                    // SAFETY: our fresh mapping; nothing was handed out of
+                    // it, and it is not registered (refused, or undone).
+                    let _ = unsafe { mem::unmap(p, len) };
+                    return Err(e);
+                }
             }
         }
         let base = p.as_ptr() as usize;
@@ -433,9 +515,11 @@ impl Chunks {
                 registered,
                 moving: false,
                 frozen: false,
+                phys,
+                off_node,
             },
         );
-        super::published::publish(base, len, page_size, &self.name);
+        super::published::publish(base, len, page_size, phys, &self.name);
         self.first_room = at;
         Ok(())
     }
@@ -537,7 +621,7 @@ mod tests {
     #[test]
     fn slots_are_aligned_disjoint_reused_and_chunks_go_with_their_last_slot() {
         let slot = 64 << 10;
-        let mut c = Chunks::new(None, "test".into());
+        let mut c = Chunks::new(None, OffNodePins::Refuse, "test".into());
         let mut got: Vec<NonNull<u8>> = (0..100).map(|_| c.take(slot, 0, Huge::Off, false).unwrap()).collect();
         let mut addrs: Vec<usize> = got.iter().map(|p| p.as_ptr() as usize).collect();
         addrs.sort_unstable();
@@ -592,7 +676,7 @@ mod tests {
         use std::sync::atomic::Ordering::Relaxed;
         let slot = 64 << 10;
         let count = Arc::new(Count::default());
-        let mut c = Chunks::new(Some((count.clone(), 0)), "test".into());
+        let mut c = Chunks::new(Some((count.clone(), 0)), OffNodePins::Refuse, "test".into());
         // Registered chunks start at one slot and double: 1, 1, 2 slots.
         let mut got: Vec<NonNull<u8>> = (0..4).map(|_| c.take(slot, 0, Huge::Off, false).unwrap()).collect();
         assert_eq!((count.registered.load(Relaxed), c.registered()), (3, (3, c.reserved())));
@@ -621,7 +705,7 @@ mod tests {
     fn huge_chunks_are_whole_huge_pages_or_counted_fallbacks() {
         let slot = 128 << 10;
         for huge in [Huge::Thp, Huge::Hugetlb, Huge::Hugetlb1G] {
-            let mut c = Chunks::new(None, "test".into());
+            let mut c = Chunks::new(None, OffNodePins::Refuse, "test".into());
             let got: Vec<NonNull<u8>> = (0..40).map(|_| c.take(slot, 0, huge, false).unwrap()).collect();
             for p in &got {
                 // SAFETY: a slot of ours.

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use super::checks::{Check, Checks};
 use super::magazine::Magazine;
 use super::node::{ListId, NodeSlabs, RANGES, SLAB_MAGIC, Slab, SlabState, Slabs, ranges};
+use super::pins::OffNodePins;
 use super::register::Registrar;
 use crate::error::{Error, Result};
 use crate::hardened::HARDENED;
@@ -66,6 +67,8 @@ pub(crate) struct Spec {
     pub(crate) lock: bool,
     /// Told of each chunk as it is mapped and before it goes.
     pub(crate) registrar: Option<Arc<dyn Registrar>>,
+    /// What a chunk whose pages the kernel pinned off its node does.
+    pub(crate) pins: OffNodePins,
 }
 
 /// The shared state of one cache. Kept alive by the cache handle, by every
@@ -271,7 +274,7 @@ impl KmemCache {
         let max_node = topo.nodes().iter().max().unwrap_or(0);
         let name: Arc<str> = spec.name.as_str().into();
         let nodes = (0..=max_node)
-            .map(|n| NodeSlabs::new(rounds, spec.registrar.clone().map(|r| (r, n)), name.clone()))
+            .map(|n| NodeSlabs::new(rounds, spec.registrar.clone().map(|r| (r, n)), spec.pins, name.clone()))
             .collect();
         Ok(Self {
             name: spec.name,

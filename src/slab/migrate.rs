@@ -133,7 +133,9 @@ pub struct Migration {
     /// refused to register again: unregistered now (the pool registers
     /// them again on demand), with the last refusal's errno.
     pub registrations_lost: usize,
-    /// The errno of the last refusal counted in `registrations_lost`.
+    /// The errno of the last refusal counted in `registrations_lost`
+    /// (`EXDEV`: the kernel moved pages off `to` as it pinned them again,
+    /// under [`OffNodePins::Refuse`](super::OffNodePins::Refuse)).
     pub lost_errno: i32,
     /// Chunks the kernel refused to rebind to `to` (`mbind`): their pages
     /// moved, but new ones fault where they did before.
@@ -435,8 +437,16 @@ impl KmemCache {
         let mut s = ns.lock();
         if let Some((r, after)) = reg {
             // Registered again whatever the move did: pages that stayed are
-            // as good to the registrar as moved ones.
-            match r.register_moved(&after) {
+            // as good to the registrar as moved ones. Pages the kernel
+            // moved off the target as it pinned them again lose the
+            // registration as a refusal would (`EXDEV`, under
+            // `OffNodePins::Refuse`).
+            let moved = r.register_moved(&after).and_then(|()| {
+                s.chunks
+                    .settle_pins(e.base, &*r, &after)
+                    .map_err(|err| Refusal::Errno(err.errno().unwrap_or(libc::EXDEV)))
+            });
+            match moved {
                 Ok(()) => rep.regions_moved += 1,
                 Err(refusal) => {
                     s.chunks.lose_registration(e.base);

@@ -76,6 +76,8 @@ mod local;
 mod migrate;
 #[cfg(not(loom))]
 mod node;
+#[cfg(not(loom))]
+mod pins;
 pub mod published;
 #[cfg(not(loom))]
 pub mod register;
@@ -90,6 +92,8 @@ pub use dma::{Dma, DmaBuf, DmaPool, phys_addr, phys_segments};
 pub use kmem::Home;
 #[cfg(not(loom))]
 pub use migrate::{Demotion, Migration, Stuck, Unmoved};
+#[cfg(not(loom))]
+pub use pins::OffNodePins;
 #[cfg(not(loom))]
 pub use register::{Refusal, Region, Registrar};
 #[cfg(not(loom))]

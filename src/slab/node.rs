@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 use super::chunk::Chunks;
 use super::magazine::{Depot, RemoteList};
+use super::pins::OffNodePins;
 use super::register::Registrar;
 use crate::hardened::HARDENED;
 use crate::os::thread::futex_wake;
@@ -201,7 +202,12 @@ pub(crate) struct NodeSlabs {
 }
 
 impl NodeSlabs {
-    pub(super) fn new(rounds: usize, registrar: Option<(Arc<dyn Registrar>, usize)>, name: Arc<str>) -> Self {
+    pub(super) fn new(
+        rounds: usize,
+        registrar: Option<(Arc<dyn Registrar>, usize)>,
+        pins: OffNodePins,
+        name: Arc<str>,
+    ) -> Self {
         Self {
             depot: Depot::new(DEPOT_MAX_FULL, rounds),
             remote: CachePadded(RemoteList::new()),
@@ -213,7 +219,7 @@ impl NodeSlabs {
                 capacity: 0,
                 active: 0,
                 mapped: 0,
-                chunks: Chunks::new(registrar, name),
+                chunks: Chunks::new(registrar, pins, name),
             }),
             wake: AtomicU32::new(0),
             counters: Counters::default(),

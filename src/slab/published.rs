@@ -10,7 +10,7 @@
 //! ```text
 //! header: magic "NWSLABS1", pid, seq (odd while an entry changes), chunks not listed (the table was full),
 //!         the slot being edited, 3 words unused
-//! entry:  start, len (0: a free slot), page size, name (40 bytes, NUL-padded)
+//! entry:  start, len (0: a free slot), page size | (node + 1) << 32 (0: not said), name (40 bytes, NUL-padded)
 //! ```
 //!
 //! Entries change under a cache's node lock (a chunk mapped or unmapped),
@@ -23,7 +23,7 @@
 //! A reader trusts nothing of the file: another process wrote it. [`parse`]
 //! takes exactly [`FILE_LEN`] bytes and checks every entry (a page size of
 //! 4 KiB to 1 GiB, a start and length on that page size, an end that does
-//! not wrap, a name of UTF-8), so what it returns is bounded by the bytes
+//! not wrap, a node below 2^16, a name of UTF-8), so what it returns is bounded by the bytes
 //! it was given, and a bad table is a typed error.
 //!
 //! A child made by `fork` never writes its parent's file: the shared
@@ -78,10 +78,18 @@ pub struct Chunk {
     pub len: usize,
     page_shift: u8,
     name_len: u8,
+    /// The kernel node the chunk is bound to, plus one (0: not said).
+    node: u16,
     name: [u8; NAME],
 }
 
 impl Chunk {
+    /// The kernel node the chunk is bound to (its pages belong there), if
+    /// the writer said.
+    pub fn node(&self) -> Option<usize> {
+        usize::from(self.node).checked_sub(1)
+    }
+
     /// The size of the pages behind it.
     pub fn page_size(&self) -> usize {
         1 << self.page_shift
@@ -100,6 +108,7 @@ impl core::fmt::Debug for Chunk {
             .field("start", &format_args!("{:#x}", self.start))
             .field("len", &self.len)
             .field("page_size", &self.page_size())
+            .field("node", &self.node())
             .field("name", &self.name())
             .finish()
     }
@@ -200,11 +209,15 @@ fn decode(word: impl Fn(usize) -> u64, slots: usize, seq_after: u64) -> Result<T
     let mut chunks = Vec::with_capacity(listed);
     for slot in 0..slots {
         let at = HEADER_WORDS + slot * WORDS;
-        let (start, len, page) = (word(at), word(at + 1), word(at + 2));
+        let (start, len, page_word) = (word(at), word(at + 1), word(at + 2));
         if len == 0 {
             continue;
         }
         let bad = |reason| Err(BadTable::Entry { slot, reason });
+        let (page, node) = (page_word & 0xffff_ffff, page_word >> 32);
+        let Ok(node) = u16::try_from(node) else {
+            return bad("a node id beyond 16 bits");
+        };
         if !page.is_power_of_two() || !(4096..=1 << 30).contains(&page) {
             return bad("a page size that is not a power of two from 4 KiB to 1 GiB");
         }
@@ -230,6 +243,7 @@ fn decode(word: impl Fn(usize) -> u64, slots: usize, seq_after: u64) -> Result<T
             len: len as usize,
             page_shift: page.trailing_zeros() as u8,
             name_len: end as u8,
+            node,
             name,
         });
     }
@@ -349,7 +363,10 @@ impl Words<'_> {
     }
 
     /// Lists a chunk in `slot` (a free one), under the seqlock.
-    pub fn list(&self, slot: usize, start: usize, len: usize, page_size: usize, name: &str) {
+    /// `node`: the kernel node the chunk is bound to, if one (an id below
+    /// 2^16 - 1; a larger one is not said).
+    pub fn list(&self, slot: usize, start: usize, len: usize, page_size: usize, node: Option<usize>, name: &str) {
+        let node = node.filter(|&n| n < 0xffff).map_or(0, |n| n as u64 + 1);
         let mut name_bytes = [0u8; NAME];
         let mut n = name.len().min(NAME);
         while !name.is_char_boundary(n) {
@@ -361,8 +378,18 @@ impl Words<'_> {
                 e[3 + i].store(u64::from_le_bytes(c.try_into().unwrap()), Ordering::Relaxed);
             }
             e[0].store(start as u64, Ordering::Relaxed);
-            e[2].store(page_size as u64, Ordering::Relaxed);
+            e[2].store(page_size as u64 | node << 32, Ordering::Relaxed);
             e[1].store(len as u64, Ordering::Relaxed);
+        });
+    }
+
+    /// Says the chunk in `slot` is bound to kernel node `node` now (it
+    /// moved), under the seqlock.
+    pub fn set_node(&self, slot: usize, node: usize) {
+        let node = if node < 0xffff { node as u64 + 1 } else { 0 };
+        self.edit(slot, |e| {
+            let page = e[2].load(Ordering::Relaxed) & 0xffff_ffff;
+            e[2].store(page | node << 32, Ordering::Relaxed);
         });
     }
 
@@ -424,7 +451,7 @@ impl Words<'_> {
 }
 
 #[cfg(not(loom))]
-pub(crate) use writer::{publish, withdraw};
+pub(crate) use writer::{publish, rebind, withdraw};
 
 /// This process's table: the memory file readers open, and its private
 /// copy, which a forked child inherits as it was at the fork.
@@ -502,15 +529,26 @@ mod writer {
         }
     }
 
-    /// Lists a chunk of cache `name`.
-    pub(crate) fn publish(start: usize, len: usize, page_size: usize, name: &str) {
+    /// Lists a chunk of cache `name`, bound to kernel node `node`.
+    pub(crate) fn publish(start: usize, len: usize, page_size: usize, node: usize, name: &str) {
         let mut t = TABLE.lock();
         let Some((shadow, file)) = t.ready() else { return };
         // The file is a copy of the private words: the same slot is free in both.
         for w in core::iter::once(shadow).chain(file) {
             match w.free_slot() {
-                Some(slot) => w.list(slot, start, len, page_size, name),
+                Some(slot) => w.list(slot, start, len, page_size, Some(node), name),
                 None => w.count_unlisted(),
+            }
+        }
+    }
+
+    /// Says the chunk at `start` is bound to kernel node `node` now.
+    pub(crate) fn rebind(start: usize, node: usize) {
+        let mut t = TABLE.lock();
+        let Some((shadow, file)) = t.ready() else { return };
+        for w in core::iter::once(shadow).chain(file) {
+            if let Some(slot) = w.slot_of(start) {
+                w.set_node(slot, node);
             }
         }
     }

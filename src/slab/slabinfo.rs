@@ -59,6 +59,12 @@ pub struct NodeCacheStats {
     pub registered_regions: usize,
     /// Their bytes (pinned where the registrar pins them).
     pub registered_bytes: usize,
+    /// Of those, bytes the kernel held on another node than this one once
+    /// the registrar had them: pages it moved out of the node's movable
+    /// memory to pin them. Only a cache built with
+    /// [`OffNodePins::Report`](super::OffNodePins::Report) keeps such
+    /// regions; as of each region's registration.
+    pub pinned_off_node: usize,
 }
 
 impl NodeCacheStats {
@@ -80,6 +86,7 @@ impl NodeCacheStats {
         self.slabs_released += o.slabs_released;
         self.registered_regions += o.registered_regions;
         self.registered_bytes += o.registered_bytes;
+        self.pinned_off_node += o.pinned_off_node;
     }
 }
 
@@ -168,6 +175,7 @@ impl CacheStats {
                 slabs_released: c.slabs_released.load(Ordering::Relaxed),
                 registered_regions,
                 registered_bytes,
+                pinned_off_node: s.chunks.pinned_off_node(),
             };
             let thp = if cache.huge == crate::os::mem::Huge::Thp { s.chunks.huge_ranges() } else { Vec::new() };
             drop(s);

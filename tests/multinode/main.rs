@@ -32,6 +32,8 @@ mod cpuset;
 mod hmat;
 mod kernel;
 mod migrate;
+#[cfg(feature = "io-uring")]
+mod movable;
 mod policy;
 mod slab;
 use blocks::*;
@@ -39,6 +41,8 @@ use cpuset::*;
 use hmat::*;
 use kernel::*;
 use migrate::*;
+#[cfg(feature = "io-uring")]
+use movable::*;
 use policy::*;
 use slab::*;
 
@@ -198,6 +202,11 @@ fn main() {
         (
             "uring_rings_per_node_read_and_write_fixed_on_their_node",
             uring_rings_per_node_read_and_write_fixed_on_their_node,
+        ),
+        #[cfg(feature = "io-uring")]
+        (
+            "uring_pins_moved_off_a_movable_node_are_refused_or_counted",
+            uring_pins_moved_off_a_movable_node_are_refused_or_counted,
         ),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);

@@ -114,6 +114,7 @@ pub(super) fn slab_cache_migrates_between_nodes_while_in_use(t: &Topology, g: Op
     let table = published::read_file(&link.expect("no published table").path()).unwrap();
     let mut by_node = [0usize; 8];
     for c in table.chunks.iter().filter(|c| c.name() == "vm_migrating") {
+        assert_eq!(c.node(), Some(p1 as usize), "the table still says the chunk's old node: {c:?}");
         let addrs: Vec<*const u8> = (c.start..c.start + c.len).step_by(c.page_size()).map(|a| a as *const u8).collect();
         let mut st = vec![0i32; addrs.len()];
         os::pages::page_nodes_of(std::process::id() as i32, &addrs, &mut st).unwrap();
