@@ -6,6 +6,9 @@
  *   memory perthread THREADS      threads each holding 64 small blocks
  *   memory steady ROUNDS          a loop that frees and allocates the same
  *   memory until-null             1 MiB blocks until malloc fails
+ *   memory robson [ROUNDS]        fill a budget, free every other block,
+ *                                 double the size, again (Robson's pattern,
+ *                                 as Mesh's fragmenter runs it)
  *
  * Bytes are resident bytes (/proc/self/statm) less those resident when
  * main() started, unless the key says otherwise. */
@@ -380,6 +383,51 @@ static void until_null(void) {
     }
 }
 
+/* ---- robson: Robson's worst case for allocators that do not move blocks,
+ * the pattern of Mesh's `fragmenter` (PLDI 2019). Blocks of one size fill
+ * a budget of live bytes; every other live block (in allocation order) is
+ * freed, which leaves holes of the old size between survivors; the size
+ * doubles and the budget is filled again. An allocator that reuses a hole
+ * only for blocks that fit it needs new memory every round. */
+
+static const size_t ROBSON_BUDGET = (size_t)64 << 20;
+
+static void robson(int rounds) {
+    size_t cap = ROBSON_BUDGET / 16 + 1, len = 0, live = 0;
+    void **blocks = malloc(cap * sizeof *blocks);
+    size_t *sizes = malloc(cap * sizeof *sizes);
+    if (!blocks || !sizes) die("malloc");
+    for (int r = 0; r < rounds; r++) {
+        size_t sz = (size_t)16 << r;
+        while (live + sz <= ROBSON_BUDGET) {
+            if (len == cap) die("robson: the block list is full");
+            void *p = xmalloc(sz);
+            memset(p, r + 1, sz);
+            blocks[len] = p;
+            sizes[len++] = sz;
+            live += sz;
+        }
+        size_t j = 0;
+        for (size_t i = 0; i < len; i++) {
+            if (i % 2 == 1) {
+                free(blocks[i]);
+                live -= sizes[i];
+            } else {
+                blocks[j] = blocks[i];
+                sizes[j++] = sizes[i];
+            }
+        }
+        len = j;
+        printf("round%d_size %zu\nround%d_rss_mib %.1f\n", r, sz, r, held() / MIB);
+    }
+    printf("budget_mib %.1f\npeak_rss_mib %.1f\n", ROBSON_BUDGET / MIB, peak() / MIB);
+    printf("peak_rss_per_budget %.2f\nend_rss_per_live %.2f\n", peak() / (double)ROBSON_BUDGET,
+           held() / (double)live);
+    for (size_t i = 0; i < len; i++) free(blocks[i]);
+    free(blocks);
+    free(sizes);
+}
+
 int main(int argc, char **argv) {
     page_size = sysconf(_SC_PAGESIZE);
     baseline = resident();
@@ -396,8 +444,10 @@ int main(int argc, char **argv) {
         steady(n ? (int)n : 20);
     else if (strcmp(what, "until-null") == 0)
         until_null();
+    else if (strcmp(what, "robson") == 0)
+        robson(n ? (int)n : 10);
     else {
-        fprintf(stderr, "usage: memory phases|churn|perthread|steady|until-null [N]\n");
+        fprintf(stderr, "usage: memory phases|churn|perthread|steady|until-null|robson [N]\n");
         return 2;
     }
     return 0;

@@ -25,6 +25,14 @@ writes it to OUT/memory.md (OUT: target/memory).
   buffer grown to 16 MiB), frees it and rests 20 ms: page faults per round
   after two, resident after the loop and after 5 quiet seconds;
 - until-null: 1 MiB blocks until malloc fails under `ulimit -v` 300000;
+- robson: Robson's pattern, as Mesh's fragmenter runs it (blocks of one
+  size fill 64 MiB, every other one freed, the size doubled, from 16 B to
+  8 KiB): peak resident / budget, resident / live at the end;
+- redis: Debian's redis-server (where installed) fills 300,000 keys of
+  128-byte values, deletes 75% of them at random, then fills 60,000 keys
+  of 512-byte values (the bytes it deleted): the server's peak resident and
+  its resident at the end (MiB). glibc's column preloads libc.so.6, as the
+  server links libjemalloc, whose malloc it would otherwise get;
 - python3: virtual size at start; the smallest `ulimit -v` (MiB) it starts
   under, found by bisection.
 
@@ -34,10 +42,14 @@ Nothing is asserted: figures are printed.
 
 import argparse
 import os
+import random
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +92,58 @@ def figures(out: str) -> dict:
             except ValueError:
                 pass
     return d
+
+
+def resp(*args) -> bytes:
+    """One command in the Redis protocol."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def redis_frag(lib):
+    """Peak and final resident (MiB) of a redis-server that fills, deletes
+    75% at random and fills again with larger values; None without
+    redis-server."""
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        return None
+    env = dict(os.environ)
+    # The server links libjemalloc: without a preload it gets jemalloc's
+    # malloc, so glibc's is preloaded by name.
+    env["LD_PRELOAD"] = str(lib) if lib else "/lib/x86_64-linux-gnu/libc.so.6"
+    port = str(22000 + os.getpid() % 10000)
+    d = tempfile.mkdtemp(prefix="numaweave-redis-frag-")
+    srv = subprocess.Popen(["redis-server", "--port", port, "--save", "", "--appendonly", "no", "--dir", d,
+                            "--daemonize", "no"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = ["redis-cli", "-p", port]
+
+    def pipe(data: bytes):
+        subprocess.run(cli + ["--pipe"], input=data, stdout=subprocess.DEVNULL, check=True)
+
+    def status(key):
+        text = Path(f"/proc/{srv.pid}/status").read_text()
+        return int(re.search(key + r":\s+(\d+)", text).group(1)) / 1024
+
+    try:
+        for _ in range(100):
+            if subprocess.run(cli + ["ping"], capture_output=True).stdout.strip() == b"PONG":
+                break
+            time.sleep(0.05)
+        rng = random.Random(7)
+        small = b"v" * 128
+        pipe(b"".join(resp("SET", f"k:{i}", small) for i in range(300_000)))
+        gone = rng.sample(range(300_000), 225_000)
+        pipe(b"".join(resp("DEL", f"k:{i}") for i in gone))
+        large = b"w" * 512
+        pipe(b"".join(resp("SET", f"big:{i}", large) for i in range(60_000)))
+        time.sleep(1)
+        return {"peak_mib": status("VmHWM"), "end_mib": status("VmRSS")}
+    finally:
+        subprocess.run(cli + ["shutdown", "nosave"], capture_output=True)
+        srv.wait(timeout=30)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def python_vsz(lib):
@@ -145,6 +209,10 @@ def main():
         ("steady loop: resident after it (MiB)", "steady", "rss_after_loop_mib", "{:.1f}"),
         ("steady loop: after 5 quiet seconds (MiB)", "steady", "quiet_rss_mib", "{:.1f}"),
         ("malloc until NULL under ulimit -v 300000 (MiB)", "until", "mib_until_null", "{:.0f}"),
+        ("robson: peak resident / 64 MiB budget", "robson", "peak_rss_per_budget", "{:.2f}"),
+        ("robson: resident / live at the end", "robson", "end_rss_per_live", "{:.2f}"),
+        ("redis fill, delete 75%, refill larger: peak resident (MiB)", "redis", "peak_mib", "{:.1f}"),
+        ("same: resident at the end (MiB)", "redis", "end_mib", "{:.1f}"),
         ("python3 virtual size at start (MiB)", "pyvsz", "vsz", "{:.1f}"),
         ("python3: smallest ulimit -v it starts under (MiB)", "pylimit", "limit", "{:.0f}"),
     ]
@@ -161,11 +229,13 @@ def main():
                 ("perthread10000", ["perthread", "10000"], {}),
                 ("steady", ["steady", "20"], {}),
                 ("until", ["until-null"], {"limit_kib": 300000}),
+                ("robson", ["robson"], {}),
             ]:
                 p = run([str(exe)] + args, lib, **kw)
                 if p.returncode != 0:
                     print(f"  {name} {args}: exit {p.returncode}: {p.stderr.strip()[-300:]}", file=sys.stderr)
                 r[key] = figures(p.stdout)
+            r["redis"] = redis_frag(lib) or {}
             r["pyvsz"] = {"vsz": python_vsz(lib)}
             r["pylimit"] = {"limit": python_min_limit(lib)}
             results[name] = r

@@ -49,7 +49,9 @@ LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
 PACKAGES = ["z3", "lua5.4", "redis-server", "redis-tools", "sqlite3", "python3.11", "gcc", "g++", "jq", "time",
             "libjemalloc2", "libmimalloc2.0", "libtcmalloc-minimal4"]
 ALLOCATORS = {
-    "glibc": None,
+    # Preloaded by name: redis-server links libjemalloc, whose malloc it
+    # would get with no preload (the row's "glibc" was jemalloc's before).
+    "glibc": Path("/lib/x86_64-linux-gnu/libc.so.6"),
     "jemalloc": LIBDIR / "libjemalloc.so.2",
     "mimalloc": LIBDIR / "libmimalloc.so.2",
     "tcmalloc": LIBDIR / "libtcmalloc_minimal.so.4",
