@@ -257,6 +257,82 @@ fn an_empty_buffer_ring_refuses_with_enobufs_until_a_buffer_comes_back() {
     assert_eq!(&*group.take(&cqe).unwrap().unwrap(), &[0x5e; 100][..]);
 }
 
+/// An incremental buffer ring (Linux 6.12) of 64 KiB buffers takes a
+/// stream sent 500 bytes at a time: each receive is a piece of the buffer
+/// at the ring's head, pieces held while the kernel fills the rest, and a
+/// buffer goes back only once filled to its last byte and every piece of
+/// it dropped: buffers used = bytes / 64 KiB, where a whole-buffer ring of
+/// the same pool uses one a receive (run beside it). A completion taken
+/// twice is refused: its bytes would be the kernel's still. On an older
+/// kernel the incremental ring is whole-buffer, and the test says so.
+#[test]
+fn an_incremental_buffer_ring_fills_each_buffer_with_many_receives() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let node = numaweave::Topology::global().current_node();
+    let Ok(ring) = NodeRing::new(node, BIG, 16) else {
+        support::cannot_run(format_args!("no io_uring here"));
+        return;
+    };
+    for (bgid, incremental) in [(9, true), (10, false)] {
+        let group = if incremental { ring.buf_ring_incremental(bgid, 4) } else { ring.buf_ring(bgid, 4) }.unwrap();
+        if incremental && !group.is_incremental() {
+            println!("a kernel before 6.12: the incremental ring is whole-buffer");
+        }
+        let (got, recvs) = stream_in_small_writes(&ring, &group);
+        assert_eq!(group.bytes_received(), got as u64);
+        if group.is_incremental() {
+            assert_eq!(group.buffers_used(), (got / BIG) as u64, "{recvs} receives");
+        } else {
+            assert_eq!(group.buffers_used(), recvs);
+        }
+        assert_eq!(group.available(), 4, "every buffer back in the ring");
+        println!(
+            "{got} bytes in {recvs} receives used {} buffers of 64 KiB (incremental: {})",
+            group.buffers_used(),
+            group.is_incremental()
+        );
+    }
+}
+
+const BIG: usize = 64 << 10;
+
+/// Sends 2,000 messages of 500 bytes through a socket pair, each received
+/// (in one piece or more) through `group` before the next is sent, three
+/// pieces held at any time; checks every byte. The bytes and receives.
+fn stream_in_small_writes(ring: &NodeRing, group: &numaweave::io::uring::BufRing<'_>) -> (usize, u64) {
+    const MSG: usize = 500;
+    let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+    let (mut got, mut recvs) = (0usize, 0u64);
+    let mut held = std::collections::VecDeque::new();
+    for m in 0..2000 {
+        let msg: Vec<u8> = (m * MSG..(m + 1) * MSG).map(pattern).collect();
+        tx.write_all(&msg).unwrap();
+        while got < (m + 1) * MSG {
+            // SAFETY: the socket outlives the request; the buffer is the ring's.
+            let cqe = unsafe { ring.run_one_entry(&group.recv(rx.as_raw_fd())) }.unwrap();
+            let piece = group.take(&cqe).unwrap().expect("data was waiting");
+            assert!(!piece.is_empty() && piece.offset() + piece.len() <= BIG);
+            for (i, &b) in piece.iter().enumerate() {
+                assert_eq!(b, pattern(got + i), "byte {} of the stream", got + i);
+            }
+            if m == 0 {
+                assert!(
+                    matches!(group.take(&cqe), Err(Error::BufferNotLent { .. })),
+                    "a completion taken twice handed out bytes again"
+                );
+            }
+            got += piece.len();
+            recvs += 1;
+            // A few pieces stay out while the kernel fills the buffer on.
+            held.push_back(piece);
+            if held.len() > 3 {
+                held.pop_front();
+            }
+        }
+    }
+    (got, recvs)
+}
+
 fn tempfile() -> std::fs::File {
     let dir = std::env::temp_dir();
     let path = dir.join(format!("numaweave-uring-{}-{:?}", std::process::id(), std::thread::current().id()));

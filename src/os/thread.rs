@@ -75,7 +75,7 @@
 //!             os/thread.rs INSTALLED            Once      -      installs the one pthread_atfork pair
 //!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock
 //!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
-//!             io/uring.rs table                 Mutex     -      a ring's registered-buffer table (feature
+//!             io/uring/mod.rs table             Mutex     -      a ring's registered-buffer table (feature
 //!                                                                io-uring): not held across fork; a child never
 //!                                                                takes it (the table is its parent's: every call
 //!                                                                checks the fork generation first)
