@@ -75,8 +75,10 @@
 //!             os/thread.rs INSTALLED            Once      -      installs the one pthread_atfork pair
 //!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock
 //!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
-//!             io/uring/mod.rs table             Mutex     -      a ring's registered-buffer table (feature
-//!                                                                io-uring): not held across fork; a child never
+//!             io/uring/mod.rs table             Mutex     -      a ring's registered-buffer table and the rings
+//!                                                                that clone it (feature io-uring; under a node's
+//!                                                                slabs lock in a registrar call): not held
+//!                                                                across fork; a child never
 //!                                                                takes it (the table is its parent's: every call
 //!                                                                checks the fork generation first)
 //! ```

@@ -12,6 +12,10 @@
 //! `WRITE_FIXED` names it as `buf_index`, and the kernel neither walks the
 //! page tables nor pins pages per request.
 //!
+//! A [`NodeTable`] registers a node's pool once and gives each ring made
+//! from it a clone of the table (`IORING_REGISTER_CLONE_BUFFERS`, Linux
+//! 6.12): a ring per worker, the buffers pinned and charged once.
+//!
 //! A [`BufRing`] ([`NodeRing::buf_ring`], `IORING_REGISTER_PBUF_RING`)
 //! lends buffers of the same pool to the kernel as a buffer group: a
 //! receive or read that selects from it gets a buffer when data arrives,
@@ -99,6 +103,22 @@ struct Table {
     /// Per 2 MiB granule, the slots of the regions that touch it (one or
     /// two but where regions are small).
     granules: HashMap<usize, Vec<u16>>,
+    /// Rings that hold a clone of this table ([`NodeTable`]): each change
+    /// of a slot reaches them under this table's lock.
+    followers: Vec<Follower>,
+    /// The kernel clones ranges of a table into one that has buffers
+    /// (Linux 6.13): a changed slot is cloned into each follower at once;
+    /// else (6.12) a follower clones the whole table again at its next
+    /// [`NodeRing::sync`].
+    ranges: bool,
+}
+
+/// A ring holding a clone of a node's table.
+struct Follower {
+    ring: std::sync::Weak<IoUring>,
+    /// Set when the ring's clone lacks a change: it clones the table again
+    /// at its next `alloc` or `sync`, on its own thread.
+    stale: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Table {
@@ -216,6 +236,7 @@ impl Registrar for FixedBuffers {
         for g in Table::granules(start, r.len) {
             t.granules.entry(g).or_default().push(slot);
         }
+        self.to_followers(&mut t, slot, true);
         Ok(())
     }
 
@@ -234,6 +255,7 @@ impl Registrar for FixedBuffers {
         // cannot fail for a slot this table filled; if it did, the ring
         // would keep the pages pinned, not point at freed memory.)
         let _ = self.update(slot, libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 });
+        self.to_followers(&mut t, slot, false);
         self.forget(&mut t, slot, r);
     }
 
@@ -248,12 +270,15 @@ impl Registrar for FixedBuffers {
         if !self.ours() {
             return Err(Refusal::Errno(libc::EPERM));
         }
-        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let slot = Self::slot_in(&t, r).ok_or(Refusal::Errno(libc::ENOENT))?;
         // Fixed I/O on the region's buffers fails (`EFAULT`) until the slot
         // is filled again; the slot stays taken in the table meanwhile.
         self.update(slot, libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 })
-            .map_err(|e| Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)))
+            .map_err(|e| Refusal::Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        // The clones' references to the pages go too, or they stay pinned.
+        self.to_followers(&mut t, slot, false);
+        Ok(())
     }
 
     /// A refusal gives the slot and its `RLIMIT_MEMLOCK` booking back (the
@@ -274,11 +299,54 @@ impl Registrar for FixedBuffers {
             self.forget(&mut t, slot, r);
             return Err(Refusal::Errno(errno));
         }
+        self.to_followers(&mut t, slot, true);
         Ok(())
     }
 }
 
 impl FixedBuffers {
+    /// Slot `slot` of the primary ring changed (filled with a region, or
+    /// emptied): each follower's clone changes the same way, under the
+    /// table's lock `t`. An emptied slot is emptied in every follower at
+    /// once (so that the pin goes with the primary's: a region leaving, or
+    /// moving, is not held by a clone); a filled one is cloned into each
+    /// follower where the kernel clones ranges, else the follower takes it
+    /// at its next sync, on its own thread (a whole clone replaces its
+    /// table, which would fail its own requests under way meanwhile).
+    fn to_followers(&self, t: &mut Table, slot: u16, filled: bool) {
+        use std::os::fd::AsRawFd;
+        t.followers.retain(|f| f.ring.strong_count() > 0);
+        for f in &t.followers {
+            let Some(ring) = f.ring.upgrade() else { continue };
+            let done = if !filled {
+                // SAFETY: the empty iovec names no memory.
+                unsafe {
+                    ring.submitter().register_buffers_update(
+                        u32::from(slot),
+                        &[libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }],
+                        None,
+                    )
+                }
+                .is_ok()
+            } else {
+                t.ranges
+                    && ring
+                        .submitter()
+                        .register_buffers_clone_offset(
+                            self.ring.as_raw_fd(),
+                            u32::from(slot),
+                            u32::from(slot),
+                            1,
+                            io_uring::types::CloneBuffersFlags::DST_REPLACE,
+                        )
+                        .is_ok()
+            };
+            if !done {
+                f.stale.store(true, Ordering::Release);
+            }
+        }
+    }
+
     /// Takes region `r`, in `slot` (empty in the ring), off the table: the
     /// slot free, the generation bumped (a slot found before is stale),
     /// its pages no longer counted as pinned.
@@ -327,10 +395,15 @@ pub struct NodeRing {
     // buffers are all back) while the table and ring still exist; the
     // table, held by the pool's registrar too, keeps the ring open until
     // the last region goes.
-    pool: DmaPool,
+    pool: Arc<DmaPool>,
     fixed: Arc<FixedBuffers>,
     ring: Arc<IoUring>,
     node: usize,
+    /// A ring of a [`NodeTable`]: its clone of the node's table lacks a
+    /// change when set.
+    stale: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The table it clones (kept alive: its primary ring holds the pins).
+    table: Option<Arc<NodeTable>>,
     /// The region of the last buffer handed out: the next buffer usually
     /// lies in it, and then needs no lookup (no lock) for its slot.
     last: Cell<Option<Hit>>,
@@ -445,10 +518,12 @@ impl NodeRing {
             .off_node_pins(pins)
             .build()?;
         Ok(Self {
-            pool,
+            pool: Arc::new(pool),
             fixed,
             ring,
             node,
+            stale: None,
+            table: None,
             last: Cell::new(None),
             sq_busy: Cell::new(false),
             cq_busy: Cell::new(false),
@@ -500,7 +575,24 @@ impl NodeRing {
             }
         };
         debug_assert_eq!(self.fixed.index_of(buf.as_ptr(), len), Some(index));
+        // The buffer's region may be new to the node's table: this ring's
+        // clone takes it before the buffer's index is used here.
+        self.sync()?;
         Ok(FixedBuf { buf, index })
+    }
+
+    /// For a ring of a [`NodeTable`]: brings this ring's clone of the
+    /// node's table up to date (a region registered or moved since, where
+    /// the kernel clones whole tables only: Linux 6.12). [`alloc`](Self::alloc)
+    /// does it for the buffers it hands out; a buffer another ring of the
+    /// table handed out is used here after a `sync`. Nothing to do for a
+    /// ring of its own, or on Linux 6.13 and later (changes reach every
+    /// ring as they are made).
+    pub fn sync(&self) -> Result<()> {
+        match (&self.stale, &self.table) {
+            (Some(stale), Some(table)) if stale.load(Ordering::Acquire) => table.resync(&self.ring, stale),
+            _ => Ok(()),
+        }
     }
 
     /// The node the ring's buffers are on.
@@ -578,4 +670,6 @@ impl NodeRing {
 }
 
 mod buf_ring;
+mod table;
 pub use buf_ring::{BufRing, ProvidedBuf};
+pub use table::{NodeTable, Sharing};
