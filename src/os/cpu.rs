@@ -34,6 +34,30 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(c).ok()
 }
 
+/// Restricts the calling thread to the CPUs `cpus` (`sched_setaffinity`):
+/// a worker kept on one node's CPUs, free to move among them. An empty
+/// set, or a CPU beyond `CPU_SETSIZE`, is `EINVAL`.
+pub fn pin_current_thread_to(cpus: impl IntoIterator<Item = usize>) -> Result<()> {
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    let mut any = false;
+    for cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(Error::Os { call: "sched_setaffinity", errno: libc::EINVAL });
+        }
+        // SAFETY: `cpu` was checked against CPU_SETSIZE above.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        any = true;
+    }
+    if !any {
+        return Err(Error::Os { call: "sched_setaffinity", errno: libc::EINVAL });
+    }
+    let _errno = super::KeepErrno::new();
+    // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the caller.
+    let r = unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set) };
+    super::os_result(r, "sched_setaffinity")
+}
+
 /// Restricts the calling thread to the single CPU `cpu` (`sched_setaffinity`).
 pub fn pin_current_thread(cpu: usize) -> Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
