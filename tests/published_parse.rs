@@ -60,10 +60,13 @@ fn get(t: &[u8], word: usize) -> u64 {
     u64::from_le_bytes(t[word * 8..word * 8 + 8].try_into().unwrap())
 }
 
-/// A table as a writer makes it: `n` chunks of a few names.
+/// A table as a writer makes it: `n` chunks of a few names; of the first
+/// version (no node in entries) or the second (a node in word 2's upper
+/// half, plus one).
 fn valid(r: &mut Rng, n: usize) -> Vec<u8> {
     let mut t = vec![0u8; FILE_LEN];
-    t[..8].copy_from_slice(b"NWSLABS1");
+    let v2 = r.below(2) == 0;
+    t[..8].copy_from_slice(if v2 { b"NWSLABS2" } else { b"NWSLABS1" });
     put(&mut t, 1, 4242);
     put(&mut t, 4, u64::MAX);
     for i in 0..n {
@@ -72,7 +75,8 @@ fn valid(r: &mut Rng, n: usize) -> Vec<u8> {
         let page = [4096u64, 2 << 20, 1 << 30][r.below(3) as usize];
         put(&mut t, e, (r.below(1 << 20) + 1) * page);
         put(&mut t, e + 1, (r.below(64) + 1) * page);
-        put(&mut t, e + 2, page);
+        let node = if v2 { r.below(5) << 32 } else { 0 };
+        put(&mut t, e + 2, page | node);
         let name = format!("cache{}", i % 7);
         t[(e + 3) * 8..(e + 3) * 8 + name.len()].copy_from_slice(name.as_bytes());
     }

@@ -296,6 +296,41 @@ fn an_incremental_buffer_ring_fills_each_buffer_with_many_receives() {
 
 const BIG: usize = 64 << 10;
 
+/// Reads of a regular file through an incremental ring of 2 buffers,
+/// twenty times each to its end: a file read takes the rest of its buffer
+/// when it is issued, so every read, the 0-byte ones at the end included,
+/// leaves a buffer the kernel is done with, and each goes back into the
+/// ring (before: an end-of-file read kept its buffer lent for good, and
+/// the third failed with ENOBUFS). Whole-buffer too.
+#[test]
+fn file_reads_to_their_end_give_every_buffer_back() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let node = numaweave::Topology::global().current_node();
+    let Ok(ring) = NodeRing::new(node, BIG, 16) else {
+        support::cannot_run(format_args!("no io_uring here"));
+        return;
+    };
+    let mut file = tempfile();
+    file.write_all(&[0x3c; 100]).unwrap();
+    for (bgid, incremental) in [(12, true), (13, false)] {
+        let group = if incremental { ring.buf_ring_incremental(bgid, 2) } else { ring.buf_ring(bgid, 2) }.unwrap();
+        for round in 0..20 {
+            // SAFETY: the file outlives the request.
+            let cqe = unsafe { ring.run_one_entry(&group.read(file.as_raw_fd(), 0)) }.unwrap();
+            let data = group.take(&cqe).unwrap_or_else(|e| panic!("round {round}: {e}")).expect("the file's bytes");
+            assert_eq!(&*data, &[0x3c; 100][..], "round {round}");
+            drop(data);
+            // SAFETY: as above.
+            let cqe = unsafe { ring.run_one_entry(&group.read(file.as_raw_fd(), 100)) }.unwrap();
+            match group.take(&cqe).unwrap_or_else(|e| panic!("round {round}, at the end: {e}")) {
+                None => {}
+                Some(b) => assert!(b.is_empty(), "bytes past the end"),
+            }
+        }
+        assert_eq!(group.available(), 2, "a buffer lost (incremental: {})", group.is_incremental());
+    }
+}
+
 /// Sends 2,000 messages of 500 bytes through a socket pair, each received
 /// (in one piece or more) through `group` before the next is sent, three
 /// pieces held at any time; checks every byte. The bytes and receives.

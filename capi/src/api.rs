@@ -393,7 +393,10 @@ pub struct numaweave_region {
 /// bound, before anything of it is handed out, and returns 0 or an errno
 /// value (which fails the allocation that needed the region, with
 /// `NUMAWEAVE_REGISTRATION_FAILED`); `unregister_region` is called once
-/// for each registered region before it is unmapped. Both get `ctx`, may be
+/// for each registered region before it is unmapped, or at once when the
+/// kernel moved the region's pages to another node as they were pinned
+/// (the node's memory is movable: the allocation fails with
+/// `NUMAWEAVE_PINS_LEFT_NODE`). Both get `ctx`, may be
 /// called from any thread that allocates from or frees to the cache, under
 /// the cache's node lock (so they must not use this cache), and may use
 /// `malloc` and system calls: `io_uring_register_buffers_update_tag`,

@@ -170,15 +170,24 @@ impl Chunks {
         self.list.iter().filter(|c| self.holds(c)).map(|c| c.off_node * c.page_size).sum()
     }
 
+    /// Pages of the chunk at `base` on another node than the one it is
+    /// bound to, now (before a registration: pages a move left behind are
+    /// not the pin's doing); 0 where pins cannot leave or the chunk is gone.
+    pub(crate) fn off_node_now(&mut self, base: usize) -> usize {
+        let Some(c) = self.find(base) else { return 0 };
+        pins::off_node(c.base, c.len, c.page_size, c.phys).unwrap_or(0)
+    }
+
     /// Checks where the kernel left the pages of `region` (chunk at
     /// `region.addr`, bound to `phys`) once its registrar registered it:
-    /// with pages on another node and [`OffNodePins::Refuse`], the
-    /// registration is undone and the error says so (the caller unmaps or
-    /// marks the chunk); otherwise the count of such pages, kept.
-    fn check_pins(&self, r: &dyn Registrar, region: &Region, phys: usize) -> Result<usize> {
+    /// pages on another node beyond the `before` there already were the
+    /// pin's doing. With any and [`OffNodePins::Refuse`], the registration
+    /// is undone and the error says so (the caller unmaps or marks the
+    /// chunk); otherwise their count, kept.
+    fn check_pins(&self, r: &dyn Registrar, region: &Region, phys: usize, before: usize) -> Result<usize> {
         let base = region.addr.as_ptr() as usize;
         let off = match pins::off_node(base, region.len, region.page_size, phys) {
-            Ok(n) => n,
+            Ok(n) => n.saturating_sub(before),
             // Where the pages are cannot be told: a pool that promises them
             // on their node cannot keep the region; one that reports does.
             Err(e) if self.pins == OffNodePins::Refuse => {
@@ -244,6 +253,9 @@ impl Chunks {
             match r {
                 Ok(()) => {
                     c.phys = phys;
+                    // Counted against the old node; counted again as the
+                    // chunk is registered on the new one.
+                    c.off_node = 0;
                     super::published::rebind(c.base, phys);
                 }
                 Err(e) => {
@@ -308,13 +320,14 @@ impl Chunks {
     }
 
     /// After its registrar took the chunk at `base` again once its pages
-    /// moved (`region`): where the kernel left them, as
+    /// moved (`region`; `before`: its pages off its node just before, as
+    /// [`off_node_now`](Self::off_node_now) counted): where the kernel left them, as
     /// [`check_pins`](Self::check_pins) says. A refusal undoes the
     /// registration and loses it ([`lose_registration`](Self::lose_registration)):
     /// `EXDEV`, the pages left the node.
-    pub(crate) fn settle_pins(&mut self, base: usize, r: &dyn Registrar, region: &Region) -> Result<()> {
+    pub(crate) fn settle_pins(&mut self, base: usize, r: &dyn Registrar, region: &Region, before: usize) -> Result<()> {
         let Some(phys) = self.find(base).map(|c| c.phys) else { return Ok(()) };
-        match self.check_pins(r, region, phys) {
+        match self.check_pins(r, region, phys, before) {
             Ok(off) => {
                 if let Some(c) = self.find(base) {
                     c.off_node = off;
@@ -343,6 +356,15 @@ impl Chunks {
     pub(crate) fn register_again(&mut self, addr: usize) -> Result<bool> {
         self.sync_fork();
         let Some((r, node)) = self.registrar.clone() else { return Ok(false) };
+        let before = {
+            let i = self.list.partition_point(|c| c.base <= addr);
+            match i.checked_sub(1).map(|i| &self.list[i]) {
+                Some(c) if addr < c.base + c.len && !c.registered && !c.frozen => {
+                    pins::off_node(c.base, c.len, c.page_size, c.phys).unwrap_or(0)
+                }
+                _ => 0,
+            }
+        };
         let i = self.list.partition_point(|c| c.base <= addr);
         let Some(c) = i.checked_sub(1).map(|i| &mut self.list[i]).filter(|c| addr < c.base + c.len) else {
             return Ok(false);
@@ -359,7 +381,7 @@ impl Chunks {
         })?;
         let phys = c.phys;
         // (Refused, it stays unregistered, as it was: asked again next time.)
-        let off = self.check_pins(&*r, &region, phys)?;
+        let off = self.check_pins(&*r, &region, phys, before)?;
         let i = self.list.partition_point(|c| c.base <= addr.as_ptr() as usize) - 1;
         let c = &mut self.list[i];
         c.registered = true;
@@ -488,7 +510,8 @@ impl Chunks {
                     Refusal::Errno(errno) => Error::Registration { node, len, errno },
                     Refusal::Memlock { limit, pinned } => Error::MemlockLimit { node, limit, pinned, asked: len },
                 })
-                .and_then(|()| self.check_pins(&**r, &region, phys));
+                // (A fresh mapping: no page is present before the pin.)
+                .and_then(|()| self.check_pins(&**r, &region, phys, 0));
             match registered {
                 Ok(off) => off_node = off,
                 Err(e) => {

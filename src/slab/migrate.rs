@@ -441,9 +441,10 @@ impl KmemCache {
             // moved off the target as it pinned them again lose the
             // registration as a refusal would (`EXDEV`, under
             // `OffNodePins::Refuse`).
+            let before = s.chunks.off_node_now(e.base);
             let moved = r.register_moved(&after).and_then(|()| {
                 s.chunks
-                    .settle_pins(e.base, &*r, &after)
+                    .settle_pins(e.base, &*r, &after, before)
                     .map_err(|err| Refusal::Errno(err.errno().unwrap_or(libc::EXDEV)))
             });
             match moved {

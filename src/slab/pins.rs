@@ -36,8 +36,10 @@ use crate::os::{pages, zones};
 pub enum OffNodePins {
     /// The registration is undone, the region unmapped, and the allocation
     /// that needed it fails with
-    /// [`Error::PinsLeftNode`](crate::Error::PinsLeftNode): the pool never
-    /// holds a region off its node. The default.
+    /// [`Error::PinsLeftNode`](crate::Error::PinsLeftNode): the pool keeps
+    /// no region whose pages the pin moved off a node with movable memory.
+    /// The default. (Where the node has no movable memory, nothing is
+    /// looked up: no pin moves a page off it.)
     #[default]
     Refuse,
     /// The region stays registered where the kernel put it; its pages off
@@ -51,7 +53,8 @@ pub enum OffNodePins {
 /// looked up only where pins can leave, on a node with movable memory (or
 /// where the zones cannot be read).
 pub(crate) fn off_node(base: usize, len: usize, page: usize, phys: usize) -> Result<usize> {
-    let movable = zones::node_zones(phys).map_or(true, |z| z.movable > 0);
+    // Not known (unreadable, or not parsed) counts as movable: looked up.
+    let movable = zones::node_zones(phys).ok().flatten().is_none_or(|z| z.movable > 0);
     if !movable {
         return Ok(0);
     }

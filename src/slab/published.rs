@@ -8,7 +8,7 @@
 //! bytes, every field a little-endian `u64` written atomically:
 //!
 //! ```text
-//! header: magic "NWSLABS1", pid, seq (odd while an entry changes), chunks not listed (the table was full),
+//! header: magic "NWSLABS2" ("NWSLABS1": no node in entries, still read), pid, seq (odd while an entry changes), chunks not listed (the table was full),
 //!         the slot being edited, 3 words unused
 //! entry:  start, len (0: a free slot), page size | (node + 1) << 32 (0: not said), name (40 bytes, NUL-padded)
 //! ```
@@ -41,7 +41,10 @@ use crate::sync::{AtomicU64, Ordering, fence};
 pub const FILE_NAME: &str = "numaweave-slabs";
 /// Entries the table holds; chunks beyond are counted, not listed.
 pub const SLOTS: usize = 4096;
-const MAGIC: u64 = u64::from_le_bytes(*b"NWSLABS1");
+const MAGIC: u64 = u64::from_le_bytes(*b"NWSLABS2");
+/// The first version's magic: entries without a node (word 2 the page
+/// size alone), read as entries whose node is not said.
+const MAGIC_V1: u64 = u64::from_le_bytes(*b"NWSLABS1");
 /// Words of an entry.
 const WORDS: usize = 8;
 /// Bytes of a name kept.
@@ -196,7 +199,7 @@ pub fn parse(bytes: &[u8], seq_after: u64) -> Result<Table, BadTable> {
 
 /// [`parse`] over a table of `slots` entries whose words `word` reads.
 fn decode(word: impl Fn(usize) -> u64, slots: usize, seq_after: u64) -> Result<Table, BadTable> {
-    if word(H_MAGIC) != MAGIC {
+    if word(H_MAGIC) != MAGIC && word(H_MAGIC) != MAGIC_V1 {
         return Err(BadTable::Magic);
     }
     let seq = word(H_SEQ);

@@ -9,8 +9,10 @@
 //!
 //! A region is one chunk of the pool's slabs (see the slab module's design:
 //! one `mmap` + `mbind` each, as long as what the node already holds, up to
-//! 256 MiB). Every region is registered exactly once and unregistered
-//! exactly once. A slab given back inside a registered region keeps its
+//! 256 MiB). Every registration of a region is matched by exactly one
+//! unregistration; a region released for a move is taken back with
+//! `register_moved`, and one whose registration was lost or undone is
+//! registered again on demand. A slab given back inside a registered region keeps its
 //! pages (unregistered regions return them to the OS at once): a registered
 //! page is pinned, and a page returned and faulted in again would be a new
 //! one, not the page the device was given. The region goes, unregistered
@@ -114,8 +116,14 @@ pub trait Registrar: Send + Sync {
     /// for it.
     fn register(&self, region: &Region) -> Result<(), Refusal>;
 
-    /// Unregisters `region`, registered before, before it is unmapped:
-    /// nothing of the pool uses it any more.
+    /// Unregisters `region`, registered before: before it is unmapped
+    /// (nothing of the pool uses it any more), or right after a
+    /// registration the pool undoes because the kernel moved the region's
+    /// pages to another node as they were pinned
+    /// ([`OffNodePins::Refuse`](super::OffNodePins::Refuse)). A region
+    /// undone so is unmapped if it was fresh; one registered again (after
+    /// a move, or on demand) keeps the objects already out of it, and no
+    /// new slab is carved from it until it is registered again.
     fn unregister(&self, region: &Region);
 
     /// Whether the pool's regions may move to another node

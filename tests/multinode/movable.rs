@@ -43,7 +43,7 @@ pub(super) fn uring_pins_moved_off_a_movable_node_are_refused_or_counted(t: &Top
     let m = g.cpu_nodes; // the first memory-only node, as the topology and the kernel number it
     let phys = t.physical_node(m);
     let blocks = online_movable(phys);
-    let z = zones::node_zones(phys).unwrap();
+    let z = zones::node_zones(phys).unwrap().expect("the node in /proc/zoneinfo");
     println!("\n  node {m}: {blocks} memory blocks onlined movable; zones {z:?}");
     assert!(blocks > 0 && z.movable > 0, "no movable memory on node {m}");
 

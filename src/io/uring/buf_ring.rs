@@ -321,10 +321,15 @@ impl<'a> BufRing<'a> {
 
     /// The buffer a completion of this group's request filled: `Ok(None)`
     /// when the kernel selected none (a request that ended before data
-    /// came), an [`Error::Os`] with the request's errno when it failed
-    /// (`ENOBUFS`: every buffer was taken), [`Error::BufferNotLent`] when
-    /// the completion names a buffer this ring does not lend (one taken
-    /// already, or another group's).
+    /// came), or, in an incremental ring, filled no byte of it; an
+    /// [`Error::Os`] with the request's errno when it failed (`ENOBUFS`:
+    /// every buffer was taken; a buffer the failed request selected stays
+    /// the kernel's); [`Error::BufferNotLent`] when the completion names a
+    /// buffer this ring does not lend (one taken already, or another
+    /// group's) or, in an incremental ring, bytes the kernel has not
+    /// consumed. Completions are taken once each, in the order the kernel
+    /// posted them (as the completion queue gives them): an incremental
+    /// ring's pieces are cut in that order.
     pub fn take(&self, cqe: &io_uring::cqueue::Entry) -> Result<Option<ProvidedBuf<'_>>> {
         let Some(bid) = io_uring::cqueue::buffer_select(cqe.flags()) else {
             return if cqe.result() < 0 {
@@ -337,49 +342,61 @@ impl<'a> BufRing<'a> {
         if !self.lent.get(i).is_some_and(Cell::get) {
             return Err(Error::BufferNotLent { group: self.bgid, bid });
         }
-        let off = self.filled[i].get() as usize;
-        let len = usize::try_from(cqe.result()).ok().filter(|&l| off + l <= self.buffer_size());
-        if self.incremental {
-            if len == Some(0) {
-                // Nothing consumed (an end of stream): the buffer stays at
-                // the ring's head, the kernel's, whatever the flags say.
-                return Ok(None);
-            }
-            // The piece must lie in what the kernel has consumed of the
-            // buffer (its entry's length is what is left): a completion
+        let res = cqe.result();
+        let failed = |errno| Err(Error::Os { call: "io_uring (buffer-select request)", errno });
+        let (off, len) = if self.incremental {
+            // What the kernel has consumed of the buffer, from its entry:
+            // it is done with the buffer when nothing is left (it moved the
+            // ring's head past it then), whatever the flags say (a read of
+            // a file takes the whole rest at selection, a failed request
+            // takes nothing).
+            let left = self.left_in_entry(i);
+            let off = self.filled[i].get() as usize;
+            let len = usize::try_from(res).ok();
+            // The piece must lie in what the kernel consumed: a completion
             // taken twice, or one the kernel did not post, would otherwise
-            // hand out bytes the kernel is still to write.
-            if len.is_some_and(|l| off + l > self.buffer_size() - self.left_in_entry(i)) {
+            // hand out bytes it is still to write.
+            if len.is_some_and(|l| off + l > self.buffer_size() - left) {
                 return Err(Error::BufferNotLent { group: self.bgid, bid });
             }
+            if left == 0 {
+                self.lent[i].set(false);
+            } else if let Some(l) = len {
+                self.filled[i].set((off + l) as u32);
+            }
             match len {
-                // More to come: the kernel keeps the buffer, past these bytes.
-                Some(l) if io_uring::cqueue::buffer_more(cqe.flags()) => self.filled[i].set((off + l) as u32),
-                _ => self.lent[i].set(false),
+                Some(l) if l > 0 => (off, l),
+                _ => {
+                    // No bytes (an end of file or stream) or a failure: no
+                    // piece, and a buffer the kernel is done with goes back
+                    // now if no piece of it is out.
+                    if left == 0 && self.pieces[i].get() == 0 {
+                        self.used.set(self.used.get() + 1);
+                        self.provide(bid);
+                    }
+                    return if res < 0 { failed(-res) } else { Ok(None) };
+                }
             }
         } else {
+            let Ok(len) = usize::try_from(res) else {
+                // A failed request may leave its buffer at the ring's head
+                // (Linux 6.12 and later commit nothing then): the buffer
+                // stays the kernel's, never provided twice; a later
+                // completion that names it hands it out.
+                return failed(-res);
+            };
+            if len > self.buffer_size() {
+                debug_assert!(false, "a completion of {len} bytes into a {}-byte buffer", self.buffer_size());
+                return failed(libc::EOVERFLOW);
+            }
             self.lent[i].set(false);
-        }
-        // The guard holds a piece of the buffer now: on the error paths it
-        // goes back as the guard drops.
+            (0, len)
+        };
+        // The guard holds a piece of the buffer now; the buffer goes back
+        // once the kernel is done with it and its last piece drops.
         self.pieces[i].set(self.pieces[i].get() + 1);
-        self.received.set(self.received.get() + len.unwrap_or(0) as u64);
-        let buf = ProvidedBuf { ring: self, bid, off, len: len.unwrap_or(0) };
-        match len {
-            Some(_) => Ok(Some(buf)),
-            None if cqe.result() < 0 => {
-                Err(Error::Os { call: "io_uring (buffer-select request)", errno: -cqe.result() })
-            }
-            None => {
-                debug_assert!(
-                    false,
-                    "a completion of {} bytes into a {}-byte buffer",
-                    cqe.result(),
-                    self.buffer_size()
-                );
-                Err(Error::Os { call: "io_uring (buffer-select request)", errno: libc::EOVERFLOW })
-            }
-        }
+        self.received.set(self.received.get() + len as u64);
+        Ok(Some(ProvidedBuf { ring: self, bid, off, len }))
     }
 
     /// What the kernel has left of buffer `i` in its ring entry, in bytes.
