@@ -50,7 +50,11 @@ const TAIL_OFFSET: usize = 14;
 /// are used.
 ///
 /// One thread uses it (it is neither `Send` nor `Sync`), as it uses the
-/// `NodeRing`: the application is the ring's one producer.
+/// `NodeRing`: the application is the ring's one producer. It is dropped
+/// only when no request that selects from it is in flight (what the
+/// submitter of such a request promises for the buffers it names): a read
+/// of a file takes its buffer when it starts, and the kernel writes it
+/// until the read completes.
 ///
 /// ```no_run
 /// use std::io::Write;
