@@ -55,7 +55,7 @@ static int own_table(void) {
         if (strncmp(link, "/memfd:numaweave-slabs", 22) != 0) continue;
         uint64_t head[2] = {0, 0};
         int fd = atoi(e->d_name);
-        if (pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head && memcmp(&head[0], "NWSLABS1", 8) == 0 &&
+        if (pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head && memcmp(&head[0], "NWSLABS2", 8) == 0 &&
             head[1] == (uint64_t)getpid())
             found = fd;
     }
