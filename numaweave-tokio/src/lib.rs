@@ -7,20 +7,24 @@
 //! runtime per node instead, as Seastar shards are per core:
 //!
 //! - each node's workers (and its blocking threads) are pinned to the
-//!   node's CPUs, so work stealing stays within the node;
+//!   node's CPUs that the process may use, so work stealing stays within
+//!   the node;
 //! - with [`numaweave::NumaAlloc`] as the global allocator, whose default
 //!   policy allocates on the thread's node, a task's memory comes from its
 //!   workers' node, and a block freed by another node's worker goes home;
 //! - [`NodeRuntime::spawn_on`] puts a task on a node (the one of the device
 //!   it talks to, or of the data it owns);
 //! - [`NodeRuntime::listen`] binds a listener per node to one address
-//!   (`SO_REUSEPORT`, each steered to connections arriving on its node's
-//!   CPUs with `SO_INCOMING_CPU`), so a connection is served where it
-//!   arrived;
-//! - with the `io-uring` feature, [`Builder::rings`] gives each worker a
-//!   [`NodeRing`](numaweave::io::uring::NodeRing) cloned from its node's
-//!   [`NodeTable`](numaweave::io::uring::NodeTable): fixed buffers
-//!   registered once per node ([`with_ring`]).
+//!   (`SO_REUSEPORT`): the kernel spreads connections over them by hash,
+//!   preferring, for a connection whose first packet was handled on a
+//!   listener's `SO_INCOMING_CPU` (the node's first CPU), that listener;
+//!   each is served on the node whose listener accepted it;
+//! - with the `io-uring` feature, [`Builder::rings`] gives each thread
+//!   that asks ([`with_ring`]) a [`NodeRing`](numaweave::io::uring::NodeRing)
+//!   cloned from its node's [`NodeTable`](numaweave::io::uring::NodeTable):
+//!   fixed buffers registered once per node.
+//!
+//! Drop a `NodeRuntime` outside async code, as a tokio `Runtime`.
 //!
 //! The allocator crate does not depend on tokio; this crate does.
 //!
@@ -57,9 +61,15 @@ thread_local! {
 }
 
 #[cfg(feature = "io-uring")]
+type RingSource = (Arc<numaweave::io::uring::NodeTable>, u32);
+
+#[cfg(feature = "io-uring")]
 thread_local! {
-    /// The calling worker's ring, cloned from its node's table.
+    /// The calling thread's ring, cloned from its node's table when first
+    /// asked for (a blocking thread that never asks makes none).
     static RING: std::cell::RefCell<Option<numaweave::io::uring::NodeRing>> = const { std::cell::RefCell::new(None) };
+    /// Where it comes from: the node's table and the ring's entries.
+    static RING_SOURCE: std::cell::RefCell<Option<RingSource>> = const { std::cell::RefCell::new(None) };
 }
 
 /// The node of the calling thread's worker group: `Some` on a worker (or
@@ -72,8 +82,9 @@ pub fn current_node() -> Option<usize> {
     NODE.with(Cell::get)
 }
 
-/// Calls `f` with the calling worker's ring (see [`Builder::rings`]):
-/// `None` off a worker, or on a runtime built without rings.
+/// Calls `f` with the calling worker's ring (see [`Builder::rings`]), made
+/// from its node's table at the thread's first call: `Ok(None)` off a
+/// worker, or on a runtime built without rings; the error of making it.
 ///
 /// ```no_run
 /// let rt = numaweave_tokio::NodeRuntime::builder().rings(4096, 64).build().unwrap();
@@ -83,8 +94,15 @@ pub fn current_node() -> Option<usize> {
 /// println!("buffer index {:?}", rt.block_on(task).unwrap());
 /// ```
 #[cfg(feature = "io-uring")]
-pub fn with_ring<R>(f: impl FnOnce(&numaweave::io::uring::NodeRing) -> R) -> Option<R> {
-    RING.with(|r| r.borrow().as_ref().map(f))
+pub fn with_ring<R>(f: impl FnOnce(&numaweave::io::uring::NodeRing) -> R) -> Result<Option<R>, Error> {
+    RING.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.is_none() {
+            let Some((table, entries)) = RING_SOURCE.with(|s| s.borrow().clone()) else { return Ok(None) };
+            *r = Some(table.ring(entries)?);
+        }
+        Ok(r.as_ref().map(f))
+    })
 }
 
 /// How a [`NodeRuntime`] is made: see [`NodeRuntime::builder`].
@@ -92,6 +110,8 @@ pub fn with_ring<R>(f: impl FnOnce(&numaweave::io::uring::NodeRing) -> R) -> Opt
 pub struct Builder {
     nodes: Option<Vec<usize>>,
     workers: Option<usize>,
+    /// Threads whose pinning failed after the build (blocking threads).
+    unpinned: Arc<AtomicUsize>,
     #[cfg(feature = "io-uring")]
     rings: Option<(usize, u32)>,
 }
@@ -120,20 +140,39 @@ impl Builder {
     }
 
     /// Makes the runtime: per node, a multi-threaded tokio runtime whose
-    /// threads are pinned to the node's CPUs. Fails with
-    /// [`Error::InvalidNode`] for a node without CPUs, or with the error of
-    /// the runtime, a table, or the pinning.
+    /// threads are pinned to the node's CPUs the process may use (by
+    /// default, every node with such CPUs). Fails with
+    /// [`Error::InvalidNode`] for a node asked for without such CPUs, or
+    /// with the error of the runtime, a table, or the pinning.
     pub fn build(self) -> Result<NodeRuntime, Error> {
+        let mut groups = Vec::new();
+        let unpinned = self.unpinned.clone();
+        match self.build_groups(&mut groups) {
+            Ok(()) => Ok(NodeRuntime { groups, unpinned }),
+            Err(e) => {
+                // Shut down without waiting: dropping a runtime from async
+                // code would panic.
+                for g in groups {
+                    g.rt.shutdown_background();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn build_groups(self, groups: &mut Vec<Group>) -> Result<(), Error> {
         let topo = Topology::global();
+        let allowed = numaweave::os::cpu::allowed_cpus()?;
+        let usable =
+            |node: usize| -> Vec<usize> { topo.cpus_of(node).iter().filter(|c| allowed.contains(c)).collect() };
         let nodes = match self.nodes {
             Some(n) => n,
-            None => topo.cpu_nodes().iter().collect(),
+            None => topo.cpu_nodes().iter().filter(|&n| !usable(n).is_empty()).collect(),
         };
-        let mut groups = Vec::with_capacity(nodes.len());
         for node in nodes {
-            let cpus: Vec<usize> = topo.cpus_of(node).iter().collect();
+            let cpus = usable(node);
             if cpus.is_empty() {
-                return Err(Error::InvalidNode { node, reason: "the node has no CPUs for workers" });
+                return Err(Error::InvalidNode { node, reason: "no CPU of the node is allowed to the process" });
             }
             #[cfg(feature = "io-uring")]
             let table = match self.rings {
@@ -145,7 +184,8 @@ impl Builder {
             let started = Arc::new(AtomicUsize::new(0));
             let seen = started.clone();
             #[cfg(feature = "io-uring")]
-            let (ring_table, entries) = (table.clone(), self.rings.map_or(0, |r| r.1));
+            let source = table.clone().map(|t| (t, self.rings.map_or(0, |r| r.1)));
+            let late = self.unpinned.clone();
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(self.workers.unwrap_or(cpus.len()).max(1))
                 .thread_name(format!("numaweave-node{node}"))
@@ -153,15 +193,13 @@ impl Builder {
                 .on_thread_start(move || {
                     NODE.with(|n| n.set(Some(node)));
                     if let Err(e) = numaweave::os::cpu::pin_current_thread_to(on_cpus.iter().copied()) {
+                        // At start-up the build's error; later (a blocking
+                        // thread) counted.
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        late.fetch_add(1, Ordering::Relaxed);
                     }
                     #[cfg(feature = "io-uring")]
-                    if let Some(t) = &ring_table {
-                        match t.ring(entries) {
-                            Ok(r) => RING.with(|slot| *slot.borrow_mut() = Some(r)),
-                            Err(e) => *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
-                        }
-                    }
+                    RING_SOURCE.with(|s| *s.borrow_mut() = source.clone());
                     started.fetch_add(1, Ordering::Release);
                 })
                 .on_thread_stop(|| {
@@ -178,6 +216,7 @@ impl Builder {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             if let Some(e) = pinned.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                rt.shutdown_background();
                 return Err(e);
             }
             groups.push(Group {
@@ -191,7 +230,7 @@ impl Builder {
         if groups.is_empty() {
             return Err(Error::InvalidNode { node: 0, reason: "no node to run on" });
         }
-        Ok(NodeRuntime { groups })
+        Ok(())
     }
 }
 
@@ -207,6 +246,7 @@ struct Group {
 /// A tokio runtime per node: see the [crate documentation](crate).
 pub struct NodeRuntime {
     groups: Vec<Group>,
+    unpinned: Arc<AtomicUsize>,
 }
 
 impl NodeRuntime {
@@ -228,6 +268,13 @@ impl NodeRuntime {
     /// the runtime runs there.
     pub fn handle(&self, node: usize) -> Option<&Handle> {
         self.group(node).map(|g| g.rt.handle())
+    }
+
+    /// Threads started after the build (blocking threads) whose pinning
+    /// the kernel refused: they run unpinned (the CPUs allowed to the
+    /// process changed under it).
+    pub fn unpinned_threads(&self) -> usize {
+        self.unpinned.load(Ordering::Relaxed)
     }
 
     /// The CPUs `node`'s workers are pinned to.
@@ -262,11 +309,12 @@ impl NodeRuntime {
     }
 
     /// A listener per node, all on `addr` (`SO_REUSEPORT`; port 0 picks one
-    /// port for all of them), each registered with its node's workers and
-    /// steered, where the kernel does it, to connections whose packets
-    /// arrive on the node's first CPU (`SO_INCOMING_CPU`). Accept on each
-    /// from a task of its node ([`spawn_on`](Self::spawn_on)): a connection
-    /// is then served by the node it arrived on.
+    /// port for all of them), each registered with its node's workers. The
+    /// kernel spreads connections over them by hash, preferring the
+    /// listener whose `SO_INCOMING_CPU` (its node's first CPU) handled the
+    /// connection's first packet. Accept on each from a task of its node
+    /// ([`spawn_on`](Self::spawn_on)): a connection is then served by the
+    /// node whose listener accepted it.
     pub fn listen(&self, addr: SocketAddr) -> std::io::Result<Vec<(usize, tokio::net::TcpListener)>> {
         use socket2::{Domain, Protocol, Socket, Type};
         let mut out = Vec::with_capacity(self.groups.len());

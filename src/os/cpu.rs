@@ -34,6 +34,20 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(c).ok()
 }
 
+/// The CPUs the calling thread may run on (`sched_getaffinity`): a
+/// container's `cpuset.cpus`, `taskset`, an earlier pinning.
+pub fn allowed_cpus() -> Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    let _errno = super::KeepErrno::new();
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size given; pid 0
+    // is the caller.
+    let r = unsafe { libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    super::os_result(r, "sched_getaffinity")?;
+    // SAFETY: each index is below CPU_SETSIZE; `set` was filled above.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
 /// Restricts the calling thread to the CPUs `cpus` (`sched_setaffinity`):
 /// a worker kept on one node's CPUs, free to move among them. An empty
 /// set, or a CPU beyond `CPU_SETSIZE`, is `EINVAL`.

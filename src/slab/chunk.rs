@@ -80,6 +80,9 @@ struct Chunk {
     /// Of its pages, those the kernel held on another node than `phys`
     /// once the registrar had them (kept with `OffNodePins::Report`).
     off_node: usize,
+    /// Pages a refused pin moved off `phys`: they stay there, and are the
+    /// pin's doing when the chunk is registered again.
+    left_by_pin: usize,
 }
 
 /// A chunk as a migration or a placement count sees it.
@@ -256,6 +259,7 @@ impl Chunks {
                     // Counted against the old node; counted again as the
                     // chunk is registered on the new one.
                     c.off_node = 0;
+                    c.left_by_pin = 0;
                     super::published::rebind(c.base, phys);
                 }
                 Err(e) => {
@@ -336,6 +340,9 @@ impl Chunks {
             }
             Err(e) => {
                 self.lose_registration(base);
+                if let (Error::PinsLeftNode { pages, .. }, Some(c)) = (&e, self.find(base)) {
+                    c.left_by_pin += pages;
+                }
                 Err(e)
             }
         }
@@ -360,7 +367,8 @@ impl Chunks {
             let i = self.list.partition_point(|c| c.base <= addr);
             match i.checked_sub(1).map(|i| &self.list[i]) {
                 Some(c) if addr < c.base + c.len && !c.registered && !c.frozen => {
-                    pins::off_node(c.base, c.len, c.page_size, c.phys).unwrap_or(0)
+                    // Pages an earlier refused pin moved are this pin's to answer for.
+                    pins::off_node(c.base, c.len, c.page_size, c.phys).unwrap_or(0).saturating_sub(c.left_by_pin)
                 }
                 _ => 0,
             }
@@ -381,12 +389,23 @@ impl Chunks {
         })?;
         let phys = c.phys;
         // (Refused, it stays unregistered, as it was: asked again next time.)
-        let off = self.check_pins(&*r, &region, phys, before)?;
+        let checked = self.check_pins(&*r, &region, phys, before);
         let i = self.list.partition_point(|c| c.base <= addr.as_ptr() as usize) - 1;
         let c = &mut self.list[i];
-        c.registered = true;
-        c.off_node = off;
-        Ok(true)
+        match checked {
+            Ok(off) => {
+                c.registered = true;
+                c.off_node = off;
+                c.left_by_pin = 0;
+                Ok(true)
+            }
+            Err(e) => {
+                if let Error::PinsLeftNode { pages, .. } = e {
+                    c.left_by_pin = pages;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Mappings held.
@@ -540,6 +559,7 @@ impl Chunks {
                 frozen: false,
                 phys,
                 off_node,
+                left_by_pin: 0,
             },
         );
         super::published::publish(base, len, page_size, phys, &self.name);

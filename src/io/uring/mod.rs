@@ -104,21 +104,14 @@ struct Table {
     /// two but where regions are small).
     granules: HashMap<usize, Vec<u16>>,
     /// Rings that hold a clone of this table ([`NodeTable`]): each change
-    /// of a slot reaches them under this table's lock.
-    followers: Vec<Follower>,
-    /// The kernel clones ranges of a table into one that has buffers
-    /// (Linux 6.13): a changed slot is cloned into each follower at once;
-    /// else (6.12) a follower clones the whole table again at its next
-    /// [`NodeRing::sync`].
+    /// of a slot reaches them under this table's lock (`table::to_followers`).
+    followers: Vec<table::Follower>,
+    /// The kernel clones a table over one that has buffers (Linux 6.13):
+    /// a change is cloned into each follower; else (6.12) a follower
+    /// registers a region that came after its clone itself.
     ranges: bool,
-}
-
-/// A ring holding a clone of a node's table.
-struct Follower {
-    ring: std::sync::Weak<IoUring>,
-    /// Set when the ring's clone lacks a change: it clones the table again
-    /// at its next `alloc` or `sync`, on its own thread.
-    stale: Arc<std::sync::atomic::AtomicBool>,
+    /// The node the table's regions are on (for a follower's errors).
+    node: usize,
 }
 
 impl Table {
@@ -305,46 +298,10 @@ impl Registrar for FixedBuffers {
 }
 
 impl FixedBuffers {
-    /// Slot `slot` of the primary ring changed (filled with a region, or
-    /// emptied): each follower's clone changes the same way, under the
-    /// table's lock `t`. An emptied slot is emptied in every follower at
-    /// once (so that the pin goes with the primary's: a region leaving, or
-    /// moving, is not held by a clone); a filled one is cloned into each
-    /// follower where the kernel clones ranges, else the follower takes it
-    /// at its next sync, on its own thread (a whole clone replaces its
-    /// table, which would fail its own requests under way meanwhile).
+    /// Slot `slot` of the primary ring changed: every follower follows
+    /// (`table::to_followers`).
     fn to_followers(&self, t: &mut Table, slot: u16, filled: bool) {
-        use std::os::fd::AsRawFd;
-        t.followers.retain(|f| f.ring.strong_count() > 0);
-        for f in &t.followers {
-            let Some(ring) = f.ring.upgrade() else { continue };
-            let done = if !filled {
-                // SAFETY: the empty iovec names no memory.
-                unsafe {
-                    ring.submitter().register_buffers_update(
-                        u32::from(slot),
-                        &[libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }],
-                        None,
-                    )
-                }
-                .is_ok()
-            } else {
-                t.ranges
-                    && ring
-                        .submitter()
-                        .register_buffers_clone_offset(
-                            self.ring.as_raw_fd(),
-                            u32::from(slot),
-                            u32::from(slot),
-                            1,
-                            io_uring::types::CloneBuffersFlags::DST_REPLACE,
-                        )
-                        .is_ok()
-            };
-            if !done {
-                f.stale.store(true, Ordering::Release);
-            }
-        }
+        table::to_followers(&self.ring, t, slot, filled);
     }
 
     /// Takes region `r`, in `slot` (empty in the ring), off the table: the
@@ -480,6 +437,16 @@ impl DerefMut for FixedBuf<'_> {
     }
 }
 
+impl Drop for NodeRing {
+    fn drop(&mut self) {
+        // A ring of a table leaves it: the bookings of the regions it
+        // registered itself come back (the kernel unpins as it closes).
+        if let (Some(stale), Some(table)) = (&self.stale, &self.table) {
+            table.leave(stale);
+        }
+    }
+}
+
 impl NodeRing {
     /// A ring of `entries` submission entries and a pool of `buf_size`-byte
     /// buffers (up to 1 MiB) on `node`, its regions registered as they
@@ -581,16 +548,16 @@ impl NodeRing {
         Ok(FixedBuf { buf, index })
     }
 
-    /// For a ring of a [`NodeTable`]: brings this ring's clone of the
-    /// node's table up to date (a region registered or moved since, where
-    /// the kernel clones whole tables only: Linux 6.12). [`alloc`](Self::alloc)
-    /// does it for the buffers it hands out; a buffer another ring of the
-    /// table handed out is used here after a `sync`. Nothing to do for a
-    /// ring of its own, or on Linux 6.13 and later (changes reach every
-    /// ring as they are made).
+    /// For a ring of a [`NodeTable`]: makes the changes of the node's table
+    /// this ring could not take as they were made (a region its own
+    /// registration of which the memlock limit refused on Linux 6.12, a
+    /// failed clone or update), and says the error of one still refused.
+    /// [`alloc`](Self::alloc) does it before handing out a buffer. Nothing
+    /// to do for a ring of its own, or when nothing failed; `EPERM` in a
+    /// forked child.
     pub fn sync(&self) -> Result<()> {
         match (&self.stale, &self.table) {
-            (Some(stale), Some(table)) if stale.load(Ordering::Acquire) => table.resync(&self.ring, stale),
+            (Some(stale), Some(table)) if stale.load(Ordering::Acquire) => table.resync(stale),
             _ => Ok(()),
         }
     }

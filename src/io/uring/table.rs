@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use io_uring::IoUring;
 use io_uring::types::CloneBuffersFlags;
 
-use super::{FixedBuffers, Follower, NodeRing, io_error};
+use super::{FixedBuffers, NodeRing, Table, io_error, pin, unpin};
 use crate::error::{Error, Result};
 use crate::os::thread::fork_generation;
 use crate::slab::DmaPool;
@@ -21,8 +21,8 @@ pub enum Sharing {
     /// clones refused): pinned and charged once per ring, as
     /// [`NodeRing::new`].
     PerRing,
-    /// Rings clone the node's table (Linux 6.12); a region that comes
-    /// later reaches a ring at its next `alloc` or `sync`.
+    /// Rings clone the node's table as they are made (Linux 6.12); a
+    /// region that comes later is registered by each ring itself.
     Clone,
     /// Rings clone the node's table, and each change of a slot reaches
     /// every ring as it is made (Linux 6.13).
@@ -41,15 +41,20 @@ pub enum Sharing {
 /// once. Every ring of the table allocates from the same pool, and a
 /// buffer's index is the same in every ring.
 ///
-/// Changes reach every ring under the table's lock: a region registered
-/// (the pool grew) or registered again after a move is cloned into each
-/// ring's slot at once where the kernel clones ranges (Linux 6.13,
-/// `IORING_REGISTER_DST_REPLACE`), else (6.12) each ring clones the whole
-/// table again at its next [`NodeRing::alloc`] or [`NodeRing::sync`], on
-/// its own thread; a region leaving or released for a move is emptied in
-/// every ring at once, so no clone keeps its pages pinned. Before Linux
-/// 6.12, [`NodeTable::ring`] makes a [`NodeRing`] of its own, registering
-/// as ever ([`Sharing::PerRing`]).
+/// Changes reach every ring under the table's lock. A region registered
+/// (the pool grew) or registered again after a move is cloned into every
+/// ring at once where the kernel clones over a table with buffers (Linux
+/// 6.13, `IORING_REGISTER_DST_REPLACE`; the whole table, as a one-slot
+/// clone loses the slots above it on 6.13 to 6.18 before the fix); on
+/// 6.12, whose clone takes an empty table only, each ring registers such a
+/// region itself (pinned and charged once more for that ring: only the
+/// regions there at a ring's making are shared). A region leaving or
+/// released for a move is emptied in every ring at once, so that no clone
+/// keeps its pages pinned. A change a ring could not take (the memlock
+/// limit, an error) is made again at its next [`NodeRing::alloc`] or
+/// [`NodeRing::sync`], which report a failure. Before Linux 6.12,
+/// [`NodeTable::ring`] makes a [`NodeRing`] of its own, registering as
+/// ever ([`Sharing::PerRing`]).
 ///
 /// ```no_run
 /// use numaweave::io::uring::NodeTable;
@@ -87,7 +92,11 @@ impl NodeTable {
         if sharing == Sharing::PerRing {
             return Ok(Arc::new(Self { node, buf_size, sharing, pool: None, fixed: None, primary: None, forks }));
         }
-        fixed.table.lock().unwrap_or_else(|e| e.into_inner()).ranges = sharing == Sharing::CloneRanges;
+        {
+            let mut t = fixed.table.lock().unwrap_or_else(|e| e.into_inner());
+            t.ranges = sharing == Sharing::CloneRanges;
+            t.node = node;
+        }
         let pool = DmaPool::builder("uring_table", buf_size).node(node).registrar(fixed.clone()).build()?;
         Ok(Arc::new(Self {
             node,
@@ -134,7 +143,14 @@ impl NodeTable {
             ring.submitter()
                 .register_buffers_clone(primary.as_raw_fd())
                 .map_err(|e| io_error("io_uring_register(IORING_REGISTER_CLONE_BUFFERS, Linux 6.12)", &e))?;
-            t.followers.push(Follower { ring: Arc::downgrade(&ring), stale: stale.clone() });
+            prune(&mut t);
+            t.followers.push(Follower {
+                ring: Arc::downgrade(&ring),
+                stale: stale.clone(),
+                own: Vec::new(),
+                missing: Vec::new(),
+                unemptied: Vec::new(),
+            });
         }
         Ok(NodeRing {
             pool: pool.clone(),
@@ -150,26 +166,60 @@ impl NodeTable {
         })
     }
 
-    /// Clones the whole table into `ring` again (its clone lacks a change),
-    /// under the table's lock: with ranges, over the old one; else the old
-    /// one unregistered first (the kernel clones into an empty table only),
-    /// which is why the ring's own thread does it.
-    pub(super) fn resync(&self, ring: &IoUring, stale: &AtomicBool) -> Result<()> {
+    /// Makes the changes the follower with flag `stale` could not take
+    /// when they were made, under the table's lock, from its own thread:
+    /// the error of one still refused (its flag stays set).
+    pub(super) fn resync(&self, stale: &Arc<AtomicBool>) -> Result<()> {
         let (Some(fixed), Some(primary)) = (&self.fixed, &self.primary) else { return Ok(()) };
-        let t = fixed.table.lock().unwrap_or_else(|e| e.into_inner());
-        stale.store(false, Ordering::Relaxed);
-        let src = primary.as_raw_fd();
-        let done = if t.ranges {
-            ring.submitter().register_buffers_clone_offset(src, 0, 0, 0, CloneBuffersFlags::DST_REPLACE)
+        if fork_generation() != self.forks {
+            // The table is the parent's (its lock may have been held at the
+            // fork, and its rings are shared with the parent).
+            return Err(Error::Os { call: "NodeRing::sync (a table of the parent process)", errno: libc::EPERM });
+        }
+        let mut t = fixed.table.lock().unwrap_or_else(|e| e.into_inner());
+        let t = &mut *t;
+        let Some(f) = t.followers.iter_mut().find(|f| Arc::ptr_eq(&f.stale, stale)) else { return Ok(()) };
+        let Some(ring) = f.ring.upgrade() else { return Ok(()) };
+        let mut last = None;
+        if t.ranges {
+            f.missing.clear();
+            f.unemptied.clear();
+            if let Err(e) = clone_all(&ring, primary) {
+                f.missing.push(0);
+                last = Some(io_error("io_uring_register(IORING_REGISTER_CLONE_BUFFERS)", &e));
+            }
         } else {
-            let _ = ring.submitter().unregister_buffers();
-            ring.submitter().register_buffers_clone(src)
-        };
-        drop(t);
-        done.map_err(|e| {
-            stale.store(true, Ordering::Release);
-            io_error("io_uring_register(IORING_REGISTER_CLONE_BUFFERS)", &e)
-        })
+            for slot in core::mem::take(&mut f.unemptied) {
+                if let Err(e) = f.empty(&ring, slot) {
+                    f.unemptied.push(slot);
+                    last = Some(io_error("io_uring_register(IORING_REGISTER_BUFFERS_UPDATE)", &e));
+                }
+            }
+            for slot in core::mem::take(&mut f.missing) {
+                if let Some(region) = t.slots[usize::from(slot)]
+                    && let Err(e) = f.fill(&ring, slot, region, t.node)
+                {
+                    f.missing.push(slot);
+                    last = Some(e);
+                }
+            }
+        }
+        stale.store(!(f.missing.is_empty() && f.unemptied.is_empty()), Ordering::Release);
+        last.map_or(Ok(()), Err)
+    }
+
+    /// The ring with flag `stale` goes: its own registrations' bookings
+    /// come back (the kernel drops the pins as the ring closes).
+    pub(super) fn leave(&self, stale: &Arc<AtomicBool>) {
+        let Some(fixed) = &self.fixed else { return };
+        if fork_generation() != self.forks {
+            return;
+        }
+        let mut t = fixed.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = t.followers.iter().position(|f| Arc::ptr_eq(&f.stale, stale)) {
+            let f = t.followers.swap_remove(i);
+            f.own.iter().for_each(|&(_, len)| unpin(len));
+        }
     }
 
     /// How its rings share the registration.
@@ -194,11 +244,117 @@ impl NodeTable {
         self.fixed.as_ref().map_or(0, |f| f.registered())
     }
 
-    /// Rings holding a clone of the table now.
+    /// Rings holding a clone of the table now (0 in a forked child: the
+    /// table is its parent's).
     pub fn rings(&self) -> usize {
+        if fork_generation() != self.forks {
+            return 0;
+        }
         self.fixed.as_ref().map_or(0, |f| {
             let t = f.table.lock().unwrap_or_else(|e| e.into_inner());
             t.followers.iter().filter(|f| Weak::strong_count(&f.ring) > 0).count()
         })
+    }
+}
+
+/// A ring holding a clone of a node's table.
+pub(super) struct Follower {
+    ring: Weak<IoUring>,
+    /// Set while the ring lacks a change (`missing`, `unemptied`): made at
+    /// its next `alloc` or `sync`.
+    stale: Arc<AtomicBool>,
+    /// Slots the ring registered itself (6.12: regions after its clone),
+    /// with the bytes booked against `RLIMIT_MEMLOCK` for each.
+    own: Vec<(u16, u64)>,
+    /// Slots filled in the table that the ring could not take yet (with
+    /// ranges: one entry means "clone the whole table again").
+    missing: Vec<u16>,
+    /// Slots emptied in the table that the ring could not empty yet.
+    unemptied: Vec<u16>,
+}
+
+impl Follower {
+    /// Empties `slot` in the ring (its reference to the pages goes, and
+    /// with it any pin of its own, whose booking comes back).
+    fn empty(&mut self, ring: &IoUring, slot: u16) -> std::io::Result<()> {
+        let empty = libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 };
+        // SAFETY: the empty iovec names no memory.
+        unsafe { ring.submitter().register_buffers_update(u32::from(slot), &[empty], None) }?;
+        if let Some(i) = self.own.iter().position(|&(s, _)| s == slot) {
+            unpin(self.own.swap_remove(i).1);
+        }
+        Ok(())
+    }
+
+    /// Registers `region` (start, length) in the ring's `slot` itself,
+    /// booked against `RLIMIT_MEMLOCK` first.
+    fn fill(&mut self, ring: &IoUring, slot: u16, (start, len): (usize, usize), node: usize) -> Result<()> {
+        pin(len as u64).map_err(|(limit, pinned)| Error::MemlockLimit { node, limit, pinned, asked: len })?;
+        let iov = libc::iovec { iov_base: start as *mut libc::c_void, iov_len: len };
+        // SAFETY: the region is registered in the primary's table (the
+        // caller read it there under the table's lock), so it stays mapped
+        // until the table empties the slot, which empties this ring's too.
+        match unsafe { ring.submitter().register_buffers_update(u32::from(slot), &[iov], None) } {
+            Ok(()) => {
+                self.own.push((slot, len as u64));
+                Ok(())
+            }
+            Err(e) => {
+                unpin(len as u64);
+                Err(io_error("io_uring_register(IORING_REGISTER_BUFFERS_UPDATE)", &e))
+            }
+        }
+    }
+}
+
+/// Drops the followers whose rings are gone (their own bookings back).
+fn prune(t: &mut Table) {
+    t.followers.retain(|f| {
+        let live = f.ring.strong_count() > 0;
+        if !live {
+            f.own.iter().for_each(|&(_, len)| unpin(len));
+        }
+        live
+    });
+}
+
+/// The whole table of `primary` cloned over `ring`'s (Linux 6.13). Not a
+/// one-slot clone: 6.13 to 6.18 before the fix keep only the slots below
+/// a clone's destination and drop those above it.
+fn clone_all(ring: &IoUring, primary: &IoUring) -> std::io::Result<()> {
+    ring.submitter().register_buffers_clone_offset(primary.as_raw_fd(), 0, 0, 0, CloneBuffersFlags::DST_REPLACE)
+}
+
+/// Slot `slot` of `primary`'s table changed (filled with the region
+/// `t.slots[slot]` names, or emptied): every follower changes the same way,
+/// under the table's lock `t`. An emptied slot is emptied in every
+/// follower at once, so that no clone keeps the pages pinned (a region
+/// leaving, or moving). A filled one is cloned with the whole table where
+/// the kernel clones over a table with buffers, else registered by each
+/// follower itself. What a follower cannot take now it takes at its next
+/// sync.
+pub(super) fn to_followers(primary: &IoUring, t: &mut Table, slot: u16, filled: bool) {
+    prune(t);
+    let (ranges, node, region) = (t.ranges, t.node, t.slots[usize::from(slot)]);
+    for f in &mut t.followers {
+        let Some(ring) = f.ring.upgrade() else { continue };
+        f.missing.retain(|&s| s != slot || ranges);
+        f.unemptied.retain(|&s| s != slot);
+        if !filled {
+            if f.empty(&ring, slot).is_err() {
+                f.unemptied.push(slot);
+            }
+        } else if ranges {
+            if clone_all(&ring, primary).is_err() {
+                f.missing.push(slot);
+            }
+        } else if let Some(region) = region
+            && f.fill(&ring, slot, region, node).is_err()
+        {
+            f.missing.push(slot);
+        }
+        if !(f.missing.is_empty() && f.unemptied.is_empty()) {
+            f.stale.store(true, Ordering::Release);
+        }
     }
 }
