@@ -103,6 +103,29 @@ pub fn abort() -> ! {
     unsafe { libc::abort() }
 }
 
+/// The running kernel's version as (major, minor) (`uname`), read once;
+/// (0, 0) when its release does not read as one.
+pub fn kernel_version() -> (u32, u32) {
+    static VERSION: ReadOnce = ReadOnce::new();
+    let v = VERSION.get(|| {
+        // SAFETY: utsname is plain bytes; all-zero is a valid value.
+        let mut u: libc::utsname = unsafe { core::mem::zeroed() };
+        let _errno = KeepErrno::new();
+        // SAFETY: `u` is a valid, writable utsname.
+        if unsafe { libc::uname(&mut u) } != 0 {
+            return usize::MAX;
+        }
+        let release: Vec<u8> = u.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let text = String::from_utf8_lossy(&release);
+        let mut parts = text.split(|c: char| !c.is_ascii_digit()).filter(|p| !p.is_empty());
+        match (parts.next().and_then(|p| p.parse::<usize>().ok()), parts.next().and_then(|p| p.parse::<usize>().ok())) {
+            (Some(major), Some(minor)) if major < 1 << 16 && minor < 1 << 16 => (major << 16 | minor) + 1,
+            _ => usize::MAX,
+        }
+    });
+    if v == usize::MAX { (0, 0) } else { (((v - 1) >> 16) as u32, ((v - 1) & 0xffff) as u32) }
+}
+
 /// A monotonic clock in milliseconds, cheap enough for slow paths
 /// (`CLOCK_MONOTONIC_COARSE`, a vDSO read: no system call).
 pub fn monotonic_ms() -> u64 {

@@ -42,7 +42,11 @@ const TAIL_OFFSET: usize = 14;
 /// `IOU_PBUF_RING_INC`, Linux 6.12) lets the kernel consume a buffer in
 /// pieces: each completion takes the next bytes of the buffer at the
 /// ring's head, so a pool of large buffers (64 KiB, a hugepage run) serves
-/// many small receives, not one each. [`take`](Self::take) then hands out
+/// many small receives, not one each. It is for sockets and pipes: a
+/// completion of no bytes, or a failure, does not say whether the kernel
+/// took its buffer (a regular file's read takes the rest of it when it
+/// begins), so that buffer stays out of the ring until the ring drops
+/// rather than risk being in it twice. [`take`](Self::take) then hands out
 /// each piece as a [`ProvidedBuf`]; the buffer goes back into the ring once
 /// the kernel is done with it (a completion without `IORING_CQE_F_BUF_MORE`)
 /// and every piece of it has dropped. [`buffers_used`](Self::buffers_used)
@@ -349,44 +353,51 @@ impl<'a> BufRing<'a> {
         let res = cqe.result();
         let failed = |errno| Err(Error::Os { call: "io_uring (buffer-select request)", errno });
         let (off, len) = if self.incremental {
-            // What the kernel has consumed of the buffer, from its entry:
-            // it is done with the buffer when nothing is left (it moved the
-            // ring's head past it then), whatever the flags say (a read of
-            // a file takes the whole rest at selection, a failed request
-            // takes nothing).
-            let left = self.left_in_entry(i);
             let off = self.filled[i].get() as usize;
+            // The piece must lie in what the kernel has consumed (the
+            // entry's length is what it has left, later completions'
+            // bytes included): a completion taken twice, or one the kernel
+            // did not post, would otherwise hand out bytes it is still to
+            // write.
             let len = usize::try_from(res).ok();
-            // The piece must lie in what the kernel consumed: a completion
-            // taken twice, or one the kernel did not post, would otherwise
-            // hand out bytes it is still to write.
-            if len.is_some_and(|l| off + l > self.buffer_size() - left) {
+            if len.is_some_and(|l| off + l > self.buffer_size() - self.left_in_entry(i)) {
                 return Err(Error::BufferNotLent { group: self.bgid, bid });
             }
-            if left == 0 {
-                self.lent[i].set(false);
-            } else if let Some(l) = len {
-                self.filled[i].set((off + l) as u32);
-            }
             match len {
-                Some(l) if l > 0 => (off, l),
-                _ => {
-                    // No bytes (an end of file or stream) or a failure: no
-                    // piece, and a buffer the kernel is done with goes back
-                    // now if no piece of it is out.
-                    if left == 0 && self.pieces[i].get() == 0 {
-                        self.used.set(self.used.get() + 1);
-                        self.provide(bid);
+                // Each completion says whether the buffer goes on after it
+                // (`BUF_MORE`); taken in the order posted, that is the
+                // buffer's state after these bytes, whatever later
+                // completions have consumed since.
+                Some(l) if l > 0 => {
+                    if io_uring::cqueue::buffer_more(cqe.flags()) {
+                        self.filled[i].set((off + l) as u32);
+                    } else {
+                        self.lent[i].set(false);
                     }
-                    return if res < 0 { failed(-res) } else { Ok(None) };
+                    (off, l)
                 }
+                // No bytes, or a failure: the kernel may not have consumed
+                // the buffer (6.12 posts an empty receive without
+                // BUF_MORE and leaves the buffer at the head; a failure
+                // commits nothing) or may have taken all of it (a file
+                // read takes the rest when it starts). The buffer stays
+                // lent: never provided twice, at worst out of use until
+                // the ring drops (see the type's documentation).
+                _ => return if res < 0 { failed(-res) } else { Ok(None) },
             }
         } else {
             let Ok(len) = usize::try_from(res) else {
-                // A failed request may leave its buffer at the ring's head
-                // (Linux 6.12 and later commit nothing then): the buffer
-                // stays the kernel's, never provided twice; a later
-                // completion that names it hands it out.
+                // A failed request: before Linux 6.12 the kernel consumed
+                // its buffer, which goes back; since, a request that fails
+                // commits nothing and the buffer stays at the ring's head
+                // (the kernel's, handed out by a later completion), unless
+                // it was taken when the request began (a file read): it
+                // stays lent, never provided twice.
+                if crate::os::kernel_version() < (6, 12) && self.pieces[i].get() == 0 {
+                    self.lent[i].set(false);
+                    self.used.set(self.used.get() + 1);
+                    self.provide(bid);
+                }
                 return failed(-res);
             };
             if len > self.buffer_size() {
