@@ -19,10 +19,9 @@
 //!   preferring, for a connection whose first packet was handled on a
 //!   listener's `SO_INCOMING_CPU` (the node's first CPU), that listener;
 //!   each is served on the node whose listener accepted it;
-//! - with the `io-uring` feature, [`Builder::rings`] gives each thread
-//!   that asks ([`with_ring`]) a [`NodeRing`](numaweave::io::uring::NodeRing)
-//!   cloned from its node's [`NodeTable`](numaweave::io::uring::NodeTable):
-//!   fixed buffers registered once per node.
+//! - with the `io-uring` feature, `Builder::rings` gives each thread that
+//!   asks (`with_ring`) a `NodeRing` cloned from its node's `NodeTable`
+//!   (numaweave's `io::uring`): fixed buffers registered once per node.
 //!
 //! Drop a `NodeRuntime` outside async code, as a tokio `Runtime`.
 //!
