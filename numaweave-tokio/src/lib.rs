@@ -95,12 +95,13 @@ pub fn current_node() -> Option<usize> {
 #[cfg(feature = "io-uring")]
 pub fn with_ring<R>(f: impl FnOnce(&numaweave::io::uring::NodeRing) -> R) -> Result<Option<R>, Error> {
     RING.with(|r| {
-        let mut r = r.borrow_mut();
-        if r.is_none() {
+        if r.borrow().is_none() {
             let Some((table, entries)) = RING_SOURCE.with(|s| s.borrow().clone()) else { return Ok(None) };
-            *r = Some(table.ring(entries)?);
+            let ring = table.ring(entries)?;
+            *r.borrow_mut() = Some(ring);
         }
-        Ok(r.as_ref().map(f))
+        // (A shared borrow: `f` may call `with_ring` again.)
+        Ok(r.borrow().as_ref().map(f))
     })
 }
 
@@ -109,8 +110,6 @@ pub fn with_ring<R>(f: impl FnOnce(&numaweave::io::uring::NodeRing) -> R) -> Res
 pub struct Builder {
     nodes: Option<Vec<usize>>,
     workers: Option<usize>,
-    /// Threads whose pinning failed after the build (blocking threads).
-    unpinned: Arc<AtomicUsize>,
     #[cfg(feature = "io-uring")]
     rings: Option<(usize, u32)>,
 }
@@ -145,8 +144,9 @@ impl Builder {
     /// with the error of the runtime, a table, or the pinning.
     pub fn build(self) -> Result<NodeRuntime, Error> {
         let mut groups = Vec::new();
-        let unpinned = self.unpinned.clone();
-        match self.build_groups(&mut groups) {
+        // Threads whose pinning fails after the build (blocking threads).
+        let unpinned = Arc::new(AtomicUsize::new(0));
+        match self.build_groups(&mut groups, &unpinned) {
             Ok(()) => Ok(NodeRuntime { groups, unpinned }),
             Err(e) => {
                 // Shut down without waiting: dropping a runtime from async
@@ -159,7 +159,7 @@ impl Builder {
         }
     }
 
-    fn build_groups(self, groups: &mut Vec<Group>) -> Result<(), Error> {
+    fn build_groups(self, groups: &mut Vec<Group>, unpinned: &Arc<AtomicUsize>) -> Result<(), Error> {
         let topo = Topology::global();
         let allowed = numaweave::os::cpu::allowed_cpus()?;
         let usable =
@@ -184,7 +184,7 @@ impl Builder {
             let seen = started.clone();
             #[cfg(feature = "io-uring")]
             let source = table.clone().map(|t| (t, self.rings.map_or(0, |r| r.1)));
-            let late = self.unpinned.clone();
+            let late = unpinned.clone();
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(self.workers.unwrap_or(cpus.len()).max(1))
                 .thread_name(format!("numaweave-node{node}"))

@@ -209,6 +209,9 @@ fn each_worker_has_a_ring_of_its_nodes_table() {
         let t = rt.spawn_on(node, async {
             numaweave_tokio::with_ring(|ring| {
                 let buf = ring.alloc().unwrap();
+                // A nested call sees the same ring.
+                let again = numaweave_tokio::with_ring(|r| r.node()).unwrap();
+                assert_eq!(again, Some(ring.node()));
                 (ring.node(), buf.index())
             })
         });

@@ -34,9 +34,19 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(c).ok()
 }
 
-/// The CPUs the calling thread may run on (`sched_getaffinity`): a
-/// container's `cpuset.cpus`, `taskset`, an earlier pinning.
+/// The CPUs the process may run on: `Cpus_allowed_list` of
+/// `/proc/self/status` (the process's main thread, of any size: a
+/// container's `cpuset.cpus`, `taskset`), else the calling thread's
+/// `sched_getaffinity`.
 pub fn allowed_cpus() -> Result<Vec<usize>> {
+    if let Ok(text) = super::file::read_to_end(c"/proc/self/status")
+        && let Some(list) = String::from_utf8_lossy(&text)
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|r| r.trim().to_string()))
+        && let Some(cpus) = parse_list(&list)
+    {
+        return Ok(cpus);
+    }
     // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
     let _errno = super::KeepErrno::new();
@@ -46,6 +56,20 @@ pub fn allowed_cpus() -> Result<Vec<usize>> {
     super::os_result(r, "sched_getaffinity")?;
     // SAFETY: each index is below CPU_SETSIZE; `set` was filled above.
     Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+/// A kernel CPU list (`0-3,8,10-11`); `None` if it does not read as one.
+fn parse_list(list: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b) = (a.trim().parse::<usize>().ok()?, b.trim().parse::<usize>().ok()?);
+        if b < a || b - a > 1 << 16 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Restricts the calling thread to the CPUs `cpus` (`sched_setaffinity`):
@@ -85,4 +109,18 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
     // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the caller.
     let r = unsafe { libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set) };
     super::os_result(r, "sched_setaffinity")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_lists_read_as_the_kernel_writes_them() {
+        assert_eq!(super::parse_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(super::parse_list("5"), Some(vec![5]));
+        for bad in ["", "x", "3-1", "0-", "1,,a"] {
+            assert_eq!(super::parse_list(bad), None, "{bad:?}");
+        }
+        let mine = super::allowed_cpus().unwrap();
+        assert!(mine.contains(&super::current_cpu().unwrap()), "{mine:?}");
+    }
 }

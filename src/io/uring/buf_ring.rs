@@ -46,7 +46,10 @@ const TAIL_OFFSET: usize = 14;
 /// completion of no bytes, or a failure, does not say whether the kernel
 /// took its buffer (a regular file's read takes the rest of it when it
 /// begins), so that buffer stays out of the ring until the ring drops
-/// rather than risk being in it twice. [`take`](Self::take) then hands out
+/// rather than risk being in it twice. Requests that select from it ask
+/// for a whole buffer ([`recv`](Self::recv), [`read`](Self::read)): one
+/// that asks for less and runs from io-wq takes part of a buffer without
+/// saying where the next piece starts. [`take`](Self::take) then hands out
 /// each piece as a [`ProvidedBuf`]; the buffer goes back into the ring once
 /// the kernel is done with it (a completion without `IORING_CQE_F_BUF_MORE`)
 /// and every piece of it has dropped. [`buffers_used`](Self::buffers_used)
@@ -369,10 +372,16 @@ impl<'a> BufRing<'a> {
                 // buffer's state after these bytes, whatever later
                 // completions have consumed since.
                 Some(l) if l > 0 => {
-                    if io_uring::cqueue::buffer_more(cqe.flags()) {
-                        self.filled[i].set((off + l) as u32);
-                    } else {
+                    // Done when this completion says so and the kernel has
+                    // moved past the entry (it writes its length 0 then); a
+                    // request that took only part of the buffer when it
+                    // began (a shorter length than the buffer's, or one run
+                    // from io-wq) posts no BUF_MORE though the rest stays at
+                    // the head: the buffer stays lent then.
+                    if !io_uring::cqueue::buffer_more(cqe.flags()) && self.left_in_entry(i) == 0 {
                         self.lent[i].set(false);
+                    } else {
+                        self.filled[i].set((off + l) as u32);
                     }
                     (off, l)
                 }

@@ -543,8 +543,15 @@ impl NodeRing {
         };
         debug_assert_eq!(self.fixed.index_of(buf.as_ptr(), len), Some(index));
         // The buffer's region may be new to the node's table: this ring's
-        // clone takes it before the buffer's index is used here.
-        self.sync()?;
+        // clone takes it before the buffer's index is used here. A change
+        // it still cannot take fails the allocation only if it is this
+        // buffer's slot (the buffer goes back).
+        if let Err(e) = self.sync()
+            && let (Some(stale), Some(table)) = (&self.stale, &self.table)
+            && table.lacks(stale, index)
+        {
+            return Err(e);
+        }
         Ok(FixedBuf { buf, index })
     }
 

@@ -208,6 +208,20 @@ impl NodeTable {
         last.map_or(Ok(()), Err)
     }
 
+    /// Whether the follower with flag `stale` still lacks `slot` (a region
+    /// it could not take; with ranges, any change).
+    pub(super) fn lacks(&self, stale: &Arc<AtomicBool>, slot: u16) -> bool {
+        let Some(fixed) = &self.fixed else { return false };
+        if fork_generation() != self.forks {
+            return true;
+        }
+        let t = fixed.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.followers
+            .iter()
+            .find(|f| Arc::ptr_eq(&f.stale, stale))
+            .is_some_and(|f| if t.ranges { !f.missing.is_empty() } else { f.missing.contains(&slot) })
+    }
+
     /// The ring with flag `stale` goes: its own registrations' bookings
     /// come back (the kernel drops the pins as the ring closes).
     pub(super) fn leave(&self, stale: &Arc<AtomicBool>) {
@@ -296,6 +310,11 @@ impl Follower {
         // until the table empties the slot, which empties this ring's too.
         match unsafe { ring.submitter().register_buffers_update(u32::from(slot), &[iov], None) } {
             Ok(()) => {
+                // An own registration the update replaced (its emptying
+                // had failed) goes with its booking.
+                if let Some(i) = self.own.iter().position(|&(s, _)| s == slot) {
+                    unpin(self.own.swap_remove(i).1);
+                }
                 self.own.push((slot, len as u64));
                 Ok(())
             }
