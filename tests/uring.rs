@@ -22,8 +22,14 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const SIZE: usize = 4096;
 
 fn ring() -> Option<NodeRing> {
+    ring_of(SIZE, 64)
+}
+
+/// A ring of `entries` and `size`-byte buffers on this thread's node, or
+/// `None` where io_uring cannot run here (said).
+fn ring_of(size: usize, entries: u32) -> Option<NodeRing> {
     let node = numaweave::Topology::global().current_node();
-    match NodeRing::new(node, SIZE, 64) {
+    match NodeRing::new(node, size, entries) {
         Ok(r) => Some(r),
         Err(e) => {
             support::cannot_run(format_args!("no io_uring here ({e})"));
@@ -268,11 +274,7 @@ fn an_empty_buffer_ring_refuses_with_enobufs_until_a_buffer_comes_back() {
 #[test]
 fn an_incremental_buffer_ring_fills_each_buffer_with_many_receives() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let node = numaweave::Topology::global().current_node();
-    let Ok(ring) = NodeRing::new(node, BIG, 16) else {
-        support::cannot_run(format_args!("no io_uring here"));
-        return;
-    };
+    let Some(ring) = ring_of(BIG, 16) else { return };
     for (bgid, incremental) in [(9, true), (10, false)] {
         let group = if incremental { ring.buf_ring_incremental(bgid, 4) } else { ring.buf_ring(bgid, 4) }.unwrap();
         if incremental && !group.is_incremental() {
@@ -302,30 +304,24 @@ const BIG: usize = 64 << 10;
 #[test]
 fn file_reads_to_their_end_give_every_buffer_back() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let node = numaweave::Topology::global().current_node();
-    let Ok(ring) = NodeRing::new(node, BIG, 16) else {
-        support::cannot_run(format_args!("no io_uring here"));
-        return;
-    };
+    let Some(ring) = ring_of(BIG, 16) else { return };
     let mut file = tempfile();
     file.write_all(&[0x3c; 100]).unwrap();
-    {
-        let group = ring.buf_ring(13, 2).unwrap();
-        for round in 0..20 {
-            // SAFETY: the file outlives the request.
-            let cqe = unsafe { ring.run_one_entry(&group.read(file.as_raw_fd(), 0)) }.unwrap();
-            let data = group.take(&cqe).unwrap_or_else(|e| panic!("round {round}: {e}")).expect("the file's bytes");
-            assert_eq!(&*data, &[0x3c; 100][..], "round {round}");
-            drop(data);
-            // SAFETY: as above.
-            let cqe = unsafe { ring.run_one_entry(&group.read(file.as_raw_fd(), 100)) }.unwrap();
-            match group.take(&cqe).unwrap_or_else(|e| panic!("round {round}, at the end: {e}")) {
-                None => {}
-                Some(b) => assert!(b.is_empty(), "bytes past the end"),
-            }
+    let group = ring.buf_ring(13, 2).unwrap();
+    for round in 0..20 {
+        // SAFETY: the file outlives the request.
+        let cqe = unsafe { ring.run_one_entry(&group.read(file.as_raw_fd(), 0)) }.unwrap();
+        let data = group.take(&cqe).unwrap_or_else(|e| panic!("round {round}: {e}")).expect("the file's bytes");
+        assert_eq!(&*data, &[0x3c; 100][..], "round {round}");
+        drop(data);
+        // SAFETY: as above.
+        let cqe = unsafe { ring.run_one_entry(&group.read(file.as_raw_fd(), 100)) }.unwrap();
+        match group.take(&cqe).unwrap_or_else(|e| panic!("round {round}, at the end: {e}")) {
+            None => {}
+            Some(b) => assert!(b.is_empty(), "bytes past the end"),
         }
-        assert_eq!(group.available(), 2, "a buffer lost");
     }
+    assert_eq!(group.available(), 2, "a buffer lost");
 }
 
 /// Two receives of 2 KiB each into one 4 KiB buffer of an incremental

@@ -547,22 +547,22 @@ mod writer {
 
     /// Says the chunk at `start` is bound to kernel node `node` now.
     pub(crate) fn rebind(start: usize, node: usize) {
-        let mut t = TABLE.lock();
-        let Some((shadow, file)) = t.ready() else { return };
-        for w in core::iter::once(shadow).chain(file) {
-            if let Some(slot) = w.slot_of(start) {
-                w.set_node(slot, node);
-            }
-        }
+        edit_chunk(start, |w, slot| w.set_node(slot, node));
     }
 
     /// Takes the chunk at `start` off the table.
     pub(crate) fn withdraw(start: usize) {
+        edit_chunk(start, |w, slot| w.clear(slot));
+    }
+
+    /// Applies `f` to the entry of the chunk at `start`, in the private
+    /// words and in the file alike.
+    fn edit_chunk(start: usize, f: impl Fn(&Words<'_>, usize)) {
         let mut t = TABLE.lock();
         let Some((shadow, file)) = t.ready() else { return };
         for w in core::iter::once(shadow).chain(file) {
             if let Some(slot) = w.slot_of(start) {
-                w.clear(slot);
+                f(&w, slot);
             }
         }
     }
