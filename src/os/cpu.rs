@@ -23,11 +23,15 @@ pub fn getcpu() -> Result<(usize, usize)> {
     Ok((cpu as usize, node as usize))
 }
 
-/// The CPU the calling thread runs on, through glibc's `sched_getcpu` (served
-/// by rseq or the vDSO: a few nanoseconds, no system call). `None` when the
-/// kernel cannot tell.
+/// The CPU the calling thread runs on: read from the rseq area glibc
+/// registered for the thread ([`rseq`](super::rseq): two loads, no call),
+/// else through glibc's `sched_getcpu` (the vDSO: no system call). `None`
+/// when the kernel cannot tell.
 #[inline]
 pub fn current_cpu() -> Option<usize> {
+    if let Some(r) = super::rseq::registration() {
+        return Some(r.cpu());
+    }
     let _errno = super::KeepErrno::new();
     // SAFETY: no preconditions.
     let c = unsafe { libc::sched_getcpu() };

@@ -14,6 +14,9 @@
 //! - [`zones`]: how much of a node's memory is movable (`/proc/zoneinfo`),
 //!   where a long-term pin cannot stay.
 //! - [`cpu`]: the current CPU and node (`getcpu`, `sched_getcpu`), pinning a thread to a CPU.
+//! - [`rseq`]: the rseq area glibc registers for each thread (the CPU, node
+//!   and concurrency id the kernel keeps there), and per-CPU stacks whose
+//!   pop and push are restartable sequences on it.
 //! - `file` (crate-private): raw reads of small sysfs/procfs files into
 //!   caller buffers, and the environment, without touching the heap; the
 //!   few file-system queries of device locality (which may allocate); one
@@ -42,6 +45,7 @@ pub mod mem;
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) mod memfd;
 pub mod pages;
+pub mod rseq;
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) mod thread;
 #[cfg(not(loom))]

@@ -76,6 +76,7 @@
 //!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock
 //!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
 //!             os/mod.rs VERSION                 ReadOnce  -      the kernel's version: as PAGE
+//!             os/rseq.rs REGISTRATION           ReadOnce  -      glibc's rseq registration: as PAGE
 //!             io/uring/mod.rs table             Mutex     -      a ring's registered-buffer table and the rings
 //!                                                                that clone it (feature io-uring; under a node's
 //!                                                                slabs lock in a registrar call): not held

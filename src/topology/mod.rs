@@ -350,7 +350,8 @@ impl Topology {
             .unwrap_or(0)
     }
 
-    /// The CPU the calling thread runs on now (`sched_getcpu`, no system call).
+    /// The CPU the calling thread runs on now (the rseq area, else
+    /// `sched_getcpu`: no system call).
     #[inline]
     pub fn current_cpu(&self) -> Option<usize> {
         crate::os::cpu::current_cpu()

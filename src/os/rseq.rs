@@ -1,0 +1,466 @@
+//! Restartable sequences on the area glibc registers for each thread: where
+//! that area is, the CPU, node and concurrency id the kernel keeps in it, and
+//! per-CPU stacks of pointers whose pop and push are restartable sequences.
+//!
+//! glibc (2.35 and later) registers one `struct rseq` per thread at the
+//! thread's start and publishes where it is: `__rseq_offset` (from the
+//! thread pointer) and `__rseq_size` (0 when it registered none: an older
+//! kernel, `GLIBC_TUNABLES=glibc.pthread.rseq=0`). A process has one
+//! registration per thread, so this module never registers its own: it
+//! shares glibc's, as librseq does, and writes one field of the area, the
+//! critical-section pointer (`rseq_cs`), which is the user's to write. The
+//! kernel writes the others: `cpu_id` at each return to user space after a
+//! move, and from Linux 6.3 `node_id` and `mm_cid` (the process's
+//! concurrency id: dense, below the number of CPUs it may use, unique among
+//! its threads running at once). The two symbols are weak references (a
+//! `global_asm!` table the dynamic linker fills, 0 where glibc lacks them),
+//! so a binary loads and runs where they do not exist; there
+//! [`registration`] is `None` and the callers keep their per-thread paths.
+//!
+//! A restartable sequence is a few instructions between a start and a
+//! commit (one store) that the kernel restarts at an abort handler if the
+//! thread is preempted, migrated or signalled in between: the code reads
+//! the CPU (or concurrency id), works on that CPU's data, and commits with
+//! one store, as if it held that CPU alone. Its descriptor (`struct
+//! rseq_cs`: start, length, abort address) is in the `__rseq_cs` section;
+//! the abort handler, in `__rseq_failure`, follows the 4-byte signature
+//! glibc registered (`0x53053053` on x86-64, encoded inside a `ud1` so that
+//! it never executes) and jumps back to the start, which stores the
+//! descriptor's address again (the kernel clears it when it aborts).
+//! Only x86-64 has the sequences; elsewhere [`registration`] is `None`.
+
+use core::ptr::NonNull;
+
+use super::ReadOnce;
+use super::mem::Mapping;
+use crate::error::Result;
+
+/// Where the calling threads' rseq areas are, and what the kernel fills in
+/// them: glibc's registration, read once for the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registration {
+    /// The area's offset from the thread pointer (`__rseq_offset`).
+    pub offset: isize,
+    /// The bytes of the area the kernel fills: `AT_RSEQ_FEATURE_SIZE` (20
+    /// before Linux 6.3, which reports none), at most what glibc
+    /// registered.
+    pub feature_size: usize,
+}
+
+// The fields of `struct rseq` (include/uapi/linux/rseq.h).
+const CPU_ID: usize = 4;
+const RSEQ_CS: usize = 8;
+const NODE_ID: usize = 20;
+const MM_CID: usize = 24;
+/// `AT_RSEQ_FEATURE_SIZE` (Linux 6.3): the auxiliary vector's entry.
+const AT_RSEQ_FEATURE_SIZE: libc::c_ulong = 27;
+/// The area's size before the kernel reported one: up to `flags`.
+const ORIGINAL_FEATURES: usize = 20;
+/// The length glibc registered before 2.40 (`sizeof(struct rseq)` then).
+const ORIGINAL_LENGTH: usize = 32;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+core::arch::global_asm!(
+    ".weak __rseq_offset",
+    ".weak __rseq_size",
+    ".pushsection .data.rel.ro.numaweave_rseq,\"aw\"",
+    ".balign 8",
+    ".globl __numaweave_rseq_refs",
+    ".hidden __numaweave_rseq_refs",
+    "__numaweave_rseq_refs:",
+    ".quad __rseq_offset",
+    ".quad __rseq_size",
+    ".popsection",
+);
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+unsafe extern "C" {
+    /// The addresses of glibc's `__rseq_offset` and `__rseq_size`, each
+    /// null where the running glibc has no such symbol.
+    static __numaweave_rseq_refs: [*const u8; 2];
+}
+
+/// glibc's registration, if it made one for this process's threads (read
+/// once; every thread glibc starts has an area at the same offset).
+///
+/// ```
+/// use numaweave::os::rseq;
+///
+/// if let Some(r) = rseq::registration() {
+///     // The CPU as the kernel last wrote it: no call, no system call.
+///     let cpu = r.cpu();
+///     assert!(cpu < 1 << 16);
+/// } // (else glibc registered none: `GLIBC_TUNABLES=glibc.pthread.rseq=0`)
+/// ```
+pub fn registration() -> Option<Registration> {
+    static REGISTRATION: ReadOnce = ReadOnce::new();
+    // 1 + feature size, or 1 alone for none; the offset beside it.
+    static OFFSET: core::sync::atomic::AtomicIsize = core::sync::atomic::AtomicIsize::new(0);
+    let v = REGISTRATION.get(|| match read_registration() {
+        Some(r) => {
+            OFFSET.store(r.offset, core::sync::atomic::Ordering::Relaxed);
+            1 + r.feature_size
+        }
+        None => 1,
+    });
+    (v > 1).then(|| Registration { offset: OFFSET.load(core::sync::atomic::Ordering::Relaxed), feature_size: v - 1 })
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn read_registration() -> Option<Registration> {
+    // SAFETY: the table is ours, filled by the dynamic linker before any
+    // code ran; each entry is null or the address of glibc's symbol, which
+    // glibc wrote before the program's first instruction and never after.
+    let (offset, size) = unsafe {
+        let [off, size] = core::ptr::addr_of!(__numaweave_rseq_refs).read();
+        if off.is_null() || size.is_null() {
+            return None;
+        }
+        (off.cast::<isize>().read(), size.cast::<u32>().read())
+    };
+    if size == 0 {
+        return None;
+    }
+    // SAFETY: getauxval has no preconditions; 0 for an entry the kernel
+    // did not pass.
+    let reported = unsafe { libc::getauxval(AT_RSEQ_FEATURE_SIZE) } as usize;
+    // glibc before 2.40 registers 32 bytes and says 20 (or 32) in
+    // `__rseq_size`; the kernel fills what it knows up to the registered
+    // length. Later ones register and say the kernel's size.
+    let registered = (size as usize).max(ORIGINAL_LENGTH);
+    let feature_size = if reported == 0 { ORIGINAL_FEATURES } else { reported.min(registered) };
+    let r = Registration { offset, feature_size };
+    // A registered thread's `cpu_id` is a CPU, never the -1 ("not yet") or
+    // -2 ("registration failed") it starts as.
+    (read_u32(r.offset, CPU_ID) < 1 << 31).then_some(r)
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn read_registration() -> Option<Registration> {
+    None
+}
+
+/// The 4-byte field at `field` of the calling thread's area (`fs:`-relative).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+fn read_u32(offset: isize, field: usize) -> u32 {
+    let v: u32;
+    // SAFETY: reads 4 bytes of the calling thread's own rseq area (glibc's,
+    // at `offset` from the thread pointer for every thread it started);
+    // `field` is one of the area's fields. The kernel writes them only while
+    // this thread is not running, so a plain load sees a whole value; the
+    // asm (not `pure`) is not merged with an earlier read.
+    unsafe {
+        core::arch::asm!(
+            "mov {v:e}, dword ptr fs:[{o} + {f}]",
+            v = out(reg) v,
+            o = in(reg) offset,
+            f = in(reg) field,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+    v
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn read_u32(_: isize, _: usize) -> u32 {
+    u32::MAX
+}
+
+impl Registration {
+    /// The CPU the calling thread runs on now (stale as soon as it
+    /// returns, as `sched_getcpu`'s; read with no call).
+    #[inline]
+    pub fn cpu(&self) -> usize {
+        read_u32(self.offset, CPU_ID) as usize
+    }
+
+    /// The (kernel) node of that CPU, where the kernel fills it (6.3+).
+    #[inline]
+    pub fn node(&self) -> Option<usize> {
+        (self.feature_size >= NODE_ID + 4).then(|| read_u32(self.offset, NODE_ID) as usize)
+    }
+
+    /// The calling thread's concurrency id, where the kernel fills it
+    /// (6.3+): below the number of CPUs the process may use, and no two of
+    /// its threads running at once have the same.
+    #[inline]
+    pub fn mm_cid(&self) -> Option<usize> {
+        (self.feature_size >= MM_CID + 4).then(|| read_u32(self.offset, MM_CID) as usize)
+    }
+}
+
+/// What indexes per-CPU data: the CPU, or the concurrency id where the
+/// kernel has one (denser: a process allowed 4 of 64 CPUs uses 4 rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Index {
+    /// `cpu_id`.
+    Cpu,
+    /// `mm_cid`.
+    ConcurrencyId,
+}
+
+/// Per-CPU stacks of pointers: for each CPU (each concurrency id) `lists`
+/// stacks of up to `cap` non-null pointers each, whose pop and push are
+/// restartable sequences: a thread works on the stack of the CPU it runs on
+/// as if it held that CPU alone, with no atomic instruction and no lock.
+/// Each CPU's row is its own run of cache lines.
+///
+/// Only threads that run the sequences may touch a row while others can:
+/// [`drain`](Self::drain) takes `&mut self`.
+///
+/// ```
+/// use core::ptr::NonNull;
+/// use numaweave::os::rseq::CpuStacks;
+///
+/// if let Some(stacks) = CpuStacks::new(2, 64) {
+///     let stacks = stacks.unwrap();
+///     let block = NonNull::new(0x1000 as *mut u8).unwrap();
+///     assert!(stacks.push(0, block));
+///     // Another thread that runs on this CPU now would take it; so would
+///     // we, unless the scheduler moved us meanwhile.
+///     if let Some(p) = stacks.pop(0) {
+///         assert_eq!(p, block);
+///     }
+/// }
+/// ```
+pub struct CpuStacks {
+    map: Mapping,
+    reg: Registration,
+    index: Index,
+    rows: usize,
+    row_bytes: usize,
+    lists: usize,
+    cap: usize,
+}
+
+// SAFETY: the rows are reached only through the sequences (each on the row of
+// the CPU it runs on, restarted if another thread could have run there) or
+// through `&mut self`; the mapping itself is `Send + Sync`.
+unsafe impl Send for CpuStacks {}
+// SAFETY: as for `Send`: a shared `CpuStacks` is used only through `pop` and
+// `push`, whose sequences never let two threads work on one row at once.
+unsafe impl Sync for CpuStacks {}
+
+impl CpuStacks {
+    /// Stacks of `cap` pointers, `lists` to a CPU, for every CPU the kernel
+    /// may name; `None` without glibc's registration (or off x86-64).
+    pub fn new(lists: usize, cap: usize) -> Option<Result<CpuStacks>> {
+        let reg = registration()?;
+        let index = if reg.mm_cid().is_some() { Index::ConcurrencyId } else { Index::Cpu };
+        Some(Self::with_index(reg, index, lists, cap))
+    }
+
+    /// [`new`](Self::new) indexed by `index` (which the kernel must fill).
+    pub fn with_index(reg: Registration, index: Index, lists: usize, cap: usize) -> Result<CpuStacks> {
+        assert!(lists > 0 && cap > 0, "stacks of no lists or no room");
+        // The CPUs the kernel may name (a concurrency id is below it too).
+        // SAFETY: sysconf has no preconditions.
+        let conf = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+        let rows = usize::try_from(conf).unwrap_or(1).max(1);
+        let row_bytes = (lists * (cap + 1) * 8).next_multiple_of(64);
+        let map = Mapping::map(rows * row_bytes)?;
+        Ok(CpuStacks { map, reg, index, rows, row_bytes, lists, cap })
+    }
+
+    /// What indexes the rows.
+    pub fn index(&self) -> Index {
+        self.index
+    }
+
+    /// How many pointers one stack holds.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Takes the top pointer of stack `list` of the CPU the calling thread
+    /// runs on; `None` when that stack is empty.
+    #[inline]
+    pub fn pop(&self, list: usize) -> Option<NonNull<u8>> {
+        assert!(list < self.lists);
+        let list_off = list * (self.cap + 1) * 8;
+        let v = match self.index {
+            Index::Cpu => self.pop_at::<CPU_ID>(list_off),
+            Index::ConcurrencyId => self.pop_at::<MM_CID>(list_off),
+        };
+        NonNull::new(v as *mut u8)
+    }
+
+    /// Puts `p` on stack `list` of the CPU the calling thread runs on;
+    /// false (and `p` not kept) when that stack is full.
+    #[inline]
+    pub fn push(&self, list: usize, p: NonNull<u8>) -> bool {
+        assert!(list < self.lists);
+        let list_off = list * (self.cap + 1) * 8;
+        match self.index {
+            Index::Cpu => self.push_at::<CPU_ID>(list_off, p.as_ptr() as usize),
+            Index::ConcurrencyId => self.push_at::<MM_CID>(list_off, p.as_ptr() as usize),
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[inline(always)]
+    fn pop_at<const FIELD: usize>(&self, list_off: usize) -> usize {
+        let v: usize;
+        // SAFETY: a restartable sequence on the calling thread's row.
+        // - Start (20): `v` is zeroed and the area's `rseq_cs` (the one field
+        //   the user writes) points at this sequence's descriptor (23), which
+        //   lives as long as the code (a static section).
+        // - 21 to 22 is the critical section. It reads the row index the
+        //   kernel keeps (`FIELD`: `cpu_id` or `mm_cid`), leaves for the
+        //   empty case (`v` = 0) if the index is past the rows (never, for a
+        //   registered thread: a CPU is below `_SC_NPROCESSORS_CONF`),
+        //   addresses the stack (`base + index * row_bytes + list_off`,
+        //   inside the mapping: index < rows, list_off + (cap + 1) * 8 <=
+        //   row_bytes), and loads its count `top` (0..=cap) and, if not 0, its
+        //   top slot (`top` is 1-based: slot k at 8 * k). Only the last
+        //   instruction, the store of `top - 1`, changes memory: the commit.
+        // - If the thread is preempted, migrated or signalled before the
+        //   commit, the kernel moves it to the abort handler (24, after the
+        //   registered signature), which restarts at 20: so from the index's
+        //   read to the commit no other thread ran on this CPU (no other
+        //   thread of the process had this concurrency id), and the row is
+        //   ours alone, as a per-CPU variable under preemption off is the
+        //   kernel's. After the commit the slot is the caller's: the next
+        //   push on this row writes it only after raising `top` past it.
+        unsafe {
+            core::arch::asm!(
+                "20:",
+                "xor {v:e}, {v:e}",
+                "lea {t}, [rip + 23f]",
+                "mov qword ptr fs:[{off} + {cs}], {t}",
+                "21:",
+                "mov {c:e}, dword ptr fs:[{off} + {field}]",
+                "cmp {c}, {rows}",
+                "jae 22f",
+                "imul {c}, {row_bytes}",
+                "add {c}, {base}",
+                "mov {t}, qword ptr [{c}]",
+                "test {t}, {t}",
+                "jz 22f",
+                "mov {v}, qword ptr [{c} + 8*{t}]",
+                "dec {t}",
+                "mov qword ptr [{c}], {t}",
+                "22:",
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "23:",
+                ".long 0, 0",
+                ".quad 21b, 22b - 21b, 24f",
+                ".popsection",
+                ".pushsection __rseq_failure, \"ax\"",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long 0x53053053",
+                "24:",
+                "jmp 20b",
+                ".popsection",
+                v = out(reg) v,
+                t = out(reg) _,
+                c = out(reg) _,
+                off = in(reg) self.reg.offset,
+                rows = in(reg) self.rows,
+                row_bytes = in(reg) self.row_bytes,
+                base = in(reg) self.map.as_ptr() as usize + list_off,
+                cs = const RSEQ_CS,
+                field = const FIELD,
+                options(nostack),
+            );
+        }
+        v
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[inline(always)]
+    fn push_at<const FIELD: usize>(&self, list_off: usize, p: usize) -> bool {
+        let ok: usize;
+        // SAFETY: a restartable sequence on the calling thread's row, as in
+        // `pop_at`: between the index's read (21) and the commit no other
+        // thread works on the row. It checks `top < cap`, writes `p` to slot
+        // `top + 1` (above the stack's top: no one reads it until the
+        // commit), sets `ok` (a register: a restart zeroes it again), and
+        // commits with the store of `top + 1`. An abort after the slot's
+        // write leaves a value above `top`, which counts for nothing.
+        unsafe {
+            core::arch::asm!(
+                "20:",
+                "xor {ok:e}, {ok:e}",
+                "lea {t}, [rip + 23f]",
+                "mov qword ptr fs:[{off} + {cs}], {t}",
+                "21:",
+                "mov {c:e}, dword ptr fs:[{off} + {field}]",
+                "cmp {c}, {rows}",
+                "jae 22f",
+                "imul {c}, {row_bytes}",
+                "add {c}, {base}",
+                "mov {t}, qword ptr [{c}]",
+                "cmp {t}, {cap}",
+                "jae 22f",
+                "inc {t}",
+                "mov qword ptr [{c} + 8*{t}], {p}",
+                "mov {ok:e}, 1",
+                "mov qword ptr [{c}], {t}",
+                "22:",
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "23:",
+                ".long 0, 0",
+                ".quad 21b, 22b - 21b, 24f",
+                ".popsection",
+                ".pushsection __rseq_failure, \"ax\"",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long 0x53053053",
+                "24:",
+                "jmp 20b",
+                ".popsection",
+                ok = out(reg) ok,
+                t = out(reg) _,
+                c = out(reg) _,
+                off = in(reg) self.reg.offset,
+                rows = in(reg) self.rows,
+                row_bytes = in(reg) self.row_bytes,
+                base = in(reg) self.map.as_ptr() as usize + list_off,
+                cap = in(reg) self.cap,
+                p = in(reg) p,
+                cs = const RSEQ_CS,
+                field = const FIELD,
+                options(nostack),
+            );
+        }
+        ok != 0
+    }
+
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    fn pop_at<const FIELD: usize>(&self, _: usize) -> usize {
+        unreachable!("no registration off x86-64 Linux")
+    }
+
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    fn push_at<const FIELD: usize>(&self, _: usize, _: usize) -> bool {
+        unreachable!("no registration off x86-64 Linux")
+    }
+
+    /// Every pointer the stacks hold, each row's stacks emptied: no thread
+    /// can run a sequence on them meanwhile (`&mut self`).
+    pub fn drain(&mut self, mut each: impl FnMut(usize, NonNull<u8>)) {
+        for row in 0..self.rows {
+            for list in 0..self.lists {
+                // SAFETY: inside the mapping (row < rows, the list's words
+                // within the row); `&mut self`: no sequence runs on it.
+                unsafe {
+                    let s = self.map.as_ptr().add(row * self.row_bytes + list * (self.cap + 1) * 8).cast::<usize>();
+                    let top = s.read();
+                    debug_assert!(top <= self.cap, "a stack's count past its room");
+                    for k in 1..=top.min(self.cap) {
+                        if let Some(p) = NonNull::new(s.add(k).read() as *mut u8) {
+                            each(list, p);
+                        }
+                    }
+                    s.write(0);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
