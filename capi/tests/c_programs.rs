@@ -35,6 +35,8 @@
 //! - `tests/c/failures.c`: every entry point's failures (sizes, alignments,
 //!   an address-space limit) with glibc's result and errno, and four
 //!   threads going on with every mmap refused (seccomp), preloaded.
+//! - `tests/c/stack.c`: a thread's first allocations write at most 6 KiB
+//!   of its stack (every thread keeps what they touch), preloaded.
 //!
 //! The preloaded programs run under glibc's malloc too, as the control that
 //! what they expect is what glibc does.
@@ -281,6 +283,13 @@ fn passes_preloaded_and_under_glibc(exe: &Path, args: &[&str], limit: std::time:
         assert!(out.status.success(), "{what} failed: {:?}", out.status);
         assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"), "{what}: no closing line");
     }
+}
+
+#[test]
+fn a_threads_first_allocations_touch_little_of_its_stack() {
+    let Some(cc) = c_compiler() else { return };
+    let exe = build_plain(&cc, "stack.c");
+    passes_preloaded_and_under_glibc(&exe, &[], std::time::Duration::from_secs(60));
 }
 
 #[test]

@@ -379,22 +379,6 @@ pub(crate) struct Heap {
     pub(crate) pending: *mut Page,
     /// Pages of this heap with remote frees waiting: written by other threads.
     pub(crate) remote_pages: CachePadded<AtomicStack<Page>>,
-    /// Per class, the heap's free cache: a page descriptor of no page
-    /// (`Heap::cache_page`; its `info` names the heap and the class's
-    /// block size), whose free list holds blocks of the heap's pages of the
-    /// class on the heap's node, the most recently freed first. The owner's
-    /// frees of such blocks go here (the slots' sink, `segment::sink_of`),
-    /// and where the placement would take any such page the cache is the
-    /// class's direct page: a block freed is the next one handed out, its
-    /// line still in the CPU's cache, and a class whose pages hold few
-    /// blocks is not refilled page after page. Emptied, it is refilled
-    /// with a page's whole free list. Its `used` is the room left (length
-    /// plus room is `cache_room`; a page's list taken whole may leave a
-    /// room of one): the free that fills it gives all but the room's newest
-    /// half back to the blocks' pages (`Heap::flush_cache`), and a refill
-    /// under a policy that chooses among pages gives all of it back first.
-    /// A cached block is in use for its page, which therefore stays.
-    pub(crate) cache: [Page; CLASSES],
     /// Per class, whether the last refill's placement let the free cache
     /// serve; cleared with the direct pages.
     pub(crate) cache_serves: [bool; CLASSES],
@@ -415,9 +399,30 @@ pub(crate) struct Heap {
     /// Per class, the blocks taken from the node's shared heap
     /// (`shared.rs`).
     pub(crate) sparse: [u8; CLASSES],
-    /// The heap's part in the memory lifecycle (`lifecycle/`): last, away
-    /// from what the fast paths read.
+    /// The heap's part in the memory lifecycle (`lifecycle/`): after the
+    /// fields the fast paths read.
     pub(crate) life: HeapLife,
+    /// Per class, the heap's free cache: a page descriptor of no page
+    /// (`Heap::cache_page`; its `info` names the heap and the class's
+    /// block size), whose free list holds blocks of the heap's pages of the
+    /// class on the heap's node, the most recently freed first. The owner's
+    /// frees of such blocks go here (the slots' sink, `segment::sink_of`),
+    /// and where the placement would take any such page the cache is the
+    /// class's direct page: a block freed is the next one handed out, its
+    /// line still in the CPU's cache, and a class whose pages hold few
+    /// blocks is not refilled page after page. Emptied, it is refilled
+    /// with a page's whole free list. Its `used` is the room left (length
+    /// plus room is `cache_room`; a page's list taken whole may leave a
+    /// room of one): the free that fills it gives all but the room's newest
+    /// half back to the blocks' pages (`Heap::flush_cache`), and a refill
+    /// under a policy that chooses among pages gives all of it back first.
+    /// A cached block is in use for its page, which therefore stays.
+    ///
+    /// Last: 18 KiB of which a thread touches the entries of the classes
+    /// it uses (the heap's fresh memory reads as an empty cache of no
+    /// heap until then), after the 7 KiB of fields every heap touches, in
+    /// a descriptor that starts on a page (`Heap::make`).
+    pub(crate) cache: [Page; CLASSES],
 }
 
 /// [`Heap::owned`]: an exited thread's heap, waiting for adoption.

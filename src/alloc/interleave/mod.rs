@@ -158,6 +158,21 @@ impl ThreadInterleaver {
         if a.pages_from.get() == node && (!placing || a.cursor_from.get() == node) {
             return;
         }
+        // SAFETY: the caller's word, passed on.
+        unsafe { self.follow_to(a, node, placing) }
+    }
+
+    /// [`follow`](Self::follow)'s replacement of the cursors for `node`.
+    /// Out of line: a cursor is 3 KiB, and a frame that builds one (every
+    /// caller's, inlined) made each allocator slow path that might reach
+    /// it touch two more pages of its thread's stack (the stack probes):
+    /// 8 KiB of every thread's RSS.
+    ///
+    /// # Safety
+    /// As [`follow`](Self::follow).
+    #[cold]
+    #[inline(never)]
+    unsafe fn follow_to(&self, a: &AutoState, node: usize, placing: bool) {
         let (i, pages) = cursors_for(&a.policy, a.topology, node);
         if a.pages_from.get() != node {
             a.pages_from.set(node);

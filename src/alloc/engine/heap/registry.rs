@@ -36,12 +36,17 @@ impl Heap {
     /// descriptor.
     #[cold]
     pub(crate) fn make(state: &State, node: usize, owner: u64) -> Option<*mut Heap> {
-        let p = alloc_meta(state, core::mem::size_of::<Heap>(), core::mem::align_of::<Heap>())?;
+        // On a page of its own: the fields every heap touches fill its
+        // first two pages, and the free caches after them are touched class
+        // by class (a heap across a page boundary touched a page more at
+        // each end: 18 KiB a thread that made one allocation, 7 KiB now).
+        let align = core::mem::align_of::<Heap>().max(crate::os::page_size());
+        let p = alloc_meta(state, core::mem::size_of::<Heap>(), align)?;
         let h = p.as_ptr().cast::<Heap>();
         // SAFETY: fresh, suitably aligned metadata memory.
         unsafe {
             // Field by field, in place: the free caches make the heap
-            // 18 KiB, more than a value on a small thread's stack should be.
+            // 24 KiB, more than a value on a small thread's stack should be.
             (&raw mut (*h).direct).write([empty_page(); CLASSES]);
             (&raw mut (*h).counters).write(HeapCounters::new());
             (&raw mut (*h).lists).write([PageList { head: ptr::null_mut(), tail: ptr::null_mut() }; CLASSES]);
