@@ -859,6 +859,12 @@ pub struct numaweave_node_stats {
     pub orphaned: u64,
     /// Address space mapped but not committed.
     pub retained: u64,
+    /// Bytes of free blocks in size-class pages still in use: memory only
+    /// the class that made those pages can use until they empty.
+    pub stranded: u64,
+    /// Bytes of blocks other threads freed that the owners of their pages
+    /// have not collected yet.
+    pub uncollected: u64,
 }
 
 impl From<&numaweave::stats::NodeStats> for numaweave_node_stats {
@@ -884,6 +890,8 @@ impl From<&numaweave::stats::NodeStats> for numaweave_node_stats {
             in_heaps,
             orphaned,
             retained,
+            stranded,
+            uncollected,
         } = *s;
         numaweave_node_stats {
             reserved,
@@ -903,6 +911,8 @@ impl From<&numaweave::stats::NodeStats> for numaweave_node_stats {
             in_heaps,
             orphaned,
             retained,
+            stranded,
+            uncollected,
         }
     }
 }

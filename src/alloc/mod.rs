@@ -506,6 +506,35 @@ impl NumaAlloc {
         stats::Stats::snapshot(self.state())
     }
 
+    /// The size classes' pages on `node`, one entry per class that has any,
+    /// smallest blocks first: how many, the bytes of their blocks in use,
+    /// and the bytes of free blocks they strand (memory no other class can
+    /// take until a page empties: where a program's fragmentation is, by
+    /// block size). Empty for a node the allocator has no arena on.
+    ///
+    /// ```
+    /// use numaweave::NumaAlloc;
+    /// use std::alloc::{GlobalAlloc, Layout};
+    ///
+    /// static A: NumaAlloc = NumaAlloc::new();
+    /// let l = Layout::from_size_align(512, 8).unwrap();
+    /// // SAFETY: a valid layout; each block freed once, with it.
+    /// let blocks: Vec<*mut u8> = (0..1000).map(|_| unsafe { A.alloc(l) }).collect();
+    /// for p in blocks.iter().step_by(2) {
+    ///     // SAFETY: allocated above with `l`, freed once.
+    ///     unsafe { A.dealloc(*p, l) };
+    /// }
+    /// // SAFETY: a block of ours, live.
+    /// let node = unsafe { A.node_of(blocks[1]) };
+    /// let c = A.class_usage(node).into_iter().find(|c| c.block_size == 512).unwrap();
+    /// // (A thread's free cache keeps some for reuse: in use, for their pages.)
+    /// assert!(c.stranded > 0 && c.in_use < 1000 * 512, "every other block free: {c:?}");
+    /// # for p in blocks.iter().skip(1).step_by(2) { unsafe { A.dealloc(*p, l) } }
+    /// ```
+    pub fn class_usage(&self, node: usize) -> Vec<stats::ClassUsage> {
+        stats::class_usage(self.state(), node).into_iter().filter(|u| u.pages > 0).collect()
+    }
+
     /// Every allocation the fast paths do not serve: a block of `size`
     /// bytes aligned to `align` (zeroed with `zero`), placed by the policy
     /// in force; null when no memory can be had.

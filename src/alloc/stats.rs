@@ -5,6 +5,7 @@
 use core::fmt;
 
 use super::engine::heap::for_each_heap;
+use super::engine::size_class::{CLASSES, class_size};
 use super::engine::types::SEGMENT_SIZE;
 use super::engine::types::{Mode, State};
 use crate::os::{file, thread};
@@ -62,6 +63,14 @@ pub struct NodeStats {
     /// Address space mapped but not committed (purged pages, uncarved
     /// segments): virtual size, not memory.
     pub retained: u64,
+    /// Bytes of free blocks in size-class pages still in use, all classes
+    /// ([`ClassUsage::stranded`]; by class: [`NumaAlloc::class_usage`](crate::NumaAlloc::class_usage)):
+    /// memory only the class that made those pages can use until they empty.
+    pub stranded: u64,
+    /// Bytes of blocks other threads freed that the owners of their pages
+    /// have not collected yet ([`ClassUsage::uncollected`]): free memory
+    /// that waits.
+    pub uncollected: u64,
 }
 
 impl NodeStats {
@@ -83,6 +92,8 @@ impl NodeStats {
         self.in_heaps += o.in_heaps;
         self.orphaned += o.orphaned;
         self.retained += o.retained;
+        self.stranded += o.stranded;
+        self.uncollected += o.uncollected;
     }
 }
 
@@ -138,6 +149,9 @@ impl Stats {
             s.free_resident = free_resident;
             s.retained = s.reserved.saturating_sub(s.committed);
             s.resident = resident + ld(&c.huge_bytes);
+            let classes = class_usage(state, n);
+            s.stranded = classes.iter().map(|u| u.stranded).sum();
+            s.uncollected = classes.iter().map(|u| u.uncollected).sum();
         }
         let (mut heaps, mut orphan_heaps) = (0, 0);
         for_each_heap(state, |h| {
@@ -189,6 +203,79 @@ impl Stats {
     }
 }
 
+/// One size class's pages on a node ([`NumaAlloc::class_usage`](crate::NumaAlloc::class_usage)):
+/// what a size-class allocator strands. The figures are one moment's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassUsage {
+    /// The class's block size in bytes.
+    pub block_size: u64,
+    /// Pages of the class (each of one to four 64 KiB slots).
+    pub pages: u64,
+    /// The bytes those pages' blocks span.
+    pub bytes: u64,
+    /// Bytes of their blocks in use: handed out, or in a thread's free
+    /// cache (kept for reuse).
+    pub in_use: u64,
+    /// Bytes of blocks other threads freed into those pages that the
+    /// pages' owners have not collected yet (they are collected when a
+    /// page runs dry, or when an exited thread's heap is adopted or
+    /// reclaimed).
+    pub uncollected: u64,
+    /// Bytes of free blocks in those pages that were ever handed out or
+    /// prepared (carved): memory only this class can use again until the
+    /// page empties. Resident, unless purged (a free block's memory past
+    /// its first word is given back once its class goes quiet, for blocks
+    /// over a page). The pages' never-carved rest counts in neither.
+    pub stranded: u64,
+}
+
+/// The size classes' pages on `node`'s arena, indexed by class (all zero
+/// where the node has none).
+pub(crate) fn class_usage(state: &State, node: usize) -> [ClassUsage; CLASSES] {
+    let mut u = [ClassUsage::default(); CLASSES];
+    for (c, x) in u.iter_mut().enumerate() {
+        x.block_size = class_size(c) as u64;
+    }
+    if let Some(a) = state.arena(node) {
+        a.page_usage(|p| {
+            let (x, bs) = (&mut u[p.class % CLASSES], p.block_size);
+            x.pages += 1;
+            x.bytes += p.capacity * bs;
+            x.in_use += p.in_use * bs;
+            x.uncollected += p.uncollected * bs;
+            x.stranded += p.stranded * bs;
+        });
+    }
+    u
+}
+
+/// How many classes the stranded lines name, per node.
+const MOST_STRANDED: usize = 8;
+
+/// The classes that strand the most on each node, a line each: what the
+/// statistics at exit add to the table (`NUMAWEAVE_SHOW_STATS`).
+fn write_most_stranded(fd: i32, state: &State) {
+    use crate::topology::display::human_bytes as h;
+    for n in state.nodes().iter() {
+        let mut u = class_usage(state, n);
+        u.sort_unstable_by_key(|x| core::cmp::Reverse(x.stranded));
+        for x in u.iter().take(MOST_STRANDED).filter(|x| x.stranded > 0) {
+            file::write_fd(
+                fd,
+                format_args!(
+                    "node {n}: {:>7} B blocks strand {:>11} in {:>5} pages of {:>11} ({:>11} in use, {:>11} uncollected)\n",
+                    x.block_size,
+                    h(x.stranded),
+                    x.pages,
+                    h(x.bytes),
+                    h(x.in_use),
+                    h(x.uncollected)
+                ),
+            );
+        }
+    }
+}
+
 /// Prints `stats` on stderr, as the table `Display` gives (for
 /// `malloc_stats` and `NUMAWEAVE_SHOW_STATS`).
 pub fn print_to_stderr(stats: &Stats) {
@@ -213,7 +300,9 @@ pub(crate) fn show_at_exit() {
 
 extern "C" fn print_at_exit() {
     if let Some(s) = State::try_get() {
-        file::write_fd(AT_EXIT_FD.load(Ordering::Relaxed), format_args!("{}", Stats::snapshot(s)));
+        let fd = AT_EXIT_FD.load(Ordering::Relaxed);
+        file::write_fd(fd, format_args!("{}", Stats::snapshot(s)));
+        write_most_stranded(fd, s);
     }
 }
 
@@ -269,15 +358,17 @@ impl fmt::Display for Stats {
         }
         writeln!(
             f,
-            "{:>5} {:>11} {:>11} {:>11} {:>11} {:>11}",
-            "node", "resident", "free res.", "in heaps", "orphaned", "retained"
+            "{:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            "node", "resident", "free res.", "stranded", "uncollected", "in heaps", "orphaned", "retained"
         )?;
         let mem_row = |f: &mut fmt::Formatter<'_>, name: &str, s: &NodeStats| {
             writeln!(
                 f,
-                "{name:>5} {:>11} {:>11} {:>11} {:>11} {:>11}",
+                "{name:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
                 h(s.resident),
                 h(s.free_resident),
+                h(s.stranded),
+                h(s.uncollected),
                 h(s.in_heaps),
                 h(s.orphaned),
                 h(s.retained)

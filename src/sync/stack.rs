@@ -179,6 +179,13 @@ impl<T: Linked> CountedStack<T> {
         }
     }
 
+    /// How many nodes it held at one moment of the call (a racy hint, as
+    /// [`is_empty`](Self::is_empty): for statistics).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.head.load(Ordering::Relaxed) >> PTR_BITS
+    }
+
     /// Whether the stack looked empty (a racy hint).
     #[inline]
     pub fn is_empty(&self) -> bool {

@@ -17,7 +17,8 @@ use crate::hardened::HARDENED;
 use crate::os::mem::Huge;
 use crate::os::thread;
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicStack, AtomicU64, CachePadded, CountedStack, InitCell, Linked, Ordering, SpinLock,
+    AtomicBool, AtomicPtr, AtomicStack, AtomicU32, AtomicU64, CachePadded, CountedStack, InitCell, Linked, Ordering,
+    SpinLock,
 };
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
@@ -107,6 +108,35 @@ unsafe impl Linked for Block {
     }
 }
 
+/// A count one thread (a page's owner) writes, by a relaxed load and store
+/// (`set`, `add`, `sub`: the one `inc`/`dec`/`add` on memory a plain field
+/// compiles to on x86-64), and any thread may read (`get`) for statistics
+/// (the arena's walk of its pages, `arena/usage.rs`) with no data race.
+#[repr(transparent)]
+pub(crate) struct OwnerCount(AtomicU32);
+
+impl OwnerCount {
+    pub(crate) const fn new(v: u32) -> Self {
+        Self(AtomicU32::new(v))
+    }
+    #[inline(always)]
+    pub(crate) fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+    #[inline(always)]
+    pub(crate) fn set(&self, v: u32) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+    #[inline(always)]
+    pub(crate) fn add(&self, n: u32) {
+        self.set(self.get().wrapping_add(n));
+    }
+    #[inline(always)]
+    pub(crate) fn sub(&self, n: u32) {
+        self.set(self.get().wrapping_sub(n));
+    }
+}
+
 /// A page descriptor, on three cache lines by who writes them: the owner's
 /// list state (written by every local allocation and free), the page's fixed
 /// facts (written once, when a heap takes the page; read by every free, local
@@ -122,9 +152,9 @@ pub(crate) struct Page {
     /// count as used), plus one while the page is its heap's direct page
     /// for its class (see `Heap::set_direct`). For a heap's free cache: the
     /// room left (see `Heap::cache`).
-    pub(crate) used: u32,
-    /// Blocks carved from the page so far.
-    pub(crate) carved: u32,
+    pub(crate) used: OwnerCount,
+    /// Blocks carved from the page so far (owner only).
+    pub(crate) carved: OwnerCount,
     /// Unlinked from its heap's class list because it had no free block.
     pub(crate) in_full: bool,
     /// On the owning heap's pending list (see `heap.rs`).
@@ -204,8 +234,8 @@ impl Page {
     pub(crate) const fn empty() -> Self {
         Self {
             free: ptr::null_mut(),
-            used: 0,
-            carved: 0,
+            used: OwnerCount::new(0),
+            carved: OwnerCount::new(0),
             in_full: false,
             pending: false,
             purged: false,
@@ -417,11 +447,7 @@ pub(crate) struct Heap {
     /// half back to the blocks' pages (`Heap::flush_cache`), and a refill
     /// under a policy that chooses among pages gives all of it back first.
     /// A cached block is in use for its page, which therefore stays.
-    ///
-    /// Last: 18 KiB of which a thread touches the entries of the classes
-    /// it uses (the heap's fresh memory reads as an empty cache of no
-    /// heap until then), after the 7 KiB of fields every heap touches, in
-    /// a descriptor that starts on a page (`Heap::make`).
+    /// Last: 18 KiB, touched class by class (`Heap::make`).
     pub(crate) cache: [Page; CLASSES],
 }
 

@@ -105,7 +105,7 @@ impl Pool {
             }
             (*page).free = list;
             (*page).info.block_size = size as u32;
-            self.used0.set((*page).used);
+            self.used0.set((*page).used.get());
         }
         self.region.set(r);
         self.units.set(units);
@@ -124,7 +124,7 @@ impl Pool {
         self.filled.set(0);
         // SAFETY: the pool's own page, no longer lent.
         unsafe {
-            let taken = (*page).used.wrapping_sub(self.used0.get()) as usize;
+            let taken = (*page).used.get().wrapping_sub(self.used0.get()) as usize;
             let rest = core::mem::replace(&mut (*page).free, ptr::null_mut());
             if HARDENED {
                 // Plain links again, for the region's lists.

@@ -21,6 +21,7 @@ use crate::topology::NodeSet;
 
 mod cached;
 mod purge;
+mod usage;
 
 use cached::CACHED_BYTES_FACTOR;
 pub(crate) use purge::delay_clock;
@@ -223,7 +224,6 @@ impl Arena {
                 self.purge_expired(state, &mut g, now);
             }
             if let Some(p) = take_slots(&mut g, slots, &self.counters, state) {
-                drop(g);
                 return Some(init_page(p, class, heap));
             }
             let e = g.exhausted > 0;
@@ -261,10 +261,10 @@ impl Arena {
                 if g.exhausted > 0 {
                     continue;
                 }
-                take_slots(&mut g, page_slots(class), &other.counters, state)
+                take_slots(&mut g, page_slots(class), &other.counters, state).map(|p| init_page(p, class, heap))
             };
             let page = match taken {
-                Some(p) => Some(init_page(p, class, heap)),
+                Some(p) => Some(p),
                 None => other.map_and_take(state, class, heap),
             };
             if page.is_some() {
@@ -284,9 +284,7 @@ impl Arena {
         // SAFETY: a fresh segment, ours alone until linked.
         unsafe { (*seg.as_ptr()).seg.next = g.segments };
         g.segments = seg.as_ptr();
-        let p = take_slots(&mut g, page_slots(class), &self.counters, state);
-        drop(g);
-        p.map(|p| init_page(p, class, heap))
+        take_slots(&mut g, page_slots(class), &self.counters, state).map(|p| init_page(p, class, heap))
     }
 
     /// A fresh segment-aligned mapping of `len` bytes under this arena's
@@ -429,7 +427,7 @@ impl Arena {
             debug_assert_eq!((*seg).seg.kind, SegmentKind::Small);
             debug_assert_eq!(usize::from((*seg).seg.arena), self.node, "a page freed to another node's arena");
             debug_assert_eq!((*seg).free_slots & mask, 0, "a page freed twice");
-            debug_assert_eq!((*page).used, 0);
+            debug_assert_eq!((*page).used.get(), 0);
             (*page).info.heap.store(ptr::null_mut(), Ordering::Relaxed);
             // A free into the page now fails the hardened free's bound.
             if HARDENED {
@@ -585,13 +583,16 @@ fn take_found(
 /// a row start at 64 different lines).
 static NEXT_COLOUR: AtomicUsize = AtomicUsize::new(0);
 
-/// Writes a fresh page descriptor for `class` owned by `heap`.
+/// Writes a fresh page descriptor for `class` owned by `heap`. Under the
+/// arena's lock, with the slots' taking: the walk of the arena's pages
+/// (`usage.rs`) reads the descriptors of taken slots under that lock.
 fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usize, heap: *mut Heap) -> NonNull<Page> {
     let bs = class_size(class);
     let colour = if coloured(class) { NEXT_COLOUR.fetch_add(23, Ordering::Relaxed) % COLOURS * 64 } else { 0 };
     debug_assert!(slots == page_slots(class) && colour + bs * page_blocks(class) <= slots * SLOT_SIZE);
-    // SAFETY: the slots were just taken under the arena lock, so nobody else
-    // uses this descriptor or the slot map entries.
+    // SAFETY: the slots were just taken under the arena lock, which the
+    // caller still holds, so nobody else uses this descriptor or the slot
+    // map entries.
     unsafe {
         for s in first..first + slots {
             (*seg).slot_page[s] = first as u8;

@@ -145,16 +145,16 @@ impl Heap {
             let room = cache_room(class);
             debug_assert!((*cache).free.is_null() && !(*page).free.is_null());
             // (Its room may be more: a list longer than the room left one.)
-            debug_assert!((*cache).used >= room, "an empty cache has all its room");
-            let n = (*page).carved - ((*page).used - Heap::references(heap, page));
+            debug_assert!((*cache).used.get() >= room, "an empty cache has all its room");
+            let n = (*page).carved.get() - ((*page).used.get() - Heap::references(heap, page));
             // The page's frees come to the cache again (they may have been
             // sent to the page by a flush).
             segment::set_sink(segment_of((*page).info.start).cast(), page, cache);
             (*cache).free = (*page).free;
             (*page).free = ptr::null_mut();
-            (*cache).used = if n < room { room - n } else { 1 };
-            (*page).used += n;
-            if (*page).carved == (*page).info.capacity {
+            (*cache).used.set(if n < room { room - n } else { 1 });
+            (*page).used.add(n);
+            if (*page).carved.get() == (*page).info.capacity {
                 (*heap).unlink(page);
                 (*page).in_full = true;
             }
@@ -171,14 +171,13 @@ impl Heap {
         // SAFETY: `heap` is the calling thread's and owns `page`; `block` is a live block of
         // it (the caller's word): the page's list and `used` are ours to write.
         unsafe {
-            debug_assert!((*page).used > 0, "a cached block of a page with none in use");
+            debug_assert!((*page).used.get() > 0, "a cached block of a page with none in use");
             debug_assert!(in_page(page, block.cast()) && (*page).info.heap.load(Ordering::Relaxed) == heap);
             // As `push`, but the event is the page's alone (a page, not a
             // cache), and no free's: the caller is in the midst of one.
             (*block).next = link(page, (*page).free);
             (*page).free = block;
-            (*page).used -= 1;
-            if (*page).used == 0 || (*page).in_full {
+            if super::free::used_sub_one_is_zero(page) || (*page).in_full {
                 Heap::page_event_with(heap, page, true);
             }
         }
@@ -229,7 +228,7 @@ impl Heap {
             if (*c).info.heap.load(Ordering::Relaxed).is_null() {
                 debug_assert!((*c).free.is_null(), "a free cache of no heap holds blocks");
                 c.write(Page::empty());
-                (*c).used = cache_room(class);
+                (*c).used.set(cache_room(class));
                 (*c).info.heap = AtomicPtr::new(heap);
                 (*c).info.block_size = size_class::class_size(class) as u32;
                 (*c).info.class = class as u8;
@@ -283,8 +282,8 @@ impl Heap {
                 rest = next;
             }
             // Room for as many frees as keep the cache within its bound.
-            (*cache).used = cache_room(class) - kept;
-            debug_assert!((*cache).used > 0);
+            (*cache).used.set(cache_room(class) - kept);
+            debug_assert!((*cache).used.get() > 0);
         }
     }
 

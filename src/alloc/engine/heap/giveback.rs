@@ -120,7 +120,7 @@ impl Heap {
                 let mut p = (*heap).lists[class].head;
                 while !p.is_null() {
                     let next = (*p).next;
-                    if (*p).used == 0 && (*heap).direct[class] != p {
+                    if (*p).used.get() == 0 && (*heap).direct[class] != p {
                         (*heap).release_page(p);
                     } else if purge_blocks {
                         Heap::purge_free_blocks(p);
@@ -168,7 +168,7 @@ impl Heap {
                     let _ = crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(a as *mut u8), b - a);
                 }
             };
-            purge(start + (*page).carved as usize * bs, end);
+            purge(start + (*page).carved.get() as usize * bs, end);
             if bs > os_page {
                 let mut b = (*page).free;
                 while !b.is_null() {

@@ -73,9 +73,9 @@ impl Heap {
                 (*heap).push_back(page);
             }
             let class = usize::from((*page).info.class);
-            if may_release && (*page).used == 0 && (*heap).direct[class] != page {
+            if may_release && (*page).used.get() == 0 && (*heap).direct[class] != page {
                 let kept = (*heap).kept_empty[class];
-                if kept.is_null() || kept == page || (*kept).used != 0 {
+                if kept.is_null() || kept == page || (*kept).used.get() != 0 {
                     (*heap).kept_empty[class] = page;
                 } else {
                     (*heap).release_page(page);
@@ -103,7 +103,7 @@ impl Heap {
         unsafe {
             for class in 0..CLASSES {
                 let cache = Heap::cache_page(heap, class);
-                let room = (*cache).used;
+                let room = (*cache).used.get();
                 if !(*cache).free.is_null() && room == (*heap).cache_seen[class] {
                     Heap::flush_cache(heap, class, 0, false);
                     if (*heap).direct[class] == Heap::cache_page(heap, class) {
@@ -112,12 +112,12 @@ impl Heap {
                     }
                     Heap::set_cache_src(heap, class, ptr::null_mut());
                 }
-                (*heap).cache_seen[class] = (*Heap::cache_page(heap, class)).used;
+                (*heap).cache_seen[class] = (*Heap::cache_page(heap, class)).used.get();
             }
             for class in 0..CLASSES {
                 let kept = (*heap).kept_empty[class];
                 if !kept.is_null()
-                    && (*kept).used == 0
+                    && (*kept).used.get() == 0
                     && (*heap).direct[class] != kept
                     && now.wrapping_sub((*heap).last_refill[class]) > IDLE_REFILLS
                 {
@@ -134,7 +134,7 @@ impl Heap {
         // SAFETY: the page is empty and ours; after unlinking, nothing here
         // refers to it.
         unsafe {
-            debug_assert_eq!((*page).used, 0, "releasing a page with live blocks");
+            debug_assert_eq!((*page).used.get(), 0, "releasing a page with live blocks");
             debug_assert!(
                 core::ptr::eq((*page).info.heap.load(Ordering::Relaxed), self),
                 "releasing another heap's page"
@@ -228,7 +228,7 @@ impl Heap {
                 // Its callers unlink a full page or an empty one, which is
                 // never direct: the reference dropped leaves blocks in use
                 // (so `set_direct` gives nothing back from here).
-                debug_assert!((*page).used > 1, "an empty direct page unlinked");
+                debug_assert!((*page).used.get() > 1, "an empty direct page unlinked");
                 Heap::set_direct(self, class, empty_page());
             }
         }
@@ -280,7 +280,7 @@ impl Heap {
         // SAFETY: an owner-only field of a live page of the heap.
         unsafe {
             debug_assert_eq!((*page).info.heap.load(Ordering::Relaxed), heap);
-            (*page).used += 1;
+            (*page).used.add(1);
         }
     }
 
@@ -292,9 +292,9 @@ impl Heap {
     pub(super) unsafe fn drop_reference(heap: *mut Heap, page: *mut Page) {
         // SAFETY: as in `take_reference`.
         unsafe {
-            debug_assert!((*page).used > 0);
-            (*page).used -= 1;
-            if (*page).used == 0 {
+            debug_assert!((*page).used.get() > 0);
+            (*page).used.sub(1);
+            if (*page).used.get() == 0 {
                 Heap::page_event_with(heap, page, true);
             }
         }

@@ -26,7 +26,7 @@ impl Heap {
             // A lent page is not the heap's: the slot holds no reference.
             Heap::set_direct(heap, class, empty_page());
             (*heap).direct[class] = page;
-            (*heap).loan = Loan { page, class, used0: (*page).used };
+            (*heap).loan = Loan { page, class, used0: (*page).used.get() };
         }
     }
 
@@ -71,7 +71,7 @@ impl Heap {
             if (*heap).direct[class] == page {
                 (*heap).direct[class] = empty_page();
             }
-            let taken = u64::from((*page).used.wrapping_sub(used0));
+            let taken = u64::from((*page).used.get().wrapping_sub(used0));
             bump(&(*heap).counters.allocs[class], taken.wrapping_neg());
         }
     }

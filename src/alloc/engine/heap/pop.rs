@@ -143,7 +143,7 @@ impl Heap {
             debug_assert!(class < CLASSES);
             (*page).free = next;
             super::links::prefetch(next);
-            (*page).used += 1;
+            (*page).used.add(1);
             bump((*heap).counters.allocs.get_unchecked(class), 1);
         }
         block.cast()
@@ -354,7 +354,7 @@ impl Heap {
                 hardened::handing_out(block.cast(), || kind_of(page));
             }
             (*page).free = next_of(page, block);
-            (*page).used += 1;
+            (*page).used.add(1);
             bump(&(*heap).counters.allocs[usize::from((*page).info.class)], 1);
             block.cast()
         }
@@ -384,7 +384,7 @@ impl Heap {
                 segment::store_sinks(segment_of((*page).info.start).cast::<SmallSegment>(), page, sink);
             }
             bump(&(*heap).life.page_bytes, page_bytes(class) as u64);
-            debug_assert!((*page).used == 0 && (*page).carved == 0 && (*page).free.is_null());
+            debug_assert!((*page).used.get() == 0 && (*page).carved.get() == 0 && (*page).free.is_null());
             debug_assert_eq!(usize::from((*page).info.class), class);
             (*heap).push_front(page);
             carve(page);
@@ -418,7 +418,7 @@ impl Heap {
                 return true;
             }
             debug_assert!(
-                (*page).used - Heap::references(heap, page) == (*page).info.capacity || lists_dropped(),
+                (*page).used.get() - Heap::references(heap, page) == (*page).info.capacity || lists_dropped(),
                 "a page without free blocks is full"
             );
             (*heap).unlink(page);
@@ -434,13 +434,13 @@ impl Heap {
 pub(super) unsafe fn carve(page: *mut Page) {
     // SAFETY: owner-only fields of the caller's page.
     unsafe {
-        let left = (*page).info.capacity - (*page).carved;
+        let left = (*page).info.capacity - (*page).carved.get();
         if left == 0 {
             return;
         }
         let bs = (*page).info.block_size as usize;
         let n = left.min((CARVE_BYTES / bs).max(1) as u32);
-        let first = (*page).info.start.add((*page).carved as usize * bs);
+        let first = (*page).info.start.add((*page).carved.get() as usize * bs);
         debug_assert!(first as usize + n as usize * bs <= page_span(page).end);
         for i in 0..n as usize {
             let b = first.add(i * bs).cast::<Block>();
@@ -453,6 +453,6 @@ pub(super) unsafe fn carve(page: *mut Page) {
             }
         }
         (*page).free = first.cast();
-        (*page).carved += n;
+        (*page).carved.add(n);
     }
 }

@@ -171,7 +171,7 @@ unsafe fn collect_orphan(heap: *mut Heap, now: u64, delay: u64) {
         debug_assert!(
             (0..CLASSES).all(|c| {
                 let mut p = (*heap).lists[c].head;
-                while !p.is_null() && (*p).used > 0 {
+                while !p.is_null() && (*p).used.get() > 0 {
                     p = (*p).next;
                 }
                 p.is_null() && (*heap).kept_empty[c].is_null()

@@ -84,11 +84,11 @@ fn the_free_cache_serves_frees_newest_first_across_pages_and_gives_back_when_ful
             // Two blocks of different pages: the newest comes back first.
             let (x, y) = (blocks[0], blocks[3 * room - 1]);
             assert_ne!(page_of_block(x), page_of_block(y));
-            let used_x = (*page_of_block(x)).used;
+            let used_x = (*page_of_block(x)).used.get();
             free_small(x);
             free_small(y);
             assert_eq!(cached(heap, class), vec![y, x]);
-            assert_eq!((*page_of_block(x)).used, used_x, "a cached block is in use for its page");
+            assert_eq!((*page_of_block(x)).used.get(), used_x, "a cached block is in use for its page");
             assert_eq!(alloc_via(heap, class, state, &mut p), y);
             assert_eq!(alloc_via(heap, class, state, &mut p), x);
             // Filling the cache gives the older blocks back to their
@@ -182,7 +182,7 @@ fn an_idle_free_cache_gives_its_blocks_back() {
             assert!(cached(heap, class).is_empty() && (*heap).cache_src[class].is_null());
             assert_ne!((*heap).direct[class], Heap::cache_page(heap, class));
             let page = page_of_block(blocks[0]);
-            assert!(!listed(heap, class, page) || (*page).used == 0, "its pages are empty again");
+            assert!(!listed(heap, class, page) || (*page).used.get() == 0, "its pages are empty again");
             // And it serves again at the next allocation.
             let b = alloc_via(heap, class, state, &mut Cached(node));
             assert_eq!((*heap).direct[class], Heap::cache_page(heap, class));
@@ -206,7 +206,11 @@ fn a_policy_that_chooses_pages_gets_the_cached_blocks_back_first() {
             // The rest of what the fresh page carved is in the cache too.
             let before = cached(heap, class).len();
             assert_eq!((*heap).cache_src[class], page, "the cache was filled from the page");
-            assert_eq!((*page).used, (*page).carved + 1, "cached blocks in use for their page, and the reference");
+            assert_eq!(
+                (*page).used.get(),
+                (*page).carved.get() + 1,
+                "cached blocks in use for their page, and the reference"
+            );
             for &b in &blocks {
                 free_small(b);
             }
@@ -218,7 +222,7 @@ fn a_policy_that_chooses_pages_gets_the_cached_blocks_back_first() {
             assert!(cached(heap, class).is_empty() && (*heap).cache_src[class].is_null());
             assert_ne!((*heap).direct[class], Heap::cache_page(heap, class));
             assert_eq!(page_of_block(b), page, "the page its blocks went back to serves");
-            assert_eq!((*page).used, 2, "every block back but one out, and the direct reference");
+            assert_eq!((*page).used.get(), 2, "every block back but one out, and the direct reference");
             // (Nothing left in use: the next test to adopt this heap
             // finds its pages as fresh as a new heap's.)
             free_small(b);

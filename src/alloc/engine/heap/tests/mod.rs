@@ -73,7 +73,7 @@ fn blocks_come_back_lifo_and_a_drained_page_refills() {
                 }
                 assert!(seen.insert(p as usize));
             }
-            assert_eq!((*page).used as usize, cap + 1, "every block, and the direct slot's reference");
+            assert_eq!((*page).used.get() as usize, cap + 1, "every block, and the direct slot's reference");
             let p = Heap::refill(heap, class, state, &mut Anywhere(node));
             assert!(!p.is_null() && (*heap).direct[class] != page, "a full page gives way to a fresh one");
             assert!((*page).in_full);
@@ -108,7 +108,7 @@ fn a_loan_serves_the_fast_path_and_leaves_the_counters_as_they_were() {
             Heap::end_loan(heap);
             assert!(Heap::pop(heap, class).is_null(), "the slot is empty again");
             assert_eq!((*heap).node_and_counters().1, before, "lent blocks are not the heap's");
-            assert_eq!(page.used, 2);
+            assert_eq!(page.used.get(), 2);
         }
     });
 }
@@ -234,10 +234,10 @@ fn the_direct_page_stays_while_a_pair_loop_empties_it_and_is_kept_when_it_leaves
         unsafe {
             let a = Heap::refill(heap, class, state, &mut Anywhere(node));
             let page = (*heap).direct[class];
-            assert_eq!((*page).used, 2, "one block and the direct slot's reference");
+            assert_eq!((*page).used.get(), 2, "one block and the direct slot's reference");
             for _ in 0..3 {
                 Heap::free_local(heap, page, a.cast());
-                assert_eq!((*page).used, 1, "emptied by the free, but for the slot's reference");
+                assert_eq!((*page).used.get(), 1, "emptied by the free, but for the slot's reference");
                 assert_eq!((*heap).direct[class], page);
                 assert!((*heap).kept_empty[class].is_null(), "a direct page is not kept");
                 assert_eq!(Heap::pop(heap, class), a, "the pair loop stays on the fast path");
@@ -245,7 +245,7 @@ fn the_direct_page_stays_while_a_pair_loop_empties_it_and_is_kept_when_it_leaves
             Heap::free_local(heap, page, a.cast());
             // The slot lets go: the page empties now, and is kept.
             Heap::clear_direct(heap);
-            assert_eq!((*page).used, 0);
+            assert_eq!((*page).used.get(), 0);
             assert_eq!((*heap).kept_empty[class], page, "emptied as it left the slot: kept");
             Heap::give_back_free_as(heap, true, ALL_CLASSES);
             assert!(!listed(heap, class, page), "released to the arena");
@@ -271,7 +271,7 @@ fn a_refill_takes_the_page_that_got_blocks_back_first() {
             }
             let (first, second, third) = (page_of_block(ps[0]), page_of_block(ps[4]), page_of_block(ps[8]));
             assert!((*first).in_full && (*second).in_full && (*heap).direct[class] == third);
-            assert_eq!((*third).used, 5, "full, and the direct page");
+            assert_eq!((*third).used.get(), 5, "full, and the direct page");
             // A block back to the first full page, then to the second.
             Heap::free_local(heap, first, ps[0].cast());
             Heap::free_local(heap, second, ps[4].cast());

@@ -1,0 +1,82 @@
+//! Bytes a size class strands are counted where they are: per class
+//! (`NumaAlloc::class_usage`) and per node (`NodeStats::stranded`, the
+//! `stranded` column of the statistics), and so are blocks other threads
+//! freed that their pages' owner has not collected (`uncollected`). Alone in its process, so that no
+//! other test's blocks share the class.
+
+use std::alloc::{GlobalAlloc, Layout};
+
+use numaweave::NumaAlloc;
+
+#[global_allocator]
+static A: NumaAlloc = NumaAlloc::new();
+
+const N: usize = 4000;
+const SIZE: usize = 768; // a class's size
+/// What a thread's free cache of the class keeps for reuse (in use, for
+/// its pages): at most 256 blocks.
+const CACHED: usize = 256;
+
+fn class_of(node: usize) -> numaweave::stats::ClassUsage {
+    A.class_usage(node).into_iter().find(|c| c.block_size == SIZE as u64).unwrap_or_default()
+}
+
+#[test]
+fn free_blocks_in_pages_in_use_are_counted_by_class_and_node() {
+    let l = Layout::from_size_align(SIZE, 8).unwrap();
+    std::thread::spawn(move || {
+        // SAFETY: a valid layout; each block written, freed once below.
+        let blocks: Vec<usize> = (0..N)
+            .map(|i| unsafe {
+                let p = A.alloc(l);
+                assert!(!p.is_null());
+                p.write_bytes(i as u8, SIZE);
+                p as usize
+            })
+            .collect();
+        // SAFETY: a block of ours, live.
+        let node = unsafe { A.node_of(blocks[0] as *const u8) };
+        let full = class_of(node);
+        assert!(full.in_use >= (N * SIZE) as u64, "{full:?}");
+        assert!(full.stranded < 64 * SIZE as u64, "a page's carved rest at most: {full:?}");
+        // Every other block freed: each page keeps half its blocks.
+        for &p in blocks.iter().step_by(2) {
+            // SAFETY: allocated above with `l`, freed once.
+            unsafe { A.dealloc(p as *mut u8, l) };
+        }
+        let half = class_of(node);
+        let freed = ((N / 2 - CACHED) * SIZE) as u64;
+        assert!(half.stranded >= freed, "half the blocks stranded: {half:?}");
+        assert!(half.in_use <= full.in_use - freed, "{half:?}");
+        let s = A.stats();
+        assert!(s.per_node[node].stranded >= half.stranded, "the node's total holds the class's");
+        assert!(s.to_string().contains("stranded"), "the table shows it");
+        // Another thread frees 1,000 of the rest: uncollected (this thread,
+        // the pages' owner, does not allocate meanwhile), not in use.
+        let rest: Vec<usize> = blocks.iter().skip(1).step_by(2).copied().collect();
+        let (theirs, ours) = rest.split_at(1000);
+        let theirs = theirs.to_vec();
+        std::thread::spawn(move || {
+            for p in theirs {
+                // SAFETY: as above; this thread frees them instead.
+                unsafe { A.dealloc(p as *mut u8, l) };
+            }
+        })
+        .join()
+        .unwrap();
+        let remote = class_of(node);
+        assert!(remote.uncollected >= (1000 * SIZE) as u64, "{remote:?}");
+        assert!(remote.in_use + ((1000 * SIZE) as u64) <= half.in_use + (64 * SIZE) as u64, "{remote:?} {half:?}");
+        assert!(A.stats().per_node[node].uncollected >= remote.uncollected);
+        // The rest freed and trimmed: no page of the class is left to strand.
+        for &p in ours {
+            // SAFETY: as above.
+            unsafe { A.dealloc(p as *mut u8, l) };
+        }
+        A.trim();
+        let after = class_of(node);
+        assert!(after.stranded < 64 * SIZE as u64 && after.uncollected == 0 && after.pages <= 1, "trimmed: {after:?}");
+    })
+    .join()
+    .unwrap();
+}
