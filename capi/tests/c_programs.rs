@@ -35,8 +35,9 @@
 //! - `tests/c/failures.c`: every entry point's failures (sizes, alignments,
 //!   an address-space limit) with glibc's result and errno, and four
 //!   threads going on with every mmap refused (seccomp), preloaded.
-//! - `tests/c/stack.c`: a thread's first allocations write at most 6 KiB
-//!   of its stack (every thread keeps what they touch), preloaded.
+//! - `tests/c/stack.c`: a thread's first allocations touch at most one
+//!   page of its stack below its start's (every thread keeps what they
+//!   touch), preloaded.
 //!
 //! The preloaded programs run under glibc's malloc too, as the control that
 //! what they expect is what glibc does.

@@ -29,8 +29,8 @@ pub fn getcpu() -> Result<(usize, usize)> {
 /// when the kernel cannot tell.
 #[inline]
 pub fn current_cpu() -> Option<usize> {
-    if let Some(r) = super::rseq::registration() {
-        return Some(r.cpu());
+    if let Some(c) = super::rseq::registration().and_then(|r| r.cpu()) {
+        return Some(c);
     }
     let _errno = super::KeepErrno::new();
     // SAFETY: no preconditions.

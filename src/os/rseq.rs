@@ -27,9 +27,15 @@
 //! glibc registered (`0x53053053` on x86-64, encoded inside a `ud1` so that
 //! it never executes) and jumps back to the start, which stores the
 //! descriptor's address again (the kernel clears it when it aborts).
-//! Only x86-64 has the sequences; elsewhere [`registration`] is `None`.
+//! After a sequence `rseq_cs` still points at its descriptor (as librseq
+//! leaves it): the kernel reads it at the thread's next preemption, so the
+//! code must stay mapped while threads that ran it live (a library of ours
+//! loaded with `dlopen` must not be `dlclose`d; the preloaded C library
+//! never is). Only x86-64 has the sequences; elsewhere [`registration`] is
+//! `None`.
 
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use super::ReadOnce;
 use super::mem::Mapping;
@@ -37,14 +43,12 @@ use crate::error::Result;
 
 /// Where the calling threads' rseq areas are, and what the kernel fills in
 /// them: glibc's registration, read once for the process.
+/// Only [`registration`] makes one (its fields are where the sequences
+/// write: a made-up offset would write into the thread's control block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Registration {
-    /// The area's offset from the thread pointer (`__rseq_offset`).
-    pub offset: isize,
-    /// The bytes of the area the kernel fills: `AT_RSEQ_FEATURE_SIZE` (20
-    /// before Linux 6.3, which reports none), at most what glibc
-    /// registered.
-    pub feature_size: usize,
+    offset: isize,
+    feature_size: usize,
 }
 
 // The fields of `struct rseq` (include/uapi/linux/rseq.h).
@@ -88,22 +92,22 @@ unsafe extern "C" {
 ///
 /// if let Some(r) = rseq::registration() {
 ///     // The CPU as the kernel last wrote it: no call, no system call.
-///     let cpu = r.cpu();
+///     let cpu = r.cpu().expect("a thread glibc started is registered");
 ///     assert!(cpu < 1 << 16);
 /// } // (else glibc registered none: `GLIBC_TUNABLES=glibc.pthread.rseq=0`)
 /// ```
 pub fn registration() -> Option<Registration> {
     static REGISTRATION: ReadOnce = ReadOnce::new();
-    // 1 + feature size, or 1 alone for none; the offset beside it.
-    static OFFSET: core::sync::atomic::AtomicIsize = core::sync::atomic::AtomicIsize::new(0);
+    // One word, so that a thread that sees it sees all of it: the offset
+    // (32 bits, signed) above 1 + the feature size; 1 alone for none.
     let v = REGISTRATION.get(|| match read_registration() {
-        Some(r) => {
-            OFFSET.store(r.offset, core::sync::atomic::Ordering::Relaxed);
-            1 + r.feature_size
+        Some(r) if i32::try_from(r.offset).is_ok() && r.feature_size < 1 << 16 => {
+            ((r.offset as i32 as u32 as usize) << 32) | (1 + r.feature_size)
         }
-        None => 1,
+        _ => 1,
     });
-    (v > 1).then(|| Registration { offset: OFFSET.load(core::sync::atomic::Ordering::Relaxed), feature_size: v - 1 })
+    let low = v & 0xffff_ffff;
+    (low > 1).then(|| Registration { offset: (v >> 32) as u32 as i32 as isize, feature_size: low - 1 })
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -132,7 +136,7 @@ fn read_registration() -> Option<Registration> {
     let r = Registration { offset, feature_size };
     // A registered thread's `cpu_id` is a CPU, never the -1 ("not yet") or
     // -2 ("registration failed") it starts as.
-    (read_u32(r.offset, CPU_ID) < 1 << 31).then_some(r)
+    r.cpu().map(|_| r)
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -168,11 +172,25 @@ fn read_u32(_: isize, _: usize) -> u32 {
 }
 
 impl Registration {
+    /// The area's offset from the thread pointer (`__rseq_offset`).
+    pub fn offset(&self) -> isize {
+        self.offset
+    }
+
+    /// The bytes of the area the kernel fills: `AT_RSEQ_FEATURE_SIZE` (20
+    /// before Linux 6.3, which reports none), at most what glibc
+    /// registered.
+    pub fn feature_size(&self) -> usize {
+        self.feature_size
+    }
+
     /// The CPU the calling thread runs on now (stale as soon as it
-    /// returns, as `sched_getcpu`'s; read with no call).
+    /// returns, as `sched_getcpu`'s; read with no call); `None` on a
+    /// thread whose registration failed or was undone.
     #[inline]
-    pub fn cpu(&self) -> usize {
-        read_u32(self.offset, CPU_ID) as usize
+    pub fn cpu(&self) -> Option<usize> {
+        let c = read_u32(self.offset, CPU_ID);
+        (c < 1 << 31).then_some(c as usize)
     }
 
     /// The (kernel) node of that CPU, where the kernel fills it (6.3+).
@@ -204,10 +222,16 @@ pub enum Index {
 /// stacks of up to `cap` non-null pointers each, whose pop and push are
 /// restartable sequences: a thread works on the stack of the CPU it runs on
 /// as if it held that CPU alone, with no atomic instruction and no lock.
-/// Each CPU's row is its own run of cache lines.
+/// Each CPU's row is its own run of cache lines, its first word a *closed*
+/// flag the sequences check: a closed row serves nothing (pop finds it
+/// empty, push full).
 ///
-/// Only threads that run the sequences may touch a row while others can:
-/// [`drain`](Self::drain) takes `&mut self`.
+/// Any thread may take a row's pointers ([`drain_row`](Self::drain_row)):
+/// it closes the row, then has the kernel restart every sequence running
+/// on it (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`, which the
+/// constructor registers the process for, Linux 5.10), after which no
+/// sequence that saw the row open can still commit; it empties the row and
+/// opens it again. This is how a trim reaches blocks cached on other CPUs.
 ///
 /// ```
 /// use core::ptr::NonNull;
@@ -219,9 +243,11 @@ pub enum Index {
 ///     assert!(stacks.push(0, block));
 ///     // Another thread that runs on this CPU now would take it; so would
 ///     // we, unless the scheduler moved us meanwhile.
-///     if let Some(p) = stacks.pop(0) {
-///         assert_eq!(p, block);
+///     let mut found = stacks.pop(0) == Some(block);
+///     for row in 0..stacks.rows() {
+///         stacks.drain_row(row, |_, p| found |= p == block).unwrap();
 ///     }
+///     assert!(found);
 /// }
 /// ```
 pub struct CpuStacks {
@@ -235,31 +261,75 @@ pub struct CpuStacks {
 }
 
 // SAFETY: the rows are reached only through the sequences (each on the row of
-// the CPU it runs on, restarted if another thread could have run there) or
-// through `&mut self`; the mapping itself is `Send + Sync`.
+// the CPU it runs on, restarted if another thread could have run there), by a
+// drainer that closed the row and fenced it (`drain_row`), or through
+// `&mut self`; the mapping itself is `Send + Sync`.
 unsafe impl Send for CpuStacks {}
-// SAFETY: as for `Send`: a shared `CpuStacks` is used only through `pop` and
-// `push`, whose sequences never let two threads work on one row at once.
+// SAFETY: as for `Send`: a shared `CpuStacks` is used only through `pop`,
+// `push` and `drain_row`, which never let two threads work on one row at once.
 unsafe impl Sync for CpuStacks {}
+
+/// `membarrier`'s commands (include/uapi/linux/membarrier.h).
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
+const MEMBARRIER_CMD_FLAG_CPU: libc::c_uint = 1;
+
+fn membarrier(cmd: libc::c_int, flags: libc::c_uint, cpu: libc::c_int) -> Result<()> {
+    let _errno = super::KeepErrno::new();
+    // SAFETY: membarrier takes no pointers; an unknown command is EINVAL.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, cmd, flags, cpu) };
+    super::os_result(r, "membarrier")?;
+    Ok(())
+}
+
+/// The process's registration for the rseq fence, made once (`membarrier`
+/// keeps it for the process's life, and a forked child inherits it).
+fn fence_registered() -> Result<()> {
+    static REGISTERED: ReadOnce = ReadOnce::new();
+    // 1: registered; 2 + errno: refused.
+    match REGISTERED.get(|| match membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) {
+        Ok(()) => 1,
+        Err(e) => 2 + e.errno().unwrap_or(libc::EINVAL).max(0) as usize,
+    }) {
+        1 => Ok(()),
+        v => Err(crate::error::Error::Os { call: "membarrier", errno: (v - 2) as i32 }),
+    }
+}
+
+/// The first word of a row: its closed flag.
+const HEAD: usize = 8;
 
 impl CpuStacks {
     /// Stacks of `cap` pointers, `lists` to a CPU, for every CPU the kernel
-    /// may name; `None` without glibc's registration (or off x86-64).
+    /// may name; `None` without glibc's registration (or off x86-64); an
+    /// error when the OS refuses the mapping or the rseq fence (Linux
+    /// before 5.10).
     pub fn new(lists: usize, cap: usize) -> Option<Result<CpuStacks>> {
         let reg = registration()?;
         let index = if reg.mm_cid().is_some() { Index::ConcurrencyId } else { Index::Cpu };
         Some(Self::with_index(reg, index, lists, cap))
     }
 
-    /// [`new`](Self::new) indexed by `index` (which the kernel must fill).
-    pub fn with_index(reg: Registration, index: Index, lists: usize, cap: usize) -> Result<CpuStacks> {
+    /// [`new`](Self::new) indexed by `index`: `ConcurrencyId` only where
+    /// the kernel fills `mm_cid` (else every thread would read 0 and share
+    /// row 0 unguarded). Crate-private: tests take the `Cpu` index on 6.3+.
+    pub(crate) fn with_index(reg: Registration, index: Index, lists: usize, cap: usize) -> Result<CpuStacks> {
         assert!(lists > 0 && cap > 0, "stacks of no lists or no room");
+        assert!(index == Index::Cpu || reg.mm_cid().is_some(), "no concurrency ids before Linux 6.3");
+        fence_registered()?;
         // The CPUs the kernel may name (a concurrency id is below it too).
         // SAFETY: sysconf has no preconditions.
         let conf = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
         let rows = usize::try_from(conf).unwrap_or(1).max(1);
-        let row_bytes = (lists * (cap + 1) * 8).next_multiple_of(64);
-        let map = Mapping::map(rows * row_bytes)?;
+        let too_large = crate::error::Error::LayoutTooLarge { size: usize::MAX, align: 64 };
+        let row_bytes = cap
+            .checked_add(1)
+            .and_then(|c| c.checked_mul(lists))
+            .and_then(|w| w.checked_mul(8))
+            .and_then(|b| b.checked_add(HEAD + 63))
+            .map(|b| b & !63)
+            .ok_or(too_large)?;
+        let map = Mapping::map(rows.checked_mul(row_bytes).ok_or(too_large)?)?;
         Ok(CpuStacks { map, reg, index, rows, row_bytes, lists, cap })
     }
 
@@ -268,17 +338,27 @@ impl CpuStacks {
         self.index
     }
 
+    /// How many rows there are (CPUs the kernel may name).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
     /// How many pointers one stack holds.
     pub fn cap(&self) -> usize {
         self.cap
     }
 
+    /// The offset of stack `list`'s count in a row.
+    fn list_off(&self, list: usize) -> usize {
+        assert!(list < self.lists);
+        HEAD + list * (self.cap + 1) * 8
+    }
+
     /// Takes the top pointer of stack `list` of the CPU the calling thread
-    /// runs on; `None` when that stack is empty.
+    /// runs on; `None` when that stack is empty (or its row closed).
     #[inline]
     pub fn pop(&self, list: usize) -> Option<NonNull<u8>> {
-        assert!(list < self.lists);
-        let list_off = list * (self.cap + 1) * 8;
+        let list_off = self.list_off(list);
         let v = match self.index {
             Index::Cpu => self.pop_at::<CPU_ID>(list_off),
             Index::ConcurrencyId => self.pop_at::<MM_CID>(list_off),
@@ -287,11 +367,10 @@ impl CpuStacks {
     }
 
     /// Puts `p` on stack `list` of the CPU the calling thread runs on;
-    /// false (and `p` not kept) when that stack is full.
+    /// false (and `p` not kept) when that stack is full (or its row closed).
     #[inline]
     pub fn push(&self, list: usize, p: NonNull<u8>) -> bool {
-        assert!(list < self.lists);
-        let list_off = list * (self.cap + 1) * 8;
+        let list_off = self.list_off(list);
         match self.index {
             Index::Cpu => self.push_at::<CPU_ID>(list_off, p.as_ptr() as usize),
             Index::ConcurrencyId => self.push_at::<MM_CID>(list_off, p.as_ptr() as usize),
@@ -306,23 +385,28 @@ impl CpuStacks {
         // - Start (20): `v` is zeroed and the area's `rseq_cs` (the one field
         //   the user writes) points at this sequence's descriptor (23), which
         //   lives as long as the code (a static section).
-        // - 21 to 22 is the critical section. It reads the row index the
-        //   kernel keeps (`FIELD`: `cpu_id` or `mm_cid`), leaves for the
-        //   empty case (`v` = 0) if the index is past the rows (never, for a
-        //   registered thread: a CPU is below `_SC_NPROCESSORS_CONF`),
-        //   addresses the stack (`base + index * row_bytes + list_off`,
-        //   inside the mapping: index < rows, list_off + (cap + 1) * 8 <=
-        //   row_bytes), and loads its count `top` (0..=cap) and, if not 0, its
-        //   top slot (`top` is 1-based: slot k at 8 * k). Only the last
-        //   instruction, the store of `top - 1`, changes memory: the commit.
+        // - 21 to 22 is the critical section. It leaves for the empty case
+        //   (`v` = 0) if the thread's `cpu_id` is negative (its registration
+        //   failed or was undone: the kernel restarts nothing for it, and its
+        //   `mm_cid` may be stale or 0), reads the row index the kernel
+        //   keeps (`FIELD`: `cpu_id` or `mm_cid`), leaves if the index is
+        //   past the rows (never, for a registered thread: a CPU is below
+        //   `_SC_NPROCESSORS_CONF`) or the row is closed (its first word not 0), addresses the stack
+        //   (`base + index * row_bytes + list_off`, inside the mapping:
+        //   index < rows, list_off + (cap + 1) * 8 <= row_bytes), and loads
+        //   its count `top` (0..=cap) and, if not 0, its top slot (`top` is
+        //   1-based: slot k at 8 * k). Only the last instruction, the store
+        //   of `top - 1`, changes memory: the commit.
         // - If the thread is preempted, migrated or signalled before the
-        //   commit, the kernel moves it to the abort handler (24, after the
-        //   registered signature), which restarts at 20: so from the index's
-        //   read to the commit no other thread ran on this CPU (no other
-        //   thread of the process had this concurrency id), and the row is
-        //   ours alone, as a per-CPU variable under preemption off is the
-        //   kernel's. After the commit the slot is the caller's: the next
-        //   push on this row writes it only after raising `top` past it.
+        //   commit, or a drainer fences the row (`drain_row`), the kernel
+        //   moves it to the abort handler (24, after the registered
+        //   signature), which restarts at 20: so from the index's read to
+        //   the commit no other thread ran on this CPU (no other thread of
+        //   the process had this concurrency id) and no drainer took the
+        //   row, and the row is ours alone, as a per-CPU variable under
+        //   preemption off is the kernel's. After the commit the slot is the
+        //   caller's: the next push on this row writes it only after raising
+        //   `top` past it.
         unsafe {
             core::arch::asm!(
                 "20:",
@@ -330,11 +414,16 @@ impl CpuStacks {
                 "lea {t}, [rip + 23f]",
                 "mov qword ptr fs:[{off} + {cs}], {t}",
                 "21:",
+                "cmp dword ptr fs:[{off} + {cpu_id}], 0",
+                "jl 22f",
                 "mov {c:e}, dword ptr fs:[{off} + {field}]",
                 "cmp {c}, {rows}",
                 "jae 22f",
                 "imul {c}, {row_bytes}",
                 "add {c}, {base}",
+                "cmp qword ptr [{c}], 0",
+                "jne 22f",
+                "add {c}, {list}",
                 "mov {t}, qword ptr [{c}]",
                 "test {t}, {t}",
                 "jz 22f",
@@ -360,8 +449,10 @@ impl CpuStacks {
                 off = in(reg) self.reg.offset,
                 rows = in(reg) self.rows,
                 row_bytes = in(reg) self.row_bytes,
-                base = in(reg) self.map.as_ptr() as usize + list_off,
+                base = in(reg) self.map.as_ptr() as usize,
+                list = in(reg) list_off,
                 cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
                 field = const FIELD,
                 options(nostack),
             );
@@ -374,12 +465,13 @@ impl CpuStacks {
     fn push_at<const FIELD: usize>(&self, list_off: usize, p: usize) -> bool {
         let ok: usize;
         // SAFETY: a restartable sequence on the calling thread's row, as in
-        // `pop_at`: between the index's read (21) and the commit no other
-        // thread works on the row. It checks `top < cap`, writes `p` to slot
-        // `top + 1` (above the stack's top: no one reads it until the
-        // commit), sets `ok` (a register: a restart zeroes it again), and
-        // commits with the store of `top + 1`. An abort after the slot's
-        // write leaves a value above `top`, which counts for nothing.
+        // `pop_at` (a thread with no registration leaves at once): between
+        // the index's read (21) and the commit no other thread works on the
+        // row and no drainer took it. It checks the row open and `top < cap`, writes `p` to slot `top + 1` (above the
+        // stack's top: no one reads it until the commit), sets `ok` (a
+        // register: a restart zeroes it again), and commits with the store
+        // of `top + 1`. An abort after the slot's write leaves a value
+        // above `top`, which counts for nothing.
         unsafe {
             core::arch::asm!(
                 "20:",
@@ -387,11 +479,16 @@ impl CpuStacks {
                 "lea {t}, [rip + 23f]",
                 "mov qword ptr fs:[{off} + {cs}], {t}",
                 "21:",
+                "cmp dword ptr fs:[{off} + {cpu_id}], 0",
+                "jl 22f",
                 "mov {c:e}, dword ptr fs:[{off} + {field}]",
                 "cmp {c}, {rows}",
                 "jae 22f",
                 "imul {c}, {row_bytes}",
                 "add {c}, {base}",
+                "cmp qword ptr [{c}], 0",
+                "jne 22f",
+                "add {c}, {list}",
                 "mov {t}, qword ptr [{c}]",
                 "cmp {t}, {cap}",
                 "jae 22f",
@@ -418,10 +515,12 @@ impl CpuStacks {
                 off = in(reg) self.reg.offset,
                 rows = in(reg) self.rows,
                 row_bytes = in(reg) self.row_bytes,
-                base = in(reg) self.map.as_ptr() as usize + list_off,
+                base = in(reg) self.map.as_ptr() as usize,
+                list = in(reg) list_off,
                 cap = in(reg) self.cap,
                 p = in(reg) p,
                 cs = const RSEQ_CS,
+                cpu_id = const CPU_ID,
                 field = const FIELD,
                 options(nostack),
             );
@@ -439,25 +538,90 @@ impl CpuStacks {
         unreachable!("no registration off x86-64 Linux")
     }
 
+    /// Row `row`'s closed flag.
+    fn closed(&self, row: usize) -> &AtomicUsize {
+        assert!(row < self.rows);
+        // SAFETY: the row's first word, inside the mapping and aligned (rows
+        // are whole cache lines); only atomics and the sequences' plain
+        // loads (which, inside a restartable sequence, are fenced by
+        // `drain_row`) reach it.
+        unsafe { AtomicUsize::from_ptr(self.map.as_ptr().add(row * self.row_bytes).cast()) }
+    }
+
+    /// Takes every pointer of row `row`'s stacks while other threads may
+    /// be running sequences on it: closes the row, fences it (no sequence
+    /// that saw it open can commit after), hands each pointer to `each`
+    /// with its list, empties the stacks and opens the row again. `Ok(false)`
+    /// when another thread is draining the row (nothing taken).
+    pub fn drain_row(&self, row: usize, mut each: impl FnMut(usize, NonNull<u8>)) -> Result<bool> {
+        let closed = self.closed(row);
+        if closed.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return Ok(false);
+        }
+        // Every sequence that read the flag before our store and has not
+        // committed is restarted, on its return to user space, before this
+        // call returns (and reads the flag closed); what the committed ones
+        // wrote is visible to us after it (its barriers).
+        let fenced = match self.index {
+            Index::Cpu => {
+                membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, row as libc::c_int)
+            }
+            // (A concurrency id is no CPU: every CPU is fenced.)
+            Index::ConcurrencyId => membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, 0, 0),
+        };
+        if let Err(e) = fenced {
+            closed.store(0, Ordering::Release);
+            return Err(e);
+        }
+        // SAFETY: the row is closed and fenced: no sequence works on it, and
+        // no other drainer (the flag is ours); its words are inside the mapping.
+        unsafe { self.empty_row(row, &mut each) };
+        closed.store(0, Ordering::Release);
+        Ok(true)
+    }
+
+    /// [`drain_row`](Self::drain_row) without the fence: the planted bug of
+    /// its test (a sequence that saw the row open commits after the drain).
+    #[cfg(test)]
+    pub(crate) fn drain_row_unfenced(&self, row: usize, mut each: impl FnMut(usize, NonNull<u8>)) -> bool {
+        let closed = self.closed(row);
+        if closed.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return false;
+        }
+        // SAFETY: not so (the bug planted): sequences may still run on it.
+        unsafe { self.empty_row(row, &mut each) };
+        closed.store(0, Ordering::Release);
+        true
+    }
+
+    /// Empties row `row`'s stacks into `each`.
+    ///
+    /// # Safety
+    /// No other thread works on the row (closed and fenced, or `&mut self`).
+    unsafe fn empty_row(&self, row: usize, each: &mut impl FnMut(usize, NonNull<u8>)) {
+        for list in 0..self.lists {
+            // SAFETY: inside the mapping (row < rows, the list's words within
+            // the row); no other thread works on it (the caller's word).
+            unsafe {
+                let s = self.map.as_ptr().add(row * self.row_bytes + self.list_off(list)).cast::<usize>();
+                let top = s.read();
+                debug_assert!(top <= self.cap, "a stack's count past its room");
+                for k in 1..=top.min(self.cap) {
+                    if let Some(p) = NonNull::new(s.add(k).read() as *mut u8) {
+                        each(list, p);
+                    }
+                }
+                s.write(0);
+            }
+        }
+    }
+
     /// Every pointer the stacks hold, each row's stacks emptied: no thread
     /// can run a sequence on them meanwhile (`&mut self`).
     pub fn drain(&mut self, mut each: impl FnMut(usize, NonNull<u8>)) {
         for row in 0..self.rows {
-            for list in 0..self.lists {
-                // SAFETY: inside the mapping (row < rows, the list's words
-                // within the row); `&mut self`: no sequence runs on it.
-                unsafe {
-                    let s = self.map.as_ptr().add(row * self.row_bytes + list * (self.cap + 1) * 8).cast::<usize>();
-                    let top = s.read();
-                    debug_assert!(top <= self.cap, "a stack's count past its room");
-                    for k in 1..=top.min(self.cap) {
-                        if let Some(p) = NonNull::new(s.add(k).read() as *mut u8) {
-                            each(list, p);
-                        }
-                    }
-                    s.write(0);
-                }
-            }
+            // SAFETY: `&mut self`: no sequence runs on the rows.
+            unsafe { self.empty_row(row, &mut each) };
         }
     }
 }

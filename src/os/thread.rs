@@ -77,6 +77,7 @@
 //!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
 //!             os/mod.rs VERSION                 ReadOnce  -      the kernel's version: as PAGE
 //!             os/rseq.rs REGISTRATION           ReadOnce  -      glibc's rseq registration: as PAGE
+//!             os/rseq.rs REGISTERED             ReadOnce  -      the membarrier rseq fence's registration: as PAGE
 //!             io/uring/mod.rs table             Mutex     -      a ring's registered-buffer table and the rings
 //!                                                                that clone it (feature io-uring; under a node's
 //!                                                                slabs lock in a registrar call): not held
