@@ -466,16 +466,6 @@ impl Heap {
     pub(crate) fn is_owned(&self) -> bool {
         self.owned.load(Ordering::Relaxed) == OWNER_THREAD
     }
-
-    /// Whether it is a node's shared heap.
-    pub(crate) fn is_shared(&self) -> bool {
-        self.owned.load(Ordering::Relaxed) == OWNER_SHARED
-    }
-
-    /// The heap's node and (allocs, frees, bytes allocated, bytes freed, remote frees).
-    pub(crate) fn node_and_counters(&self) -> (usize, (u64, u64, u64, u64, u64)) {
-        (self.node, self.counters.sums())
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -13,7 +13,6 @@ use super::{next_of, page_span};
 use crate::alloc::engine::size_class::CLASSES;
 use crate::alloc::engine::types::{ClassSet, Decay, Page, State};
 use crate::hardened::HARDENED;
-use crate::sync::Ordering;
 
 impl Heap {
     /// Empties the heap's direct slots (but a lent one) while something is
@@ -178,10 +177,5 @@ impl Heap {
                 }
             }
         }
-    }
-
-    /// Bytes of the pages the heap holds.
-    pub(crate) fn held_bytes(&self) -> u64 {
-        self.life.page_bytes.load(Ordering::Relaxed)
     }
 }

@@ -7,8 +7,8 @@ use core::ptr;
 use super::{Heap, empty_page};
 use crate::alloc::engine::arena::alloc_meta;
 use crate::alloc::engine::size_class::CLASSES;
-use crate::alloc::engine::types::{HeapCounters, HeapLife, Loan, PageList, State};
-use crate::sync::{AtomicStack, AtomicU64, CachePadded};
+use crate::alloc::engine::types::{HeapCounters, HeapLife, Loan, OWNER_SHARED, OWNER_THREAD, PageList, State};
+use crate::sync::{AtomicStack, AtomicU64, CachePadded, Ordering};
 
 impl Heap {
     /// Points every class at the empty page, so that the next allocation of
@@ -78,14 +78,49 @@ impl Heap {
     }
 }
 
+/// A heap as the statistics see it while its owner works on it: only its
+/// atomics and the fields fixed when it was made are read, through a raw
+/// pointer (a `&Heap` would claim its slots, lists and caches unchanging
+/// while the owner writes them).
+#[derive(Clone, Copy)]
+pub(crate) struct HeapView(*const Heap);
+
+impl HeapView {
+    /// Owned by a live thread.
+    pub(crate) fn is_owned(self) -> bool {
+        // SAFETY: a live heap (never freed); `owned` is an atomic.
+        unsafe { (*self.0).owned.load(Ordering::Relaxed) == OWNER_THREAD }
+    }
+
+    /// A node's shared heap.
+    pub(crate) fn is_shared(self) -> bool {
+        // SAFETY: as in `is_owned`.
+        unsafe { (*self.0).owned.load(Ordering::Relaxed) == OWNER_SHARED }
+    }
+
+    /// The heap's node and (allocs, frees, bytes allocated, bytes freed,
+    /// remote frees).
+    pub(crate) fn node_and_counters(self) -> (usize, (u64, u64, u64, u64, u64)) {
+        // SAFETY: a live heap; `node` is written once, before the heap is
+        // published under the registry lock, and `counters` are atomics.
+        unsafe { ((*self.0).node, (*self.0).counters.sums()) }
+    }
+
+    /// Bytes of the pages the heap holds.
+    pub(crate) fn held_bytes(self) -> u64 {
+        // SAFETY: a live heap; `page_bytes` is an atomic.
+        unsafe { (*self.0).life.page_bytes.load(Ordering::Relaxed) }
+    }
+}
+
 /// Heaps for stats: every heap ever made.
-pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(&Heap)) {
+pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(HeapView)) {
     let mut h = *state.heaps.lock();
     while !h.is_null() {
         // SAFETY: heaps are never freed; `next_all` is written once, under the
         // registry lock, before the heap is published.
         unsafe {
-            f(&*h);
+            f(HeapView(h));
             h = (*h).next_all;
         }
     }
