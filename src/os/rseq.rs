@@ -296,6 +296,71 @@ fn fence_registered() -> Result<()> {
     }
 }
 
+/// A restartable sequence on the calling thread's row of `$stacks`, stack
+/// at `$list` bytes into the row, rows indexed by the area's `$field`: the
+/// frame every sequence shares, around `$body` (which addresses the stack
+/// through `{c}` and must end with its one committing store). From 20:
+/// `$reset` (the outputs a restart must clear), `rseq_cs` pointed at the
+/// descriptor (23). The critical section, 21 to 22: leave (for 22, every
+/// output as `$reset` left it) if the thread's `cpu_id` is negative (its
+/// registration failed or was undone: the kernel restarts nothing for it,
+/// and its `mm_cid` may be stale or 0), if the row index is past the rows
+/// (never, for a registered thread: a CPU is below
+/// `_SC_NPROCESSORS_CONF`) or if the row is closed (its first word not 0,
+/// `drain_row`); else `{c}` = the stack (`base + index * row_bytes +
+/// list`, inside the mapping). The descriptor goes to `__rseq_cs`, the
+/// abort handler (24, after glibc's signature inside a `ud1`) to
+/// `__rseq_failure`: it jumps back to 20 (the kernel clears `rseq_cs` when
+/// it aborts). `$operands`: the body's own.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+macro_rules! row_sequence {
+    ($stacks:expr, $list:expr, $field:expr, reset = $reset:literal, body = [$($body:literal),* $(,)?], $($operands:tt)*) => {
+        core::arch::asm!(
+            "20:",
+            $reset,
+            "lea {t}, [rip + 23f]",
+            "mov qword ptr fs:[{off} + {cs}], {t}",
+            "21:",
+            "cmp dword ptr fs:[{off} + {cpu_id}], 0",
+            "jl 22f",
+            "mov {c:e}, dword ptr fs:[{off} + {field}]",
+            "cmp {c}, {rows}",
+            "jae 22f",
+            "imul {c}, {row_bytes}",
+            "add {c}, {base}",
+            "cmp qword ptr [{c}], 0",
+            "jne 22f",
+            "add {c}, {list}",
+            $($body,)*
+            "22:",
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "23:",
+            ".long 0, 0",
+            ".quad 21b, 22b - 21b, 24f",
+            ".popsection",
+            ".pushsection __rseq_failure, \"ax\"",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "24:",
+            "jmp 20b",
+            ".popsection",
+            t = out(reg) _,
+            c = out(reg) _,
+            off = in(reg) $stacks.reg.offset,
+            rows = in(reg) $stacks.rows,
+            row_bytes = in(reg) $stacks.row_bytes,
+            base = in(reg) $stacks.map.as_ptr() as usize,
+            list = in(reg) $list,
+            cs = const RSEQ_CS,
+            cpu_id = const CPU_ID,
+            field = const $field,
+            $($operands)*
+            options(nostack),
+        )
+    };
+}
+
 /// The first word of a row: its closed flag.
 const HEAD: usize = 8;
 
@@ -381,80 +446,34 @@ impl CpuStacks {
     #[inline(always)]
     fn pop_at<const FIELD: usize>(&self, list_off: usize) -> usize {
         let v: usize;
-        // SAFETY: a restartable sequence on the calling thread's row.
-        // - Start (20): `v` is zeroed and the area's `rseq_cs` (the one field
-        //   the user writes) points at this sequence's descriptor (23), which
-        //   lives as long as the code (a static section).
-        // - 21 to 22 is the critical section. It leaves for the empty case
-        //   (`v` = 0) if the thread's `cpu_id` is negative (its registration
-        //   failed or was undone: the kernel restarts nothing for it, and its
-        //   `mm_cid` may be stale or 0), reads the row index the kernel
-        //   keeps (`FIELD`: `cpu_id` or `mm_cid`), leaves if the index is
-        //   past the rows (never, for a registered thread: a CPU is below
-        //   `_SC_NPROCESSORS_CONF`) or the row is closed (its first word not 0), addresses the stack
-        //   (`base + index * row_bytes + list_off`, inside the mapping:
-        //   index < rows, list_off + (cap + 1) * 8 <= row_bytes), and loads
-        //   its count `top` (0..=cap) and, if not 0, its top slot (`top` is
-        //   1-based: slot k at 8 * k). Only the last instruction, the store
-        //   of `top - 1`, changes memory: the commit.
-        // - If the thread is preempted, migrated or signalled before the
-        //   commit, or a drainer fences the row (`drain_row`), the kernel
-        //   moves it to the abort handler (24, after the registered
-        //   signature), which restarts at 20: so from the index's read to
-        //   the commit no other thread ran on this CPU (no other thread of
-        //   the process had this concurrency id) and no drainer took the
-        //   row, and the row is ours alone, as a per-CPU variable under
-        //   preemption off is the kernel's. After the commit the slot is the
-        //   caller's: the next push on this row writes it only after raising
-        //   `top` past it.
+        // SAFETY: a restartable sequence on the calling thread's row (the
+        // frame `row_sequence!` describes; `list_off + (cap + 1) * 8 <=
+        // row_bytes`, so the stack is inside the mapping). The body loads the
+        // stack's count `top` (0..=cap; leaves with `v` = 0 if it is 0) and
+        // its top slot (1-based: slot k at 8 * k); only its last
+        // instruction, the store of `top - 1`, changes memory: the commit.
+        // If the thread is preempted, migrated or signalled before it, or a
+        // drainer fences the row, the kernel moves it to the abort handler,
+        // which restarts the sequence (`v` zeroed again): so from the row
+        // index's read to the commit no other thread ran on this CPU (no
+        // other thread of the process had this concurrency id) and no
+        // drainer took the row, and the row is ours alone, as a per-CPU
+        // variable under preemption off is the kernel's. After the commit
+        // the slot is the caller's: the next push on this row writes it
+        // only after raising `top` past it.
         unsafe {
-            core::arch::asm!(
-                "20:",
-                "xor {v:e}, {v:e}",
-                "lea {t}, [rip + 23f]",
-                "mov qword ptr fs:[{off} + {cs}], {t}",
-                "21:",
-                "cmp dword ptr fs:[{off} + {cpu_id}], 0",
-                "jl 22f",
-                "mov {c:e}, dword ptr fs:[{off} + {field}]",
-                "cmp {c}, {rows}",
-                "jae 22f",
-                "imul {c}, {row_bytes}",
-                "add {c}, {base}",
-                "cmp qword ptr [{c}], 0",
-                "jne 22f",
-                "add {c}, {list}",
-                "mov {t}, qword ptr [{c}]",
-                "test {t}, {t}",
-                "jz 22f",
-                "mov {v}, qword ptr [{c} + 8*{t}]",
-                "dec {t}",
-                "mov qword ptr [{c}], {t}",
-                "22:",
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "23:",
-                ".long 0, 0",
-                ".quad 21b, 22b - 21b, 24f",
-                ".popsection",
-                ".pushsection __rseq_failure, \"ax\"",
-                ".byte 0x0f, 0xb9, 0x3d",
-                ".long 0x53053053",
-                "24:",
-                "jmp 20b",
-                ".popsection",
+            row_sequence!(
+                self, list_off, FIELD,
+                reset = "xor {v:e}, {v:e}",
+                body = [
+                    "mov {t}, qword ptr [{c}]",
+                    "test {t}, {t}",
+                    "jz 22f",
+                    "mov {v}, qword ptr [{c} + 8*{t}]",
+                    "dec {t}",
+                    "mov qword ptr [{c}], {t}",
+                ],
                 v = out(reg) v,
-                t = out(reg) _,
-                c = out(reg) _,
-                off = in(reg) self.reg.offset,
-                rows = in(reg) self.rows,
-                row_bytes = in(reg) self.row_bytes,
-                base = in(reg) self.map.as_ptr() as usize,
-                list = in(reg) list_off,
-                cs = const RSEQ_CS,
-                cpu_id = const CPU_ID,
-                field = const FIELD,
-                options(nostack),
             );
         }
         v
@@ -465,64 +484,29 @@ impl CpuStacks {
     fn push_at<const FIELD: usize>(&self, list_off: usize, p: usize) -> bool {
         let ok: usize;
         // SAFETY: a restartable sequence on the calling thread's row, as in
-        // `pop_at` (a thread with no registration leaves at once): between
-        // the index's read (21) and the commit no other thread works on the
-        // row and no drainer took it. It checks the row open and `top < cap`, writes `p` to slot `top + 1` (above the
-        // stack's top: no one reads it until the commit), sets `ok` (a
-        // register: a restart zeroes it again), and commits with the store
-        // of `top + 1`. An abort after the slot's write leaves a value
-        // above `top`, which counts for nothing.
+        // `pop_at`: between the row index's read and the commit no other
+        // thread works on the row and no drainer took it. The body checks
+        // `top < cap`, writes `p` to slot `top + 1` (above the stack's top:
+        // no one reads it until the commit), sets `ok` (a register: a
+        // restart zeroes it again), and commits with the store of `top + 1`.
+        // An abort after the slot's write leaves a value above `top`, which
+        // counts for nothing.
         unsafe {
-            core::arch::asm!(
-                "20:",
-                "xor {ok:e}, {ok:e}",
-                "lea {t}, [rip + 23f]",
-                "mov qword ptr fs:[{off} + {cs}], {t}",
-                "21:",
-                "cmp dword ptr fs:[{off} + {cpu_id}], 0",
-                "jl 22f",
-                "mov {c:e}, dword ptr fs:[{off} + {field}]",
-                "cmp {c}, {rows}",
-                "jae 22f",
-                "imul {c}, {row_bytes}",
-                "add {c}, {base}",
-                "cmp qword ptr [{c}], 0",
-                "jne 22f",
-                "add {c}, {list}",
-                "mov {t}, qword ptr [{c}]",
-                "cmp {t}, {cap}",
-                "jae 22f",
-                "inc {t}",
-                "mov qword ptr [{c} + 8*{t}], {p}",
-                "mov {ok:e}, 1",
-                "mov qword ptr [{c}], {t}",
-                "22:",
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "23:",
-                ".long 0, 0",
-                ".quad 21b, 22b - 21b, 24f",
-                ".popsection",
-                ".pushsection __rseq_failure, \"ax\"",
-                ".byte 0x0f, 0xb9, 0x3d",
-                ".long 0x53053053",
-                "24:",
-                "jmp 20b",
-                ".popsection",
+            row_sequence!(
+                self, list_off, FIELD,
+                reset = "xor {ok:e}, {ok:e}",
+                body = [
+                    "mov {t}, qword ptr [{c}]",
+                    "cmp {t}, {cap}",
+                    "jae 22f",
+                    "inc {t}",
+                    "mov qword ptr [{c} + 8*{t}], {p}",
+                    "mov {ok:e}, 1",
+                    "mov qword ptr [{c}], {t}",
+                ],
                 ok = out(reg) ok,
-                t = out(reg) _,
-                c = out(reg) _,
-                off = in(reg) self.reg.offset,
-                rows = in(reg) self.rows,
-                row_bytes = in(reg) self.row_bytes,
-                base = in(reg) self.map.as_ptr() as usize,
-                list = in(reg) list_off,
                 cap = in(reg) self.cap,
                 p = in(reg) p,
-                cs = const RSEQ_CS,
-                cpu_id = const CPU_ID,
-                field = const FIELD,
-                options(nostack),
             );
         }
         ok != 0
