@@ -345,3 +345,10 @@ fn counters_count_every_block_and_byte_once() {
         }
     });
 }
+
+impl Heap {
+    /// A node's shared heap? (The statistics read `HeapView`.)
+    pub(crate) fn is_shared(&self) -> bool {
+        self.owned.load(crate::sync::Ordering::Relaxed) == crate::alloc::engine::types::OWNER_SHARED
+    }
+}

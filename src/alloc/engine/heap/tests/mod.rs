@@ -288,12 +288,8 @@ fn a_refill_takes_the_page_that_got_blocks_back_first() {
 }
 
 impl Heap {
-    /// A node's shared heap? (The statistics read `HeapView`.)
-    pub(crate) fn is_shared(&self) -> bool {
-        self.owned.load(crate::sync::Ordering::Relaxed) == crate::alloc::engine::types::OWNER_SHARED
-    }
-
-    /// (node, (allocs, frees, bytes allocated, bytes freed, remote frees)).
+    /// (node, (allocs, frees, bytes allocated, bytes freed, remote frees)):
+    /// the statistics read them through `HeapView`.
     pub(crate) fn node_and_counters(&self) -> (usize, (u64, u64, u64, u64, u64)) {
         (self.node, self.counters.sums())
     }
