@@ -227,7 +227,17 @@ fn a_demotion_moves_the_pool_step_by_step_from_its_slow_paths_without_a_thread()
     let topo = Topology::global();
     let node = topo.default_node();
     let pool = SlabCache::<[u8; 512]>::builder("demoted").magazine(4).build().unwrap();
-    let threads = || std::fs::read_dir("/proc/self/task").unwrap().count();
+    // Threads of this test: named as it is (a thread started from it
+    // inherits its name; the other tests of this binary, running
+    // meanwhile, start and end threads named after themselves).
+    let mine = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
+    let threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c == mine))
+            .count()
+    };
     // Never true (no node has less than 0 bytes free): nothing happens,
     // however many slow paths.
     pool.demote_when(Some(Demotion::when_free_below(node, 0).to(node).every(Duration::ZERO))).unwrap();
