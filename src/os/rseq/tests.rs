@@ -5,6 +5,7 @@
 //! taken twice.
 
 use super::*;
+use crate::rng::Rng;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -107,6 +108,13 @@ fn a_stack_fills_and_empties_in_order() {
     });
 }
 
+/// A worker out of tokens takes up to 8 from the shared pool.
+fn refill_from(pool: &Mutex<Vec<usize>>, mine: &mut Vec<usize>) {
+    let mut g = pool.lock().unwrap();
+    let at = g.len() - g.len().min(8);
+    mine.extend(g.drain(at..));
+}
+
 const TOKENS: usize = 4096;
 const LISTS: usize = 2;
 
@@ -202,22 +210,15 @@ fn stacks_keep_every_pointer_under_preemption_migration_signals_and_fork() {
             std::thread::spawn(move || {
                 let stacks = stacks_ref;
                 let mut mine: Vec<usize> = Vec::new();
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ w as u64;
+                let mut r = Rng(0x9e37_79b9_7f4a_7c15u64 ^ w as u64);
                 let mut ops = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = r.next();
                     let list = (x as usize >> 8) % LISTS;
                     if !x.is_multiple_of(3) {
                         match stacks.pop(list) {
                             Some(p) => mine.push(took(p)),
-                            None => {
-                                let mut g = pool.lock().unwrap();
-                                let n = g.len().min(8);
-                                let at = g.len() - n;
-                                mine.extend(g.drain(at..));
-                            }
+                            None => refill_from(&pool, &mut mine),
                         }
                     } else if let Some(k) = mine.pop()
                         && !give(stacks, list, k)
@@ -392,20 +393,12 @@ fn drain_run(fenced: bool, seconds: u64) -> (usize, usize, usize) {
                 (stacks.clone(), taken.clone(), pool.clone(), stop.clone(), take.clone());
             std::thread::spawn(move || {
                 let mut mine: Vec<usize> = Vec::new();
-                let mut x = 0x2545_f491_4f6c_dd1du64 ^ w;
+                let mut r = Rng(0x2545_f491_4f6c_dd1du64 ^ w);
                 while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    if x.is_multiple_of(2) {
+                    if r.next().is_multiple_of(2) {
                         match stacks.pop(0) {
                             Some(p) => mine.push(take(p)),
-                            None => {
-                                let mut g = pool.lock().unwrap();
-                                let n = g.len().min(8);
-                                let at = g.len() - n;
-                                mine.extend(g.drain(at..));
-                            }
+                            None => refill_from(&pool, &mut mine),
                         }
                     } else if let Some(k) = mine.pop() {
                         taken[k].store(false, Ordering::Release);

@@ -86,6 +86,16 @@ impl Heap {
 pub(crate) struct HeapView(*const Heap);
 
 impl HeapView {
+    /// The view of `h` (tests; the statistics get theirs from
+    /// `for_each_heap`).
+    ///
+    /// # Safety
+    /// `h` is a heap made by `Heap::make` (heaps are never freed).
+    #[cfg(test)]
+    pub(crate) unsafe fn of(h: *const Heap) -> Self {
+        Self(h)
+    }
+
     /// Owned by a live thread.
     pub(crate) fn is_owned(self) -> bool {
         // SAFETY: a live heap (never freed); `owned` is an atomic.

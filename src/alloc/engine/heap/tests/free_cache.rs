@@ -2,6 +2,7 @@
 //! (neither in hardened builds: `CACHING`, `SHARING`).
 
 use super::{Anywhere, listed, on_fresh_heap, page_of_block};
+use crate::alloc::engine::heap::registry::HeapView;
 use crate::alloc::engine::heap::{Heap, Placement, cache_room, empty_page, free_to_sink};
 use crate::alloc::engine::lifecycle::init_current;
 use crate::alloc::engine::segment::{segment_of, sink_of};
@@ -258,7 +259,10 @@ fn a_threads_first_blocks_of_a_class_are_the_nodes_shared_heaps() {
                         (0..n + 3).map(|_| alloc_via(heap, class, state, &mut Cached(node))).collect();
                     let owners: Vec<*mut Heap> =
                         blocks.iter().map(|&b| (*page_of_block(b)).info.heap.load(Ordering::Relaxed)).collect();
-                    assert!(owners[..n].iter().all(|&o| o != heap && (*o).is_shared()), "the first blocks are shared");
+                    assert!(
+                        owners[..n].iter().all(|&o| o != heap && HeapView::of(o).is_shared()),
+                        "the first blocks are shared"
+                    );
                     assert!(owners[n..].iter().all(|&o| o == heap), "then the thread's own page serves");
                     for &b in &blocks {
                         b.write_bytes(0xa5, class_size(class));
@@ -303,7 +307,7 @@ fn counters_count_every_block_and_byte_once() {
         // SAFETY: this thread's heap; blocks of it, each freed once
         // (the remote ones by the other thread, then collected here).
         unsafe {
-            let (_, c0) = (*heap).node_and_counters();
+            let (_, c0) = HeapView::of(heap).node_and_counters();
             let mut local = Vec::new();
             let mut remote = Vec::new();
             let mut bytes = 0u64;
@@ -322,7 +326,7 @@ fn counters_count_every_block_and_byte_once() {
                 }
             }
             let n = (local.len() + remote.len()) as u64;
-            let (_, c1) = (*heap).node_and_counters();
+            let (_, c1) = HeapView::of(heap).node_and_counters();
             assert_eq!((c1.0 - c0.0, c1.1 - c0.1, c1.2 - c0.2, c1.3 - c0.3), (n, 0, bytes, 0));
             for &b in &local {
                 free_small(b);
@@ -336,7 +340,7 @@ fn counters_count_every_block_and_byte_once() {
             .join()
             .unwrap();
             Heap::give_back_free_as(heap, true, ALL_CLASSES);
-            let (_, c2) = (*heap).node_and_counters();
+            let (_, c2) = HeapView::of(heap).node_and_counters();
             assert_eq!(
                 (c2.0 - c0.0, c2.1 - c0.1, c2.2 - c0.2, c2.3 - c0.3, c2.4 - c0.4),
                 (n, n, bytes, bytes, n_remote),
@@ -344,11 +348,4 @@ fn counters_count_every_block_and_byte_once() {
             );
         }
     });
-}
-
-impl Heap {
-    /// A node's shared heap? (The statistics read `HeapView`.)
-    pub(crate) fn is_shared(&self) -> bool {
-        self.owned.load(crate::sync::Ordering::Relaxed) == crate::alloc::engine::types::OWNER_SHARED
-    }
 }

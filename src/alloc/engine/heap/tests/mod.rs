@@ -3,6 +3,7 @@
 use core::ptr;
 
 use super::lists::IDLE_REFILLS;
+use super::registry::HeapView;
 use super::{EXPIRE_EVERY, Heap, Placement, link};
 use crate::alloc::engine::lifecycle::init_current;
 use crate::alloc::engine::segment::{page_of, segment_of};
@@ -101,13 +102,13 @@ fn a_loan_serves_the_fast_path_and_leaves_the_counters_as_they_were() {
             b[1].write(Block { next: link(&mut page, b[2]) });
             b[2].write(Block { next: link(&mut page, ptr::null_mut()) });
             page.free = b[0];
-            let before = (*heap).node_and_counters().1;
+            let before = HeapView::of(heap).node_and_counters().1;
             Heap::lend(heap, class, &mut page);
             assert_eq!(Heap::pop(heap, class), b[0].cast());
             assert_eq!(Heap::pop(heap, class), b[1].cast());
             Heap::end_loan(heap);
             assert!(Heap::pop(heap, class).is_null(), "the slot is empty again");
-            assert_eq!((*heap).node_and_counters().1, before, "lent blocks are not the heap's");
+            assert_eq!(HeapView::of(heap).node_and_counters().1, before, "lent blocks are not the heap's");
             assert_eq!(page.used.get(), 2);
         }
     });
@@ -285,12 +286,4 @@ fn a_refill_takes_the_page_that_got_blocks_back_first() {
             free_all(heap, &ps);
         }
     });
-}
-
-impl Heap {
-    /// (node, (allocs, frees, bytes allocated, bytes freed, remote frees)):
-    /// the statistics read them through `HeapView`.
-    pub(crate) fn node_and_counters(&self) -> (usize, (u64, u64, u64, u64, u64)) {
-        (self.node, self.counters.sums())
-    }
 }
