@@ -121,21 +121,25 @@ static int trim(void) {
     return 1;
 }
 
-/* What numaweave's statistics count, all nodes, in MiB: free memory the
- * kernel still holds for it (`free_resident`, k = 13: free pages waiting
- * out the purge delay), free blocks of size-class pages still in use
+/* What numaweave's statistics count, all nodes, in MiB, into `out`: free
+ * memory the kernel still holds for it (`free_resident`, k = 13: free pages
+ * waiting out the purge delay), free blocks of size-class pages still in use
  * (`stranded`, k = 17) and blocks other threads freed not yet collected
- * (`uncollected`, k = 18); -1 under
- * another allocator. `numaweave_stats` fills `struct numaweave_node_stats`
- * (numaweave.h): 19 counters of 8 bytes, these two the last. */
-static double numaweave_mib(int k) {
+ * (`uncollected`, k = 18), from one snapshot; 0 under another allocator.
+ * `numaweave_stats` fills `struct numaweave_node_stats` (numaweave.h): 19
+ * counters of 8 bytes, the last two these. */
+static int numaweave_mib(double out[3]) {
+    static const int k[3] = {13, 17, 18};
     int (*stats)(uint64_t(*)[19], int) = (int (*)(uint64_t(*)[19], int))dlsym(RTLD_DEFAULT, "numaweave_stats");
-    if (!stats) return -1;
+    if (!stats) return 0;
     static uint64_t s[64][19];
     int n = stats(s, 64);
-    double sum = 0;
-    for (int i = 0; i < n && i < 64; i++) sum += (double)s[i][k];
-    return sum / MIB;
+    for (int j = 0; j < 3; j++) {
+        out[j] = 0;
+        for (int i = 0; i < n && i < 64; i++) out[j] += (double)s[i][k[j]];
+        out[j] /= MIB;
+    }
+    return 1;
 }
 
 /* ---- phases: a size mix that shifts, 64 MiB a phase, 75% freed at random by
@@ -235,9 +239,10 @@ static void phases(int count) {
         double r = (double)held() / (double)atomic_load(&live);
         ratio_sum += r;
         printf("phase%d_live_mib %.1f\nphase%d_rss_mib %.1f\n", p, atomic_load(&live) / MIB, p, held() / MIB);
-        if (numaweave_mib(17) >= 0)
+        double nw[3];
+        if (numaweave_mib(nw))
             printf("phase%d_free_resident_mib %.1f\nphase%d_stranded_mib %.1f\nphase%d_uncollected_mib %.1f\n", p,
-                   numaweave_mib(13), p, numaweave_mib(17), p, numaweave_mib(18));
+                   nw[0], p, nw[1], p, nw[2]);
     }
     printf("peak_live_mib %.1f\npeak_rss_mib %.1f\n", peak_live / MIB, peak() / MIB);
     printf("peak_rss_per_live %.2f\nmean_rss_per_live_after_frees %.2f\n", peak() / peak_live, ratio_sum / count);
