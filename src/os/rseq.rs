@@ -377,7 +377,8 @@ impl CpuStacks {
 
     /// [`new`](Self::new) indexed by `index`: `ConcurrencyId` only where
     /// the kernel fills `mm_cid` (else every thread would read 0 and share
-    /// row 0 unguarded). Crate-private: tests take the `Cpu` index on 6.3+.
+    /// row 0 unguarded). Crate-private: the tests take the `Cpu` index on
+    /// 6.3+ too (its per-CPU fence).
     pub(crate) fn with_index(reg: Registration, index: Index, lists: usize, cap: usize) -> Result<CpuStacks> {
         assert!(lists > 0 && cap > 0, "stacks of no lists or no room");
         assert!(index == Index::Cpu || reg.mm_cid().is_some(), "no concurrency ids before Linux 6.3");

@@ -364,14 +364,14 @@ fn planted_bug_a_stack_without_restarts_takes_a_pointer_twice() {
     assert!(found.load(Ordering::Relaxed), "the checker sees a pointer taken twice");
 }
 
-/// A drain's run: workers pop and push tokens while a drainer takes rows
-/// (with the fence, or without it: the planted bug) into the pool, until
-/// `stop` or a token is taken twice; returns (tokens taken twice, lost or
-/// held twice at the end, rows drained).
-fn drain_run(fenced: bool, seconds: u64) -> (usize, usize, usize) {
+/// A drain's run on rows indexed by `index`: workers pop and push tokens
+/// while a drainer takes rows (with the fence, or without it: the planted
+/// bug) into the pool, until `stop` or a token is taken twice; returns
+/// (tokens taken twice, lost or held twice at the end, rows drained).
+fn drain_run(index: Index, fenced: bool, seconds: u64) -> (usize, usize, usize) {
     const N: usize = 2048;
-    let Some(stacks) = CpuStacks::new(1, 32) else { unreachable!("checked by the caller") };
-    let stacks = Arc::new(stacks.unwrap());
+    let reg = registration().expect("checked by the caller");
+    let stacks = Arc::new(CpuStacks::with_index(reg, index, 1, 32).unwrap());
     let taken: Arc<Vec<AtomicBool>> = Arc::new((0..N).map(|_| AtomicBool::new(false)).collect());
     let twice = Arc::new(AtomicUsize::new(0));
     let pool: Arc<Mutex<Vec<usize>>> = Arc::new(Mutex::new((0..N).collect()));
@@ -452,9 +452,14 @@ fn rows_drained_by_another_thread_keep_every_pointer() {
         assert!(tunable_off());
         return;
     }
-    let (twice, bad, drained) = drain_run(true, 3);
-    assert_eq!((twice, bad), (0, 0), "after {drained} rows drained");
-    assert!(drained > 1000, "the drainer ran: {drained}");
+    // Rows by CPU (each fenced alone) and, where the kernel has them, by
+    // concurrency id (every CPU fenced).
+    let mm_cid = registration().unwrap().mm_cid().is_some();
+    for index in [Index::Cpu, Index::ConcurrencyId].into_iter().filter(|&i| i == Index::Cpu || mm_cid) {
+        let (twice, bad, drained) = drain_run(index, true, 3);
+        assert_eq!((twice, bad), (0, 0), "{index:?}: after {drained} rows drained");
+        assert!(drained > 1000, "{index:?}: the drainer ran: {drained}");
+    }
 }
 
 /// The drain without its fence: a sequence that saw the row open commits
@@ -466,6 +471,6 @@ fn planted_bug_a_drain_without_the_fence_takes_a_pointer_twice() {
         return;
     }
     assert!(std::thread::available_parallelism().unwrap().get() >= 2, "the race needs two CPUs");
-    let (twice, bad, drained) = drain_run(false, 30);
+    let (twice, bad, drained) = drain_run(Index::Cpu, false, 30);
     assert!(twice + bad > 0, "the checker sees the race ({drained} rows drained)");
 }
