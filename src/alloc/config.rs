@@ -23,6 +23,7 @@ use crate::policy::{Policy, SizeRules};
 /// | `NUMAWEAVE_HUGE` | `off`, `thp`, `hugetlb`, `hugetlb-1g`: interleave regions (and slab caches built without a choice) on huge pages ([`Config::huge`]) | `off` |
 /// | `NUMAWEAVE_VERBOSE` | `1`: print the configuration and the topology at start ([`Config::verbose`]) | `0` |
 /// | `NUMAWEAVE_SHOW_STATS` | `1`: print the per-node statistics at exit ([`Config::show_stats`]) | `0` |
+/// | `NUMAWEAVE_CPU_CACHE` | `1`: per-CPU caches of small blocks on glibc's rseq area ([`Config::cpu_cache`]) | `0` |
 /// | `NUMAWEAVE_CHECK` | hardened builds (feature `hardened`): `full` adds red zones and poison | `default` |
 /// | `NUMAWEAVE_ON_ERROR` | hardened builds: `report` leaks a misused block and goes on | `abort` |
 /// | `NUMAWEAVE_GUARD` | hardened builds: `1` puts a page no access is allowed to after every segment and huge mapping | `0` |
@@ -37,12 +38,39 @@ pub struct Config {
     pub(crate) default: SizeRules,
     /// `false`: policies switched off.
     pub(crate) policies: bool,
+    /// Per-CPU caches of small blocks where glibc registered rseq.
+    pub(crate) cpu_cache: bool,
 }
 
 impl Config {
     /// The defaults: `Auto`, not strict, 8 MiB purge threshold.
     pub const fn new() -> Self {
-        Self { core: Settings::new(), default: SizeRules::single(Policy::Local), policies: true }
+        Self { core: Settings::new(), default: SizeRules::single(Policy::Local), policies: true, cpu_cache: false }
+    }
+
+    /// Serves blocks of up to 2 KiB from per-CPU caches
+    /// (`NUMAWEAVE_CPU_CACHE=1`): for each CPU and class a stack of free
+    /// blocks that the threads running there pop and push with restartable
+    /// sequences on the rseq area glibc registered for each thread. The
+    /// free blocks kept grow with CPUs, not threads (at most 746 KiB a
+    /// CPU), and a thread moved to another node's CPU takes that node's
+    /// blocks from its next allocation. Allocation-heavy loops run slower
+    /// than under the per-thread caches (`benches/RESULTS.md`). Only under the `Local` default
+    /// (a thread's own policy from [`with_policy`] uses its heap); where
+    /// glibc registered no rseq (before 2.35,
+    /// `GLIBC_TUNABLES=glibc.pthread.rseq=0`) or off x86-64 Linux, and in
+    /// hardened builds, the per-thread caches serve. Off by default.
+    ///
+    /// ```
+    /// use numaweave::{Config, NumaAlloc};
+    /// static A: NumaAlloc = NumaAlloc::with_config(Config::new().cpu_cache(true));
+    /// let v = vec![1u8; 100];
+    /// assert_eq!(v.iter().map(|&b| b as u32).sum::<u32>(), 100);
+    /// # let _ = &A;
+    /// ```
+    pub const fn cpu_cache(mut self, on: bool) -> Self {
+        self.cpu_cache = on;
+        self
     }
 
     /// Switches memory policies off (`NUMAWEAVE_POLICY=none`): the slow path
@@ -168,6 +196,7 @@ impl Config {
             (c"NUMAWEAVE_STRICT", &mut self.core.strict),
             (c"NUMAWEAVE_VERBOSE", &mut self.core.verbose),
             (c"NUMAWEAVE_SHOW_STATS", &mut self.core.show_stats),
+            (c"NUMAWEAVE_CPU_CACHE", &mut self.cpu_cache),
         ] {
             if let Some(v) = file::env(name) {
                 match v.trim_ascii() {
@@ -232,7 +261,9 @@ pub(crate) fn start(config: &Config) -> &'static State {
     let config = if file::env_has_prefix(b"NUMAWEAVE_") { config.apply_env() } else { *config };
     // The default placement is set inside the state's start-up, so that
     // whoever sees the state sees it too.
-    State::get(&config.core, &|topology| placement::set_default(config.default, config.policies, topology))
+    State::get(&config.core, &|topology| {
+        placement::set_default(config.default, config.policies, config.cpu_cache, topology)
+    })
 }
 
 /// The process's allocator, started with the defaults if need be (for the

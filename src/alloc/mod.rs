@@ -58,6 +58,7 @@ mod interleave;
 mod placement;
 mod region;
 pub mod stats;
+mod usable;
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::{self, NonNull};
@@ -73,6 +74,7 @@ pub use huge::MAX_ALIGN;
 pub use placement::PolicyGuard;
 use placement::Where;
 pub use size_class::SMALL_MAX;
+use usable::{paged_usable_size, raw_usable_size, usable_size};
 
 /// Where the allocator places its mappings (segments, large blocks,
 /// regions) when the address space lets it: 1 TiB to 8 TiB, so that a map
@@ -91,9 +93,9 @@ pub use types::Mode;
 use crate::error::{Error, Result};
 use crate::hardened::{self, HARDENED};
 use heap::Heap;
-use segment::{page_of, segment_of};
+use segment::segment_of;
 use size_class::class_for;
-use types::{Segment, SegmentKind, SmallSegment, State};
+use types::{SegmentKind, State};
 
 /// The calling thread's heap, made (or adopted) on first use; `None` only
 /// when the OS refuses the memory for a heap descriptor.
@@ -107,10 +109,7 @@ pub(crate) fn thread_heap(state: &'static State) -> Option<*mut Heap> {
 }
 
 /// A thread's heap made or adopted (its first, or its first since it
-/// exited), and what the first heap of the process brings: the thread's
-/// policy state bound to it; the configuration and default placement
-/// printed once (`NUMAWEAVE_VERBOSE`), the statistics printer registered
-/// at exit (`NUMAWEAVE_SHOW_STATS`). Both may allocate: the heap exists.
+/// exited), the thread's policy state bound to it, and [`first_use`].
 #[cold]
 #[inline(never)]
 #[unsafe(link_section = ".text.sorted.numaweave")]
@@ -118,13 +117,36 @@ fn first_heap(state: &'static State) -> Option<*mut Heap> {
     let (h, adopted) = self::engine::lifecycle::init_current(state)?;
     // SAFETY: the calling thread's heap, just made or adopted.
     unsafe { placement::bind_heap(h, adopted) };
+    first_use(state);
+    Some(h)
+}
+
+/// What a thread's first heap, or its first block from the per-CPU caches,
+/// brings for the process: the configuration and default placement
+/// printed once (`NUMAWEAVE_VERBOSE`), the statistics printer registered
+/// at exit (`NUMAWEAVE_SHOW_STATS`). Both may allocate: the thread can.
+#[cold]
+#[inline(never)]
+fn first_use(state: &'static State) {
     if state.settle() {
         placement::show_default(state);
     }
     if state.config.show_stats {
         stats::show_at_exit();
     }
-    Some(h)
+}
+
+/// Whether the per-CPU caches serve `class` for the calling thread
+/// ([`placement::cpu_serves`]); a thread they start serving now has its
+/// [`first_use`].
+#[inline]
+fn cpu_thread(state: &'static State, class: usize) -> bool {
+    let h = heap::current_or_none();
+    let on = placement::cpu_serves(h, class);
+    if on && h == heap::no_heap() {
+        first_use(state);
+    }
+    on
 }
 
 /// A block of `class` on `node` from the calling thread's heap (an
@@ -362,12 +384,17 @@ impl NumaAlloc {
             return unsafe { self.alloc(Layout::from_size_align_unchecked(size, malloc_align(size))) };
         }
         if size <= SMALL_MAX {
-            let heap = heap::current();
-            if !heap.is_null() {
+            let heap = heap::current_or_none();
+            let class = size_class::class_of_malloc(size);
+            if heap::is_heap(heap) {
                 // SAFETY: the calling thread's heap, whose page of the class
                 // has no block at hand (the fast path just looked at the
                 // same class).
-                return unsafe { placement::refill(heap, size_class::class_of_malloc(size)) };
+                return unsafe { placement::refill(heap, class) };
+            }
+            if heap == heap::cpu_no_heap() && heap::cpu::serves(class) {
+                // SAFETY: a class the per-CPU caches serve.
+                return unsafe { placement::cpu_alloc(class) };
             }
         }
         // SAFETY: `size` is not 0 and fits a `Layout` aligned to `malloc_align(size)` (the
@@ -501,6 +528,20 @@ impl NumaAlloc {
         self.trim();
     }
 
+    /// Whether per-CPU caches serve small blocks
+    /// ([`Config::cpu_cache`](crate::Config::cpu_cache), where glibc
+    /// registered rseq and the default policy is local).
+    ///
+    /// ```
+    /// use numaweave::NumaAlloc;
+    /// static A: NumaAlloc = NumaAlloc::new();
+    /// assert!(!A.cpu_caches() || numaweave::os::rseq::registration().is_some());
+    /// ```
+    pub fn cpu_caches(&self) -> bool {
+        let _ = self.state();
+        heap::cpu::get().is_some()
+    }
+
     /// A snapshot of the allocator's statistics.
     pub fn stats(&self) -> stats::Stats {
         stats::Stats::snapshot(self.state())
@@ -566,6 +607,11 @@ impl NumaAlloc {
                     }
                 }
             }
+            Where::Class(c) if cpu_thread(state, c) => {
+                // SAFETY: a class the per-CPU caches serve; the block holds
+                // `size` bytes, of class `c`, just handed out.
+                unsafe { heap::realigned(placement::cpu_alloc(c), c, align) }
+            }
             Where::Class(c) => {
                 let Some(heap) = thread_heap(state) else { return ptr::null_mut() };
                 // SAFETY: the calling thread's heap; the block holds `size`
@@ -621,6 +667,33 @@ unsafe fn alloc_class<const LOOK_FULL: bool>(heap: *mut Heap, class: usize) -> *
             return p;
         }
         placement::refill(heap, class)
+    }
+}
+
+/// [`NumaAlloc::alloc_paged`]'s miss for a thread with a heap,
+/// or one the per-CPU caches serve (`CPU_NO_HEAP`): the heap's refill,
+/// the caches, or (a class beyond the caches, no heap yet) the slow
+/// path. Out of line, so that the fast path tests one slot value; its
+/// arguments in that order, so that the size and alignment stay in the
+/// registers they came in (`__rust_alloc`'s, with no move ahead of its pop).
+///
+/// # Safety
+/// `heap` is the calling thread's slot value, not `NO_HEAP`; `class`
+/// is the class of `size` bytes aligned to `align`, a valid layout.
+#[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
+unsafe fn refill_or_cpu(size: usize, align: usize, heap: *mut Heap, class: usize, a: &NumaAlloc) -> *mut u8 {
+    // SAFETY: the caller's word: the thread's heap, whose page of the
+    // class has no block at hand; a class the caches serve; else a valid
+    // layout for the slow path.
+    unsafe {
+        if heap != heap::cpu_no_heap() {
+            return placement::refill(heap, class);
+        }
+        if heap::cpu::serves(class) {
+            return placement::cpu_alloc(class);
+        }
+        a.alloc_slow(size, align, false)
     }
 }
 
@@ -700,56 +773,6 @@ unsafe fn alloc_red_zoned(a: &NumaAlloc, layout: Layout, zero: bool) -> *mut u8 
             hardened::set_red_zone(p, layout.size(), raw_usable_size(p));
         }
         p
-    }
-}
-
-/// The usable size of the live block at `p` (under `NUMAWEAVE_CHECK=full`
-/// in a hardened build, the size it was asked for: the rest is red zone).
-///
-/// # Safety
-/// `p` is a live block of this allocator.
-unsafe fn usable_size(p: *const u8) -> usize {
-    // SAFETY: `p` is a live block of this allocator (the caller's word, as the doc says).
-    let bs = unsafe { raw_usable_size(p) };
-    if hardened::full() {
-        // SAFETY: a live block, handed out with its red zone.
-        return unsafe { hardened::asked_size(p, bs) };
-    }
-    bs
-}
-
-/// The size of the live block at `p`, whole.
-///
-/// # Safety
-/// `p` is a live block of this allocator.
-unsafe fn raw_usable_size(p: *const u8) -> usize {
-    let seg = segment_of(p);
-    // SAFETY: `p` is a live block (the caller's word), so its segment header is mapped.
-    unsafe {
-        match (*seg).kind {
-            SegmentKind::Huge => huge::usable_size(seg, p),
-            kind => paged_usable_size(seg, kind, p),
-        }
-    }
-}
-
-/// The size of the live block at `p` of a small or region segment `seg`
-/// whose kind the caller has read already.
-///
-/// # Safety
-/// `p` is a live block of this allocator in `seg`, whose kind is `kind`
-/// (not huge).
-#[inline(always)]
-unsafe fn paged_usable_size(seg: *mut Segment, kind: SegmentKind, p: *const u8) -> usize {
-    debug_assert!(kind != SegmentKind::Huge);
-    // SAFETY: `p` is a live block of `seg`, a small or region segment (the caller's
-    // word): its slot belongs to a page, or its region knows its size.
-    unsafe {
-        if kind == SegmentKind::Small {
-            (*page_of(seg.cast::<SmallSegment>(), p)).info.block_size as usize
-        } else {
-            region::usable_size(seg, p)
-        }
     }
 }
 
@@ -887,9 +910,9 @@ impl NumaAlloc {
                 return p;
             }
             if heap != heap::no_heap() {
-                // SAFETY: the calling thread's heap, whose page of the
-                // class has no block at hand.
-                return unsafe { placement::refill(heap, class) };
+                // SAFETY: the calling thread's heap (or the per-CPU caches'
+                // mark), whose page of the class has no block at hand.
+                return unsafe { refill_or_cpu(size, align, heap, class, self) };
             }
         }
         // SAFETY: same contract.

@@ -34,7 +34,7 @@ use core::cell::Cell;
 use core::marker::PhantomData;
 use core::ptr;
 
-use super::engine::heap::{self, Heap, Placement, page_bytes};
+use super::engine::heap::{self, Heap, Placement, cpu, page_bytes};
 use super::engine::lifecycle;
 use super::engine::size_class::class_size;
 use super::engine::types::Segment;
@@ -44,7 +44,7 @@ use crate::error::Result;
 use crate::os::file;
 use crate::os::thread::{self, ExitKey, ForkRank};
 use crate::policy::{Interleave, Policy, SizeRules};
-use crate::sync::{InitCell, SpinLock};
+use crate::sync::{InitCell, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, NodeSet, Topology};
 
 /// A policy as the allocator applies it. `Copy`: the interleaver lives as
@@ -142,12 +142,13 @@ fn default() -> &'static Default {
 }
 
 /// Sets the process default: `rules` if `topology` can serve them, else
-/// local (reported); `policies` false switches policies off. Called once,
+/// local (reported); `policies` false switches policies off; `cpu_cache`
+/// makes the per-CPU caches where the default is local. Called once,
 /// from the state's start-up (every process's: in the hot text).
 #[cold]
 #[inline(never)]
 #[unsafe(link_section = ".text.sorted.numaweave")]
-pub(crate) fn set_default(rules: SizeRules, policies: bool, topology: &Topology) {
+pub(crate) fn set_default(rules: SizeRules, policies: bool, cpu_cache: bool, topology: &Topology) {
     let rules = match rules.as_single() {
         Some(Policy::Local) => rules,
         _ => match rules.validate(topology) {
@@ -158,7 +159,13 @@ pub(crate) fn set_default(rules: SizeRules, policies: bool, topology: &Topology)
             }
         },
     };
+    let local = !policies || matches!(rules.as_single(), Some(Policy::Local));
     DEFAULT.get_or_init(|| Default { rules, policies });
+    if cpu_cache && local {
+        cpu::init(topology.memory_nodes().len() > 1);
+    } else if cpu_cache {
+        file::report(format_args!("numaweave: per-CPU caches serve only the local default: per-thread caches"));
+    }
 }
 
 /// The process default's interleave: the one policy's, or the interleave
@@ -429,6 +436,7 @@ pub(crate) unsafe fn bind_heap(h: *mut Heap, adopted: bool) {
         unsafe {
             t.last_node.set((*h).node);
             (*h).policy = ptr::from_ref(t).cast();
+            (*h).cpu_served.store(cpu::get().is_some() && t.scoped.get().is_none(), Ordering::Relaxed);
         }
         t.mixed.set(adopted);
     });
@@ -444,6 +452,13 @@ pub(crate) fn show_default(state: &State) {
     file::write_stderr(format_args!("numaweave: policy {}{off}\n", d.rules));
     if let Some(w) = default_interleave().and_then(|i| i.auto_weights_by_node(&state.topology)) {
         file::write_stderr(format_args!("numaweave: {w}\n"));
+    }
+    if let Some(c) = cpu::get() {
+        file::write_stderr(format_args!(
+            "numaweave: per-CPU caches: {} CPUs, at most {} KiB of free blocks each\n",
+            c.cpus(),
+            c.bytes_per_cpu() / 1024
+        ));
     }
 }
 
@@ -475,6 +490,53 @@ fn this_thread_policy() -> &'static ThreadPolicy {
     THREAD.with(|t| unsafe { &*(t as *const ThreadPolicy) })
 }
 
+/// A block of `class` from the per-CPU caches, for a thread they serve
+/// (null when no memory can be had): the calling CPU's stack, else a
+/// refill of it; either beats the lifecycle while it has work waiting, as
+/// a heap's refills do.
+///
+/// # Safety
+/// [`cpu::serves`]`(class)`.
+#[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
+pub(crate) unsafe fn cpu_alloc(class: usize) -> *mut u8 {
+    // SAFETY: a class the caches serve (the caller's word).
+    let p = unsafe { cpu::pop(class) };
+    let Some(state) = State::try_get() else { return p };
+    if !p.is_null() {
+        if state.life.pending() {
+            lifecycle::cpu_beat(state);
+        }
+        return p;
+    }
+    // SAFETY: as above.
+    unsafe { lifecycle::cpu_refill(state, class) }
+}
+
+/// Whether the per-CPU caches serve `class` for the calling thread, whose
+/// slot holds `heap`: a thread with a heap says so in it (`cpu_served`,
+/// set when the heap is bound and when a policy is installed); one marked
+/// served has no heap yet; one not yet looked at is served if it has no
+/// policy of its own, and marked so.
+#[unsafe(link_section = ".text.sorted.numaweave")]
+pub(crate) fn cpu_serves(heap: *mut Heap, class: usize) -> bool {
+    if !cpu::serves(class) {
+        return false;
+    }
+    if heap::is_heap(heap) {
+        // SAFETY: the calling thread's heap (its slot's).
+        return unsafe { (*heap).cpu_served.load(Ordering::Relaxed) };
+    }
+    if heap == heap::cpu_no_heap() {
+        return true;
+    }
+    let own = default().policies && THREAD.with(|t| t.scoped.get().is_some());
+    if !own {
+        heap::set_cpu_served(true);
+    }
+    !own
+}
+
 /// The slow path of an allocation of class `class` whose direct page ran
 /// dry: a refill under the thread's policy.
 ///
@@ -485,6 +547,11 @@ fn this_thread_policy() -> &'static ThreadPolicy {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     let Some(state) = State::try_get() else { return ptr::null_mut() };
+    // SAFETY: the caller's heap.
+    if unsafe { (*heap).cpu_served.load(Ordering::Relaxed) } && cpu::serves(class) {
+        // SAFETY: a class the per-CPU caches serve.
+        return unsafe { cpu_alloc(class) };
+    }
     if !default().policies {
         // SAFETY: the caller's heap.
         return unsafe { lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state }) };
@@ -738,10 +805,16 @@ pub(crate) fn cold_node(state: &State, here: usize) -> usize {
 /// direct pages cleared so that every class refills under it.
 fn install(t: &ThreadPolicy, active: Active) {
     t.set_active(active);
-    let h = heap::current();
-    if !h.is_null() {
+    let h = heap::current_or_none();
+    if heap::is_heap(h) {
         // SAFETY: the calling thread's heap.
-        unsafe { Heap::clear_direct(h) };
+        unsafe {
+            Heap::clear_direct(h);
+            (*h).cpu_served.store(cpu::get().is_some() && t.scoped.get().is_none(), Ordering::Relaxed);
+        }
+    } else if h == heap::cpu_no_heap() && t.scoped.get().is_some() {
+        // Its next allocation decides again, under the thread's policy.
+        heap::set_cpu_served(false);
     }
 }
 

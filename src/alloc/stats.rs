@@ -123,10 +123,16 @@ pub struct Stats {
     /// The process default interleave's `weights=auto`, as each CPU node's
     /// threads apply it, and their source; `None` for any other policy.
     pub auto_weights: Option<crate::policy::WeightsByNode>,
+    /// Bytes of free blocks the per-CPU caches hold
+    /// ([`Config::cpu_cache`](crate::Config::cpu_cache); counted in
+    /// `in_use`: their pages lent them out). 0 without the caches.
+    pub cpu_cached: u64,
 }
 
 impl Stats {
     pub(crate) fn snapshot(state: &State) -> Stats {
+        // First, before the walk below allocates (which may refill a cache).
+        let cpu_cached = super::engine::heap::cpu::get().map_or(0, |c| c.cached_bytes() as u64);
         let mut per_node = [NodeStats::default(); MAX_NODES];
         let nodes = state.nodes();
         for n in nodes.iter() {
@@ -190,6 +196,7 @@ impl Stats {
             synthetic: state.topology.is_synthetic(),
             thp_bytes,
             auto_weights: super::placement::default_interleave().and_then(|i| i.auto_weights_by_node(&state.topology)),
+            cpu_cached,
         }
     }
 

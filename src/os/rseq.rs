@@ -305,8 +305,8 @@ fn fence_registered() -> Result<()> {
 /// output as `$reset` left it) if the thread's `cpu_id` is negative (its
 /// registration failed or was undone: the kernel restarts nothing for it,
 /// and its `mm_cid` may be stale or 0), if the row index is past the rows
-/// (never, for a registered thread: a CPU is below
-/// `_SC_NPROCESSORS_CONF`) or if the row is closed (its first word not 0,
+/// (never, for a registered thread, but past `MAX_CPUS` possible CPUs:
+/// a CPU is below the possible ones) or if the row is closed (its first word not 0,
 /// `drain_row`); else `{c}` = the stack (`base + index * row_bytes +
 /// list`, inside the mapping). The descriptor goes to `__rseq_cs`, the
 /// abort handler (24, after glibc's signature inside a `ud1`) to
@@ -361,6 +361,23 @@ macro_rules! row_sequence {
     };
 }
 
+/// The CPUs the kernel may name: one past the last of
+/// `/sys/devices/system/cpu/possible` (`0-15`, `0,2-5`), read into a buffer
+/// on the stack (glibc's `sysconf(_SC_NPROCESSORS_CONF)` may fall back to
+/// `opendir`, which allocates: the allocator makes its caches inside its
+/// start-up); [`MAX_CPUS`](crate::sets::MAX_CPUS) where the file cannot be
+/// read. A concurrency id is below it too.
+fn possible_cpus() -> usize {
+    let mut buf = [0u8; 256];
+    let last = super::file::read_str(c"/sys/devices/system/cpu/possible", &mut buf)
+        .ok()
+        .and_then(|s| s.trim().rsplit([',', '-']).next().and_then(|n| n.parse::<usize>().ok()));
+    match last {
+        Some(n) => (n + 1).min(crate::sets::MAX_CPUS),
+        None => crate::sets::MAX_CPUS,
+    }
+}
+
 /// The first word of a row: its closed flag.
 const HEAD: usize = 8;
 
@@ -383,10 +400,7 @@ impl CpuStacks {
         assert!(lists > 0 && cap > 0, "stacks of no lists or no room");
         assert!(index == Index::Cpu || reg.mm_cid().is_some(), "no concurrency ids before Linux 6.3");
         fence_registered()?;
-        // The CPUs the kernel may name (a concurrency id is below it too).
-        // SAFETY: sysconf has no preconditions.
-        let conf = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-        let rows = usize::try_from(conf).unwrap_or(1).max(1);
+        let rows = possible_cpus();
         let too_large = crate::error::Error::LayoutTooLarge { size: usize::MAX, align: 64 };
         let row_bytes = cap
             .checked_add(1)
@@ -415,6 +429,7 @@ impl CpuStacks {
     }
 
     /// The offset of stack `list`'s count in a row.
+    #[inline(always)]
     fn list_off(&self, list: usize) -> usize {
         assert!(list < self.lists);
         HEAD + list * (self.cap + 1) * 8
@@ -436,11 +451,34 @@ impl CpuStacks {
     /// false (and `p` not kept) when that stack is full (or its row closed).
     #[inline]
     pub fn push(&self, list: usize, p: NonNull<u8>) -> bool {
+        self.push_upto(list, p, self.cap)
+    }
+
+    /// [`push`](Self::push) onto a stack held to `cap` pointers (at most
+    /// the stacks' room): lists of one set may keep different depths.
+    #[inline]
+    pub fn push_upto(&self, list: usize, p: NonNull<u8>, cap: usize) -> bool {
         let list_off = self.list_off(list);
+        let cap = cap.min(self.cap);
         match self.index {
-            Index::Cpu => self.push_at::<CPU_ID>(list_off, p.as_ptr() as usize),
-            Index::ConcurrencyId => self.push_at::<MM_CID>(list_off, p.as_ptr() as usize),
+            Index::Cpu => self.push_at::<CPU_ID>(list_off, p.as_ptr() as usize, cap),
+            Index::ConcurrencyId => self.push_at::<MM_CID>(list_off, p.as_ptr() as usize, cap),
         }
+    }
+
+    /// [`pop`](Self::pop) on the row of the CPU the thread runs on
+    /// whatever the index (a per-CPU cache whose rows must each hold one
+    /// node's blocks): no match on the index on the way.
+    #[inline(always)]
+    pub fn pop_on_cpu(&self, list: usize) -> Option<NonNull<u8>> {
+        NonNull::new(self.pop_at::<CPU_ID>(self.list_off(list)) as *mut u8)
+    }
+
+    /// [`push_upto`](Self::push_upto) on the row of the CPU the thread runs
+    /// on whatever the index, as [`pop_on_cpu`](Self::pop_on_cpu).
+    #[inline(always)]
+    pub fn push_upto_on_cpu(&self, list: usize, p: NonNull<u8>, cap: usize) -> bool {
+        self.push_at::<CPU_ID>(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap))
     }
 
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -482,12 +520,13 @@ impl CpuStacks {
 
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     #[inline(always)]
-    fn push_at<const FIELD: usize>(&self, list_off: usize, p: usize) -> bool {
+    fn push_at<const FIELD: usize>(&self, list_off: usize, p: usize, cap: usize) -> bool {
         let ok: usize;
         // SAFETY: a restartable sequence on the calling thread's row, as in
         // `pop_at`: between the row index's read and the commit no other
         // thread works on the row and no drainer took it. The body checks
-        // `top < cap`, writes `p` to slot `top + 1` (above the stack's top:
+        // `top < cap` (`cap <= self.cap`, the stack's room: the caller
+        // clamped it), writes `p` to slot `top + 1` (above the stack's top:
         // no one reads it until the commit), sets `ok` (a register: a
         // restart zeroes it again), and commits with the store of `top + 1`.
         // An abort after the slot's write leaves a value above `top`, which
@@ -506,7 +545,7 @@ impl CpuStacks {
                     "mov qword ptr [{c}], {t}",
                 ],
                 ok = out(reg) ok,
-                cap = in(reg) self.cap,
+                cap = in(reg) cap,
                 p = in(reg) p,
             );
         }
@@ -519,7 +558,7 @@ impl CpuStacks {
     }
 
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    fn push_at<const FIELD: usize>(&self, _: usize, _: usize) -> bool {
+    fn push_at<const FIELD: usize>(&self, _: usize, _: usize, _: usize) -> bool {
         unreachable!("no registration off x86-64 Linux")
     }
 
@@ -531,6 +570,20 @@ impl CpuStacks {
         // loads (which, inside a restartable sequence, are fenced by
         // `drain_row`) reach it.
         unsafe { AtomicUsize::from_ptr(self.map.as_ptr().add(row * self.row_bytes).cast()) }
+    }
+
+    /// How many pointers stack `list` of row `row` holds now (a moment's
+    /// figure: threads may be working on the row).
+    pub fn len(&self, row: usize, list: usize) -> usize {
+        assert!(row < self.rows);
+        // SAFETY: the stack's count word, inside the mapping and aligned;
+        // read atomically (the sequences' stores to it are single aligned
+        // 8-byte moves).
+        let top = unsafe {
+            AtomicUsize::from_ptr(self.map.as_ptr().add(row * self.row_bytes + self.list_off(list)).cast())
+                .load(Ordering::Relaxed)
+        };
+        top.min(self.cap)
     }
 
     /// Takes every pointer of row `row`'s stacks while other threads may

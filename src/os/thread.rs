@@ -59,6 +59,9 @@
 //!                                                                its holder takes (pages, metadata)
 //!             alloc/engine/types.rs cold        SpinLock  held   per arena: its heap of cold blocks (heap/shared.rs);
 //!                                                                never with `shared`; its holder takes the rest
+//!             alloc/engine/heap/cpu.rs HOMES    SpinLock  held   per CPU: the heap its per-CPU cache refills from;
+//!                                                                never with `shared`, `cold` or another; its
+//!                                                                holder takes the rest
 //!             alloc/engine/types.rs meta        SpinLock  held   heap descriptors' metadata chunk; its holder takes
 //!                                                                each arena's `inner` when a chunk's mapping fails
 //!             alloc/engine/types.rs heaps       SpinLock  held   the list of every heap (creation, statistics)
@@ -71,6 +74,7 @@
 //!             topology/perf/machine.rs MACHINE  InitCell  held   memory-performance tables, read lazily
 //! (none)      alloc/placement.rs DEFAULT        InitCell  -      the default placement, made only inside STATE's
 //!                                                                making (which fork holds): never half made
+//!             alloc/engine/heap/cpu.rs CACHE    InitCell  -      the per-CPU caches: as DEFAULT
 //!             alloc/stats.rs ONCE               Once      -      registers the statistics' printer at exit
 //!             os/thread.rs INSTALLED            Once      -      installs the one pthread_atfork pair
 //!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock

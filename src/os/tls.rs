@@ -54,9 +54,44 @@ pub(crate) fn set(v: *mut ()) {
     }
 }
 
+/// The calling thread's beat count, one more than at the last call: a
+/// second 8-byte slot beside the heap's (`__numaweave_beat_tls`, defined
+/// with it), for a heartbeat each thread counts on its own (a count in
+/// shared memory would bounce between the CPUs that write it).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+pub(crate) fn next_beat() -> u64 {
+    let v: u64;
+    // SAFETY: reads and writes this thread's 8-byte slot (`alloc/heap.rs`),
+    // through its GOT entry as `get` does; the flags are the asm's.
+    unsafe {
+        core::arch::asm!(
+            "mov {o}, qword ptr [rip + __numaweave_beat_tls@GOTTPOFF]",
+            "mov {v}, qword ptr fs:[{o}]",
+            "add {v}, 1",
+            "mov qword ptr fs:[{o}], {v}",
+            o = out(reg) _,
+            v = out(reg) v,
+            options(nostack),
+        );
+    }
+    v
+}
+
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 thread_local! {
     static SLOT: core::cell::Cell<*mut ()> = const { core::cell::Cell::new(core::ptr::null_mut()) };
+    static BEAT: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+}
+
+/// The calling thread's beat count, one more than at the last call.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline(always)]
+pub(crate) fn next_beat() -> u64 {
+    BEAT.with(|b| {
+        b.set(b.get() + 1);
+        b.get()
+    })
 }
 
 /// The value of the calling thread's slot (null until set).

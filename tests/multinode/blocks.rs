@@ -252,3 +252,71 @@ pub(super) fn assert_spilled_to_nearest(t: &Topology, from: usize, placed: &[usi
         );
     }
 }
+
+/// A thread that moves between nodes gets its next blocks from the node it
+/// runs on: pinned to node 0's CPUs, then node 1's, and so on (20 moves),
+/// it makes 2,016 blocks of 16 B to 2 KiB after each move and frees half
+/// of the previous batch. Per-CPU caches (`NUMAWEAVE_CPU_CACHE=1`) take
+/// each block from the caches of the CPU it runs on, which hold only that
+/// node's blocks: at least 99% of the new blocks' pages must be on the
+/// thread's node. Per-thread caches keep the heap of the node the thread
+/// started on, so about half are: printed, and the check says it did not
+/// assert.
+pub(super) fn numaalloc_blocks_follow_the_thread_across_nodes(t: &Topology, _: Option<&Guest>) -> Outcome {
+    let nodes: Vec<usize> = t.cpu_nodes().iter().collect();
+    if nodes.len() < 2 || A.mode() != Mode::PerNode {
+        return Outcome::Skip("one node with CPUs");
+    }
+    let cpus: Vec<CpuSet> = nodes.iter().map(|&n| t.cpus_of(n)).collect();
+    let phys: Vec<usize> = nodes.iter().map(|&n| t.physical_node(n)).collect();
+    let (on, all) = std::thread::spawn(move || {
+        let (mut on, mut all) = (0usize, 0usize);
+        let mut prev: Vec<(*mut u8, Layout)> = Vec::new();
+        let mut kept: Vec<(usize, Layout)> = Vec::new();
+        for round in 0..20 {
+            let k = round % nodes.len();
+            os::cpu::pin_current_thread_to(cpus[k].iter()).unwrap();
+            let batch: Vec<(*mut u8, Layout)> = (0..2016)
+                .map(|i| {
+                    let l = Layout::from_size_align(16 << (i % 8), 8).unwrap();
+                    // SAFETY: a valid layout, freed with it below.
+                    let p = unsafe { A.alloc(l) };
+                    assert!(!p.is_null());
+                    (p, l)
+                })
+                .collect();
+            for &(p, l) in &batch {
+                let got = touch_and_locate(p, l.size());
+                on += got.iter().filter(|&&g| g == Some(phys[k])).count();
+                all += got.len();
+            }
+            // Half of the previous batch freed here, on the new node.
+            for (i, (p, l)) in std::mem::replace(&mut prev, batch).into_iter().enumerate() {
+                if i % 2 == 0 {
+                    // SAFETY: allocated above with `l`, freed once.
+                    unsafe { A.dealloc(p, l) };
+                } else {
+                    kept.push((p as usize, l));
+                }
+            }
+        }
+        for (p, l) in prev.into_iter().map(|(p, l)| (p as usize, l)).chain(kept) {
+            // SAFETY: allocated above with `l`, not freed yet.
+            unsafe { A.dealloc(p as *mut u8, l) };
+        }
+        (on, all)
+    })
+    .join()
+    .unwrap();
+    let share = on as f64 / all as f64;
+    println!(
+        "\n  {on} of {all} pages of blocks made after a move on the thread's node ({:.1}%); per-CPU caches: {}",
+        share * 100.0,
+        A.cpu_caches()
+    );
+    if !A.cpu_caches() {
+        return Outcome::Skip("per-thread caches: printed, not asserted");
+    }
+    assert!(share >= 0.99, "{on} of {all} pages on the thread's node");
+    Outcome::Pass
+}

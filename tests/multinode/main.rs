@@ -158,6 +158,7 @@ fn main() {
         ("cpuset_mems_narrowed_while_allocating", cpuset_mems_narrowed_while_allocating),
         ("numaalloc_blocks_land_on_the_threads_node", numaalloc_blocks_land_on_the_threads_node),
         ("numaalloc_remote_frees_return_home", numaalloc_remote_frees_return_home),
+        ("numaalloc_blocks_follow_the_thread_across_nodes", numaalloc_blocks_follow_the_thread_across_nodes),
         ("purged_pages_come_back_on_their_node", purged_pages_come_back_on_their_node),
         ("numaalloc_falls_back_by_distance_when_a_node_is_full", numaalloc_falls_back_by_distance_when_a_node_is_full),
         ("slab_objects_land_on_the_cache_node", slab_objects_land_on_the_cache_node),

@@ -149,17 +149,19 @@ impl State {
 /// among the layers': the interleaving's and the slab caches' are taken
 /// before these): the lifecycle's `work` first (its holder takes the
 /// others: a tick purges arenas and claims orphans), the arenas' `shared`
-/// and `cold` locks next (a thread holding one takes the others, never
-/// both: `heap/shared.rs`), then the rest, of which no code path holds two
-/// at once.
+/// and `cold` locks and the per-CPU caches' home heaps' next (a thread
+/// holding one takes the others, never two of them: `heap/shared.rs`,
+/// `heap/cpu.rs`), then the rest, of which no code path holds two at once.
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
     let shared = state.arenas.iter().map(|a| &a.shared as &dyn RawLock);
     let cold = state.arenas.iter().map(|a| &a.cold as &dyn RawLock);
+    let homes = super::heap::cpu::homes().iter().map(|l| l as &dyn RawLock);
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
     [&state.life.work as &dyn RawLock]
         .into_iter()
         .chain(shared)
         .chain(cold)
+        .chain(homes)
         .chain([&state.meta as &dyn RawLock, &state.heaps as &dyn RawLock])
         .chain(arenas)
 }

@@ -429,6 +429,9 @@ pub(crate) struct Heap {
     /// Per class, the blocks taken from the node's shared heap
     /// (`shared.rs`).
     pub(crate) sparse: [u8; CLASSES],
+    /// Whether the per-CPU caches serve the heap's thread (and may hold
+    /// blocks of its pages): read by other threads' frees.
+    pub(crate) cpu_served: AtomicBool,
     /// The heap's part in the memory lifecycle (`lifecycle/`): after the
     /// fields the fast paths read.
     pub(crate) life: HeapLife,

@@ -1,13 +1,12 @@
-//! The free: a block back onto its slot's sink (its page, or the heap's free
-//! cache of its class) when the calling thread owns it, else onto its
+//! The two ends of a free (`route.rs` chooses between them and the per-CPU
+//! caches): a block back onto its slot's sink (its page, or the heap's
+//! free cache of its class) when the calling thread owns it, or onto its
 //! page's `thread_free` list, whose first push queues the page on its
 //! heap; the owner gathers them at its next refill.
 
 use core::ptr;
 
-use super::{Heap, bump, current, current_or_none, in_page, link, next_of};
-use crate::alloc::engine::segment;
-use crate::alloc::engine::types::SmallSegment;
+use super::{Heap, bump, current, in_page, link, next_of};
 use crate::alloc::engine::types::{Block, OWNER_THREAD, Page, State};
 use crate::sync::Ordering;
 
@@ -183,72 +182,26 @@ impl Heap {
     }
 }
 
-/// Frees `p`, a live block of `page` (of a small segment), on the page's
-/// free list if the calling thread's heap owns it, else on its remote list.
-///
-/// # Safety
-/// `p` is a live block of `page`, checked (hardened builds) and marked freed.
-#[inline(always)]
-pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
-    // (`NO_HEAP` owns no page.)
-    let heap = current_or_none();
-    // SAFETY: `p` is a live block of `page` (the caller's word), so `page` is a live
-    // descriptor whose `info.heap` is fixed while `p` is; equal to ours, we own the page.
-    unsafe {
-        if (*page).info.heap.load(Ordering::Relaxed) == heap {
-            Heap::free_local(heap, page, p.cast::<Block>());
-        } else {
-            free_remote(page, p.cast::<Block>());
-        }
-    }
-}
-
-/// Frees `p`, a live block of small segment `seg` whose slot's sink
-/// ([`sink_of`](segment::sink_of)) is `sink`: into the sink if the
-/// calling thread's heap owns it, else onto its page's remote list.
-///
-/// # Safety
-/// `p` is a live block of `seg`; `sink` its slot's sink.
-#[inline(always)]
-pub(crate) unsafe fn free_to_sink(seg: *mut SmallSegment, sink: *mut Page, p: *mut u8) {
-    // (`NO_HEAP` owns no page, nor is it a free cache's heap.)
-    let heap = current_or_none();
-    // SAFETY: `p` is a live block of `seg` and `sink` its slot's sink (the caller's word);
-    // the sink's `info.heap` is the page's owner (a free cache's is its heap), fixed
-    // while `p` is live.
-    unsafe {
-        if (*sink).info.heap.load(Ordering::Relaxed) == heap {
-            debug_assert!(
-                Heap::is_cache(heap, sink) || sink == segment::page_of(seg, p),
-                "a slot's sink is its page or its owner's free cache"
-            );
-            debug_assert!(
-                (*heap).owned.load(Ordering::Relaxed) == OWNER_THREAD,
-                "a local free into a heap no thread owns"
-            );
-            debug_assert!(
-                (*segment::page_of(seg, p)).info.heap.load(Ordering::Relaxed) == heap,
-                "a local free of another heap's block (sink {sink:p}, page {:p})",
-                segment::page_of(seg, p)
-            );
-            Heap::free_local(heap, sink, p.cast::<Block>());
-        } else {
-            free_remote(segment::page_of(seg, p), p.cast::<Block>());
-        }
-    }
-}
-
 /// A page of an exited thread's heap got its first remote free since its
 /// remote frees were last collected: the lifecycle collects them at its
 /// next tick, and the freeing thread's heap is armed so that its next
 /// allocation refills and so ticks (a thread that only frees, as a
 /// consumer of a producer that has exited, reaches the tick that way; the
 /// heap floor does not call the lifecycle above it).
+///
+/// A per-CPU cache's flush (`cpu.rs`: remote frees into its CPU's home
+/// heap, which no thread owns) only notes the work (`arm` false): the
+/// lifecycle's heartbeat reaches the tick through the caches' allocations,
+/// and arming would have the flushing thread's heap empty its direct slots
+/// (its classes beyond the caches) at every flush.
 #[cold]
 #[inline(never)]
-fn orphan_freed() {
+fn orphan_freed(arm: bool) {
     let Some(state) = State::try_get() else { return };
     state.life.note_orphan_work();
+    if !arm {
+        return;
+    }
     let me = current();
     if !me.is_null() {
         // SAFETY: the calling thread's heap, between operations (a free's
@@ -261,6 +214,28 @@ fn orphan_freed() {
 /// first push onto an empty list also queues the page on its heap, once.
 #[cold]
 pub(super) unsafe fn free_remote(page: *mut Page, block: *mut Block) {
+    // SAFETY: the caller's word, as `push_remote` asks.
+    unsafe { push_remote(page, block, true) }
+}
+
+/// [`free_remote`] of a block a per-CPU cache gives back (`cpu.rs`): a
+/// first free into a page of a heap no thread owns notes the lifecycle's
+/// work but arms no heap.
+///
+/// # Safety
+/// As [`free_remote`].
+pub(super) unsafe fn free_remote_unarmed(page: *mut Page, block: *mut Block) {
+    // SAFETY: the caller's word, as `push_remote` asks.
+    unsafe { push_remote(page, block, false) }
+}
+
+/// [`free_remote`]'s push; `arm`: whether a first free into an exited or
+/// shared heap's page arms the freeing thread's heap (`orphan_freed`).
+///
+/// # Safety
+/// As [`free_remote`].
+#[inline(always)]
+unsafe fn push_remote(page: *mut Page, block: *mut Block, arm: bool) {
     // SAFETY: the block is live and ours to give back; the page and its heap
     // outlive it (heaps are never freed, pages not reassigned while they hold
     // a live block).
@@ -271,7 +246,7 @@ pub(super) unsafe fn free_remote(page: *mut Page, block: *mut Block) {
             let heap = (*page).info.heap.load(Ordering::Relaxed);
             (*heap).remote_pages.0.push(page);
             if (*heap).owned.load(Ordering::Relaxed) != OWNER_THREAD {
-                orphan_freed();
+                orphan_freed(arm);
             }
         }
     }

@@ -28,8 +28,9 @@
 //! threads reuses heaps instead of growing memory.
 //!
 //! This file holds what every part reads; the parts:
-//! `pop.rs` (the fast path and the refill), `free.rs` (local and remote
-//! frees, gathering remote ones), `free_cache.rs`, `lists.rs`
+//! `pop.rs` (the fast path and the refill), `route.rs` (where a free goes),
+//! `free.rs` (local and remote frees, gathering remote ones), `cpu.rs` (the
+//! per-CPU caches), `free_cache.rs`, `lists.rs`
 //! (page lists, the direct slot's references, empty and idle pages),
 //! `loan.rs` (lent slots), `registry.rs` (a heap made and listed),
 //! `giveback.rs` (what the heap holds free given back, and arming: the
@@ -39,6 +40,7 @@
 //! gives memory back and how a thread's exit leaves it is the lifecycle's
 //! (`lifecycle/`).
 
+pub(crate) mod cpu;
 mod free;
 mod free_cache;
 mod giveback;
@@ -47,13 +49,14 @@ mod lists;
 mod loan;
 mod pop;
 mod registry;
+mod route;
 mod shared;
 
-pub(crate) use free::{free_block, free_to_sink};
 pub(crate) use free_cache::{CACHING, cache_room};
 pub(crate) use links::{corrupted_list, kind_of, link, next_of, outside};
 pub(crate) use lists::EXPIRE_EVERY;
 pub(crate) use registry::for_each_heap;
+pub(crate) use route::{free_block, free_to_sink};
 
 use core::ptr;
 
@@ -105,6 +108,32 @@ pub(crate) fn no_heap() -> *mut Heap {
     ptr::addr_of!(NO_HEAP).cast_mut().cast()
 }
 
+/// What the slot of a thread the per-CPU caches serve (`cpu.rs`) points to
+/// while it has no heap: as [`NO_HEAP`] for the fast paths, but its slow
+/// paths go straight to the caches, having decided once that they may.
+static CPU_NO_HEAP: NoHeap = NoHeap([empty_page(); CLASSES]);
+
+/// [`CPU_NO_HEAP`] as a heap pointer (only its `direct` may be read).
+#[inline(always)]
+pub(crate) fn cpu_no_heap() -> *mut Heap {
+    ptr::addr_of!(CPU_NO_HEAP).cast_mut().cast()
+}
+
+/// Whether `h`, a value of the thread's slot, is a heap (not one of the two
+/// that are none).
+#[inline(always)]
+pub(crate) fn is_heap(h: *mut Heap) -> bool {
+    h != no_heap() && h != cpu_no_heap()
+}
+
+/// Marks the calling thread, which has no heap, as one the per-CPU caches
+/// serve (`true`), or as undecided again (`false`: its next slow path
+/// decides, as a new thread's does).
+pub(crate) fn set_cpu_served(on: bool) {
+    debug_assert!(!is_heap(current_or_none()), "a thread with a heap marked");
+    crate::os::tls::set(if on { cpu_no_heap() } else { no_heap() }.cast());
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 core::arch::global_asm!(
     // The thread-local slot `os/tls.rs` reads and writes, defined here for
@@ -120,6 +149,13 @@ core::arch::global_asm!(
     ".size __numaweave_heap_tls, 8",
     "__numaweave_heap_tls:",
     ".quad {none}",
+    // The thread's beat count (`os::tls::next_beat`), beside it.
+    ".globl __numaweave_beat_tls",
+    ".hidden __numaweave_beat_tls",
+    ".type __numaweave_beat_tls, @object",
+    ".size __numaweave_beat_tls, 8",
+    "__numaweave_beat_tls:",
+    ".quad 0",
     ".popsection",
     none = sym NO_HEAP,
 );
@@ -156,7 +192,7 @@ pub(crate) trait Placement {
 #[inline(always)]
 pub(crate) fn current() -> *mut Heap {
     let h = current_or_none();
-    if h == no_heap() { ptr::null_mut() } else { h }
+    if is_heap(h) { h } else { ptr::null_mut() }
 }
 
 /// The calling thread's heap, or [`no_heap`] where it has none: what the

@@ -8,7 +8,7 @@ use super::{Heap, empty_page};
 use crate::alloc::engine::arena::alloc_meta;
 use crate::alloc::engine::size_class::CLASSES;
 use crate::alloc::engine::types::{HeapCounters, HeapLife, Loan, OWNER_SHARED, OWNER_THREAD, PageList, State};
-use crate::sync::{AtomicStack, AtomicU64, CachePadded, Ordering};
+use crate::sync::{AtomicBool, AtomicStack, AtomicU64, CachePadded, Ordering};
 
 impl Heap {
     /// Points every class at the empty page, so that the next allocation of
@@ -66,6 +66,7 @@ impl Heap {
             (&raw mut (*h).cache_seen).write([0; CLASSES]);
             (&raw mut (*h).cache_filled_at).write([0; CLASSES]);
             (&raw mut (*h).sparse).write([0; CLASSES]);
+            (&raw mut (*h).cpu_served).write(AtomicBool::new(false));
             (&raw mut (*h).life).write(HeapLife::new());
             // (The free caches are written when the heap takes its first
             // page of their class, `Heap::sink_for`: the metadata chunk's

@@ -114,6 +114,42 @@ impl Heap {
         }
     }
 
+    /// Blocks of `class` into `out` from the heap in `slot` (made on first
+    /// use, fresh pages from `node`'s arena), whose lock the caller holds:
+    /// a per-CPU cache's refill from its CPU's heap (`cpu.rs`). How many;
+    /// fewer than asked only when no more memory can be had. The heap is
+    /// marked as one whose blocks the caches may hold.
+    ///
+    /// # Safety
+    /// `slot` is the content of that heap's lock, held by the caller (the
+    /// heap is used under it alone); `class < CLASSES`.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
+    pub(super) unsafe fn alloc_batch_in(
+        slot: &mut SharedHeap,
+        state: &State,
+        node: usize,
+        class: usize,
+        out: &mut [*mut u8],
+    ) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            // SAFETY: the caller holds the heap's lock; `class < CLASSES`
+            // (the caller's word).
+            let p = unsafe { Heap::alloc_locked(slot, state, node, class) };
+            if p.is_null() {
+                break;
+            }
+            out[n] = p;
+            n += 1;
+        }
+        if n > 0 {
+            // Set before any of its blocks leaves the lock.
+            // SAFETY: the heap, made by the pop above if need be.
+            unsafe { (*slot.0).cpu_served.store(true, Ordering::Relaxed) };
+        }
+        n
+    }
+
     /// Whether the refill of `class` takes its block from the node's shared
     /// heap: a heap of a thread of a process with threads, under a placement
     /// of its own node's pages (`Local`'s: the one the free cache serves),

@@ -111,6 +111,27 @@ unsafe fn heartbeat(heap: *mut Heap, state: &State) -> Beat {
     }
 }
 
+/// The heartbeat of a heap whose thread the per-CPU caches serve, from
+/// their allocations (`lifecycle::cpu_beat`): such a heap may never refill
+/// (its classes beyond the caches quiet), so it looks at the clock, ticks
+/// and decays here.
+///
+/// # Safety
+/// `heap` is the calling thread's heap, between operations on it.
+pub(crate) unsafe fn look(heap: *mut Heap, state: &State) {
+    // SAFETY: the caller's word, what `heartbeat_slow` asks; the heap's
+    // lifecycle fields are ours.
+    unsafe {
+        let beat = heartbeat_slow(heap, state);
+        // Work waits and no refill of the heap's own classes came to say
+        // they are busy: listen, so that a look a delay later decays what
+        // they hold free (a class still refilling is kept, as ever).
+        if beat != Beat::Busy && (*heap).life.decay == Decay::Busy {
+            (*heap).life.set(Decay::Listening);
+        }
+    }
+}
+
 /// [`heartbeat`] past its first tests.
 ///
 /// # Safety

@@ -90,6 +90,39 @@ pub(crate) fn tick(state: &State, now: u64) {
     }
 }
 
+/// The heartbeat of allocations the per-CPU caches serve while work waits
+/// (`Lifecycle::pending`: a loop the caches serve may never refill, and a
+/// CPU's stack is no thread's to empty): every 64th of the calling
+/// thread's looks at the clock and ticks. The count is the thread's own
+/// (`os::tls::next_beat`, one `fs:`-relative word).
+#[cold]
+#[inline(never)]
+pub(crate) fn cpu_beat(state: &State) {
+    if crate::os::tls::next_beat().is_multiple_of(64) {
+        let h = heap::current();
+        if h.is_null() {
+            tick(state, crate::os::monotonic_ms());
+        } else {
+            // SAFETY: the calling thread's heap, between operations (an
+            // allocation the caches served).
+            unsafe { decay::look(h, state) };
+        }
+    }
+}
+
+/// A per-CPU cache's refill (`heap/cpu.rs`), with the heartbeat a heap's
+/// refill beats: threads the caches serve have no heap, and memory due to
+/// go back must still go back while they allocate.
+///
+/// # Safety
+/// `heap::cpu::serves(class)`.
+#[unsafe(link_section = ".text.sorted.numaweave")]
+pub(crate) unsafe fn cpu_refill(state: &State, class: usize) -> *mut u8 {
+    tick(state, crate::os::monotonic_ms());
+    // SAFETY: a class the caches serve (the caller's word).
+    unsafe { heap::cpu::refill(state, class) }
+}
+
 /// Collects the remote frees of exited threads' heaps and gives their
 /// empty pages back; with `kept`, the free blocks the heaps kept since
 /// their threads exited are purged once they waited out the delay. Each
@@ -132,13 +165,40 @@ pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
         // The node's shared heap: every free of its blocks is a remote one,
         // collected when a thread next takes a block there, or here (if no
         // thread holds it now: then that thread collects).
-        // The same for its heap of cold blocks.
+        // The same for its heap of cold blocks. With per-CPU caches the
+        // shared heap is their store, taken from at every refill: a tick
+        // collects its remote frees and gives its empty pages back (purged
+        // after the delay) but purges none of its free blocks; a trim does.
         for lock in [&arena.shared, &arena.cold] {
             if let Some(g) = lock.try_lock()
                 && !g.0.is_null()
             {
                 // SAFETY: the node's shared (or cold) heap, under its lock.
                 unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
+            }
+        }
+    }
+    // The per-CPU caches' home heaps (`heap/cpu.rs`) the same way, but
+    // that a tick purges their free blocks at most once a delay (they are
+    // the caches' store, taken from at every refill; their empty pages go
+    // back at every tick, purged after the delay): one that may not
+    // purge yet comes back when it may. A trim purges.
+    let homes = heap::cpu::homes();
+    if !homes.is_empty() {
+        static PURGED_AT: crate::sync::AtomicU64 = crate::sync::AtomicU64::new(0);
+        let last = PURGED_AT.load(Ordering::Relaxed);
+        let purge = now == u64::MAX || now.saturating_sub(last) >= delay;
+        if purge && now != u64::MAX {
+            PURGED_AT.store(now, Ordering::Relaxed);
+        } else if !purge {
+            state.life.note_due(Due::Orphans, last.saturating_add(delay));
+        }
+        for lock in homes {
+            if let Some(g) = lock.try_lock()
+                && !g.0.is_null()
+            {
+                // SAFETY: a CPU's home heap, under its lock.
+                unsafe { Heap::give_back_free_as(g.0, purge, ALL_CLASSES) };
             }
         }
     }
@@ -191,6 +251,9 @@ pub(crate) fn trim(state: &State) {
         unsafe { trim_heap(h) };
     }
     let _work = state.life.work.lock();
+    // The blocks the per-CPU caches hold go back to their pages first (under
+    // the work lock, which fork holds: no row is left closed in a child).
+    heap::cpu::drain();
     state.life.request_trim();
     state.life.orphan_work.store(false, Ordering::Relaxed);
     state.life.orphans_due.store(0, Ordering::Relaxed);
@@ -205,6 +268,13 @@ pub(crate) fn trim(state: &State) {
                     unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
                 }
             }
+        }
+    }
+    for lock in heap::cpu::homes() {
+        let g = lock.lock();
+        if !g.0.is_null() {
+            // SAFETY: a CPU's home heap, under its lock.
+            unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
         }
     }
     for n in state.nodes().iter() {

@@ -1,0 +1,317 @@
+//! Per-CPU caches of small blocks (`NUMAWEAVE_CPU_CACHE=1`,
+//! `Config::cpu_cache`): for each CPU and each class of blocks up to
+//! [`MAX_BLOCK`], a stack of free blocks that the threads running there
+//! pop and push with restartable sequences on the rseq area glibc
+//! registered (`os/rseq.rs`), indexed by `cpu_id` so that a row's blocks
+//! are all of its CPU's node.
+//!
+//! A thread served by them needs no heap of its own for those classes: an
+//! empty stack is refilled with half its depth from its CPU's *home* heap
+//! (one per CPU, on the CPU's node, under a lock of its own: one lock for
+//! the batch); a full one gives half its depth back to the blocks' pages
+//! (remote frees, collected by the pages' owners). So the free blocks a process keeps
+//! cached grow with its CPUs, not its threads, and a thread that the
+//! scheduler moves to another node's CPU takes that node's blocks from its
+//! next allocation. A free goes to the cache only if the block is of the
+//! node the thread runs on; a cached block is still in use for its page.
+//!
+//! Bounds: a class's stack holds at most `CLASS_BYTES` of blocks (2 to
+//! `DEPTH` of them), so a CPU caches at most [`CpuCache::bytes_per_cpu`]
+//! (746 KiB, every class full), the process that times its CPUs.
+//! `NumaAlloc::trim` takes every CPU's blocks back (`drain`).
+//!
+//! The cache is made inside the allocator's start-up (never half made
+//! across a fork), only where glibc registered rseq and the process
+//! default is `Local`; never in hardened builds, whose checks need every
+//! block's free to reach its page.
+
+use core::ptr::{self, NonNull};
+
+use super::Heap;
+use super::free::free_remote_unarmed;
+use crate::alloc::engine::segment::{self, segment_of};
+use crate::alloc::engine::size_class::{self, CLASSES};
+use crate::alloc::engine::types::{Block, Mode, Page, SharedHeap, SmallSegment, State};
+use crate::hardened::HARDENED;
+use crate::os::rseq::{self, CpuStacks, Index};
+use crate::sets::MAX_CPUS;
+use crate::sync::{InitCell, Ordering, SpinLock};
+
+/// The largest block the caches hold.
+pub(crate) const MAX_BLOCK: usize = 2 * 1024;
+/// The bytes of blocks one class's stack holds at most.
+const CLASS_BYTES: usize = 32 * 1024;
+/// The deepest stack (blocks of 128 bytes and less).
+const DEPTH: usize = 128;
+
+/// The per-CPU caches: the stacks, one list per cached class.
+pub(crate) struct CpuCache {
+    stacks: CpuStacks,
+    /// Classes below this are cached.
+    classes: usize,
+    /// Each cached class's depth.
+    depth: [u8; CLASSES],
+    /// Whether the topology has more than one memory node (a free then
+    /// checks the block's node against the thread's, in per-node mode).
+    multi: bool,
+}
+
+/// Made only inside the state's start-up (`config::start`'s hook).
+static CACHE: InitCell<CpuCache> = InitCell::new();
+
+/// Per CPU, the heap its cache refills from and its blocks go back to (a
+/// remote free each, collected at its next refill or by the lifecycle),
+/// made on first use on the CPU's node, used under its lock: a CPU's
+/// blocks come from pages of its own, so two CPUs' blocks seldom share a
+/// cache line (a heap the node's CPUs shared interleaved them: two
+/// threads on two CPUs ran small blocks at 1.3 times one thread's rate).
+static HOMES: [SpinLock<SharedHeap>; MAX_CPUS] = [const { SpinLock::new(SharedHeap(ptr::null_mut())) }; MAX_CPUS];
+
+/// The home heaps' locks of the CPUs the kernel may name (none without the
+/// caches): what `fork()` holds, and the lifecycle reclaims.
+pub(crate) fn homes() -> &'static [SpinLock<SharedHeap>] {
+    &HOMES[..get().map_or(0, CpuCache::homes)]
+}
+
+/// A class's depth: `CLASS_BYTES` of blocks, 2 to `DEPTH` of them.
+const fn depth_of(size: usize) -> usize {
+    let d = CLASS_BYTES / size;
+    if d < 2 {
+        2
+    } else if d > DEPTH {
+        DEPTH
+    } else {
+        d
+    }
+}
+
+impl CpuCache {
+    /// The most bytes of free blocks one CPU's stacks hold.
+    pub(crate) fn bytes_per_cpu(&self) -> usize {
+        (0..self.classes).map(|c| usize::from(self.depth[c]) * size_class::class_size(c)).sum()
+    }
+
+    /// The rows (CPUs the kernel may name).
+    pub(crate) fn cpus(&self) -> usize {
+        self.stacks.rows()
+    }
+
+    /// The home heaps in use: one per row, at most `MAX_CPUS`.
+    fn homes(&self) -> usize {
+        self.stacks.rows().min(MAX_CPUS)
+    }
+
+    /// The bytes of free blocks the stacks hold now (a moment's figure).
+    pub(crate) fn cached_bytes(&self) -> usize {
+        let mut b = 0;
+        for row in 0..self.stacks.rows() {
+            for c in 0..self.classes {
+                b += self.stacks.len(row, c) * size_class::class_size(c);
+            }
+        }
+        b
+    }
+
+    /// How many blocks a refill takes and a flush gives back.
+    #[inline]
+    fn batch(&self, class: usize) -> usize {
+        usize::from(self.depth[class]).div_ceil(2)
+    }
+}
+
+/// Makes the caches if glibc registered rseq (and the fence can be
+/// registered): called once, inside the state's start-up, `multi` whether
+/// the topology has more than one memory node. Reports a failure and
+/// leaves the caches off.
+pub(crate) fn init(multi: bool) {
+    if HARDENED {
+        return;
+    }
+    let Some(reg) = rseq::registration() else {
+        crate::os::file::report(format_args!("numaweave: no rseq registration: per-thread caches"));
+        return;
+    };
+    let classes = size_class::class_of(MAX_BLOCK) + 1;
+    let mut depth = [0u8; CLASSES];
+    for (c, d) in depth.iter_mut().enumerate().take(classes) {
+        *d = depth_of(size_class::class_size(c)) as u8;
+    }
+    match CpuStacks::with_index(reg, Index::Cpu, classes, DEPTH) {
+        Ok(stacks) => {
+            CACHE.get_or_init(|| CpuCache { stacks, classes, depth, multi });
+        }
+        Err(e) => crate::os::file::report(format_args!("numaweave: per-CPU caches: {e}; per-thread caches")),
+    }
+}
+
+/// The caches, if this process has them.
+#[inline(always)]
+pub(crate) fn get() -> Option<&'static CpuCache> {
+    if HARDENED { None } else { CACHE.get() }
+}
+
+/// Whether the caches serve `class` (they exist and hold its blocks).
+#[inline(always)]
+pub(crate) fn serves(class: usize) -> bool {
+    matches!(get(), Some(c) if class < c.classes)
+}
+
+/// A block of `class` from the calling CPU's stack, null when it is empty
+/// (the caller then [`refill`]s).
+///
+/// # Safety
+/// [`serves`]`(class)`.
+#[inline(always)]
+pub(crate) unsafe fn pop(class: usize) -> *mut u8 {
+    match get() {
+        Some(c) => c.stacks.pop_on_cpu(class).map_or(ptr::null_mut(), NonNull::as_ptr),
+        None => ptr::null_mut(),
+    }
+}
+
+/// A block of `class` for a thread whose CPU's stack was empty: half the
+/// stack's depth taken from the shared heap of the node the thread runs on
+/// under one lock, one returned and the rest pushed (onto the stack of the
+/// CPU the thread runs on by then; a block that finds it full goes back to
+/// its page). Null when no memory can be had.
+///
+/// # Safety
+/// [`serves`]`(class)`.
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn refill(state: &State, class: usize) -> *mut u8 {
+    let Some(c) = get() else { return ptr::null_mut() };
+    debug_assert!(class < c.classes);
+    let mut got = [ptr::null_mut::<u8>(); DEPTH.div_ceil(2)];
+    let want = c.batch(class);
+    // The CPU's home heap, of the CPU's node (by the topology: a thread
+    // that moves meanwhile only takes this CPU's blocks along).
+    let cpu = crate::os::cpu::current_cpu().unwrap_or(0) % c.homes();
+    let node = match state.topology.node_of_cpu(cpu) {
+        Some(n) => state.home_arena(n).node,
+        None => state.current_arena().node,
+    };
+    let mut g = HOMES[cpu].lock();
+    // SAFETY: the home's lock, held; `class < CLASSES` (a cached class).
+    let n = unsafe { Heap::alloc_batch_in(&mut g, state, node, class, &mut got[..want]) };
+    drop(g);
+    if n == 0 {
+        return ptr::null_mut();
+    }
+    for &p in got[1..n].iter().rev() {
+        // SAFETY: blocks just taken from the shared heap, ours to keep or give back.
+        unsafe {
+            if !c.stacks.push_upto_on_cpu(class, NonNull::new_unchecked(p), usize::from(c.depth[class])) {
+                give_back(p);
+            }
+        }
+    }
+    got[0]
+}
+
+/// Frees `p`, a live block of `page`, into the calling CPU's stack if the
+/// caches hold its class and its page's owner is one they serve, and it is
+/// of the node the thread runs on; false (nothing done) otherwise. A full
+/// stack first gives half its depth back to the blocks' pages.
+///
+/// # Safety
+/// `p` is a live block of `page`, given up to this call.
+#[inline(always)]
+pub(crate) unsafe fn free(page: *mut Page, p: *mut u8) -> bool {
+    let Some(c) = get() else { return false };
+    // SAFETY: a live block's page descriptor (the caller's word), whose
+    // owner is fixed while the block is live (heaps are never freed).
+    let (class, owner) = unsafe { (usize::from((*page).info.class), (*page).info.heap.load(Ordering::Relaxed)) };
+    // Only blocks of pages whose owner the caches serve: the shared heaps'
+    // and those of threads under the local default (not the cold heaps',
+    // whose pages hold no hot block, nor those of threads with a policy of
+    // their own, whose blocks go home to it).
+    // SAFETY: a live heap (see above).
+    if class >= c.classes || !unsafe { (*owner).cpu_served.load(Ordering::Relaxed) } {
+        return false;
+    }
+    // SAFETY: as above.
+    if c.multi && !here(unsafe { usize::from((*page).info.node) }) {
+        return false;
+    }
+    // SAFETY: `p` is not null (a live block).
+    let p = unsafe { NonNull::new_unchecked(p) };
+    c.stacks.push_upto_on_cpu(class, p, usize::from(c.depth[class])) || flush_and_push(c, class, p)
+}
+
+/// Whether `node` is the node of the CPU the calling thread runs on, where
+/// the allocator has an arena per node (a hint: the thread may move before
+/// the push, rarely).
+#[inline(never)]
+fn here(node: usize) -> bool {
+    match State::try_get() {
+        Some(s) => s.mode != Mode::PerNode || s.current_arena().node == node,
+        None => false,
+    }
+}
+
+/// [`free`]'s push onto a full stack: half its depth given back to the
+/// blocks' pages first, then `p` pushed (false if the stack is full again,
+/// or closed).
+#[cold]
+#[inline(never)]
+fn flush_and_push(c: &CpuCache, class: usize, p: NonNull<u8>) -> bool {
+    for _ in 0..c.batch(class) {
+        match c.stacks.pop_on_cpu(class) {
+            // SAFETY: a block the stacks held: live for its page, ours to give back.
+            Some(q) => unsafe { give_back(q.as_ptr()) },
+            None => break,
+        }
+    }
+    c.stacks.push_upto_on_cpu(class, p, usize::from(c.depth[class]))
+}
+
+/// Gives `p`, a block the caches held (in use for its page), back to its
+/// page: a remote free (the page's owner collects it).
+///
+/// # Safety
+/// `p` is a block of a small segment's page, in use for it and unused.
+unsafe fn give_back(p: *mut u8) {
+    // SAFETY: `p` is a block of a live small segment's page (the caller's word).
+    unsafe {
+        let seg = segment_of(p).cast::<SmallSegment>();
+        free_remote_unarmed(segment::page_of(seg, p), p.cast::<Block>());
+    }
+}
+
+/// Takes every CPU's cached blocks back to their pages (a trim): each row
+/// closed and fenced while it is emptied (`CpuStacks::drain_row`); a row
+/// another thread is draining, or one the fence failed on, is passed over.
+pub(crate) fn drain() {
+    let Some(c) = get() else { return };
+    for row in 0..c.stacks.rows() {
+        // SAFETY: every pointer in the stacks is a block in use for its page
+        // and unused (put there by `refill` or `free`).
+        let _ = c.stacks.drain_row(row, |_, p| unsafe { give_back(p.as_ptr()) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the docs state of the caches' bounds (ARCHITECTURE.md,
+    /// `Config::cpu_cache`): 36 classes, up to 2 KiB, at most 746 KiB of
+    /// free blocks a CPU, each class's stack 2 to 128 deep and within 32 KiB
+    /// (but the 2-block floor), every refill at least one block.
+    #[test]
+    fn the_bounds_the_docs_state() {
+        let classes = size_class::class_of(MAX_BLOCK) + 1;
+        assert_eq!(classes, 36);
+        assert_eq!(size_class::class_size(classes - 1), MAX_BLOCK);
+        let mut total = 0;
+        for c in 0..classes {
+            let (size, d) = (size_class::class_size(c), depth_of(size_class::class_size(c)));
+            assert!((2..=DEPTH).contains(&d));
+            assert!(d * size <= CLASS_BYTES.max(2 * size));
+            assert!(d.div_ceil(2) >= 1 && d.div_ceil(2) <= DEPTH.div_ceil(2));
+            total += d * size;
+        }
+        assert_eq!(total / 1024, 746);
+    }
+}

@@ -1,0 +1,86 @@
+//! Where a free goes: the calling thread's own page (or free cache), the
+//! calling CPU's cache (`cpu.rs`, where there are per-CPU caches), else the
+//! page's remote list (`free.rs`). Above both parts it routes between.
+
+use super::free::free_remote;
+use super::{Heap, cpu, current_or_none};
+use crate::alloc::engine::segment;
+use crate::alloc::engine::types::{Block, OWNER_THREAD, Page, SmallSegment};
+use crate::sync::Ordering;
+
+/// Frees `p`, a live block of `page` (of a small segment), on the page's
+/// free list if the calling thread's heap owns it, else on its remote list.
+///
+/// # Safety
+/// `p` is a live block of `page`, checked (hardened builds) and marked freed.
+#[inline(always)]
+pub(crate) unsafe fn free_block(page: *mut Page, p: *mut u8) {
+    // (`NO_HEAP` owns no page.)
+    let heap = current_or_none();
+    // SAFETY: `p` is a live block of `page` (the caller's word), so `page` is a live
+    // descriptor whose `info.heap` is fixed while `p` is; equal to ours, we own the page.
+    unsafe {
+        if (*page).info.heap.load(Ordering::Relaxed) == heap {
+            Heap::free_local(heap, page, p.cast::<Block>());
+        } else {
+            free_foreign(page, p.cast::<Block>());
+        }
+    }
+}
+
+/// Frees `p`, a live block of small segment `seg` whose slot's sink
+/// ([`sink_of`](segment::sink_of)) is `sink`: into the sink if the
+/// calling thread's heap owns it, else onto its page's remote list.
+///
+/// # Safety
+/// `p` is a live block of `seg`; `sink` its slot's sink.
+#[inline(always)]
+pub(crate) unsafe fn free_to_sink(seg: *mut SmallSegment, sink: *mut Page, p: *mut u8) {
+    // (`NO_HEAP` owns no page, nor is it a free cache's heap.)
+    let heap = current_or_none();
+    // SAFETY: `p` is a live block of `seg` and `sink` its slot's sink (the caller's word);
+    // the sink's `info.heap` is the page's owner (a free cache's is its heap), fixed
+    // while `p` is live.
+    unsafe {
+        if (*sink).info.heap.load(Ordering::Relaxed) == heap {
+            debug_assert!(
+                Heap::is_cache(heap, sink) || sink == segment::page_of(seg, p),
+                "a slot's sink is its page or its owner's free cache"
+            );
+            debug_assert!(
+                (*heap).owned.load(Ordering::Relaxed) == OWNER_THREAD,
+                "a local free into a heap no thread owns"
+            );
+            debug_assert!(
+                (*segment::page_of(seg, p)).info.heap.load(Ordering::Relaxed) == heap,
+                "a local free of another heap's block (sink {sink:p}, page {:p})",
+                segment::page_of(seg, p)
+            );
+            Heap::free_local(heap, sink, p.cast::<Block>());
+        } else {
+            free_foreign(segment::page_of(seg, p), p.cast::<Block>());
+        }
+    }
+}
+
+/// A free of a block whose page (or sink) the calling thread's heap does
+/// not own: into the calling CPU's cache where there are per-CPU caches
+/// that hold its class and node (`cpu.rs`), else a remote free.
+///
+/// # Safety
+/// As [`free_remote`].
+///
+/// Cold, though it is every free of a thread the caches serve: so the
+/// fast paths of the per-thread caches keep the local free as their
+/// straight line (laid out as the likely branch, the call to this took 8
+/// instructions of `free`'s 30 before its `ret`).
+#[cold]
+#[inline(never)]
+pub(super) unsafe fn free_foreign(page: *mut Page, block: *mut Block) {
+    // SAFETY: `block` is a live block of `page`, given up (the caller's word).
+    unsafe {
+        if !cpu::free(page, block.cast()) {
+            free_remote(page, block);
+        }
+    }
+}
