@@ -52,8 +52,9 @@ impl Config {
     /// (`NUMAWEAVE_CPU_CACHE=1`): for each CPU and class a stack of free
     /// blocks that the threads running there pop and push with restartable
     /// sequences on the rseq area glibc registered for each thread. The
-    /// free blocks kept grow with CPUs, not threads (at most 746 KiB a
-    /// CPU), and a thread moved to another node's CPU takes that node's
+    /// free blocks kept grow with CPUs, not threads (the caches hold at
+    /// most 746 KiB a CPU; each CPU's home heap, whose pages they come
+    /// from, holds more), and a thread moved to another node's CPU takes that node's
     /// blocks from its next allocation. Allocation-heavy loops run slower
     /// than under the per-thread caches (`benches/RESULTS.md`). Only under the `Local` default
     /// (a thread's own policy from [`with_policy`] uses its heap); where

@@ -38,17 +38,18 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
 /// glibc's does, not succeed and end in the OOM killer. Refused, it is
 /// asked for again once the arenas have unmapped what they hold unused
 /// ([`map_or_reclaim`](super::engine::arena::map_or_reclaim)), and with
-/// per-CPU caches once more after a trim.
+/// per-CPU caches once more after they and their homes gave back what
+/// they hold (`lifecycle::cpu_reclaim`).
 fn reserve(state: &State, total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     let guard = super::engine::arena::guard_len();
     let (align, offset) = if align <= SEGMENT_SIZE { (SEGMENT_SIZE, 0) } else { (align, offset) };
     let map = || super::engine::segmap::NEAR.map_aligned_at(total + guard, align, offset, mem::Charge::Whole).ok();
     let base = super::engine::arena::map_or_reclaim(state, map).or_else(|| {
-        // Blocks the per-CPU caches hold, and those they gave back to the
-        // shared heaps' pages (remote frees, not collected yet), keep their
-        // segments mapped: a trim takes them all back, then once more.
+        // Blocks the per-CPU caches hold, and those they gave back to their
+        // home heaps' pages (remote frees, not collected yet), keep their
+        // segments mapped: take them back, then ask once more.
         super::engine::heap::cpu::get()?;
-        super::engine::lifecycle::trim(state);
+        super::engine::lifecycle::cpu_reclaim(state);
         super::engine::arena::map_or_reclaim(state, map)
     })?;
     if !super::engine::segmap::can_mark(base.as_ptr()) {

@@ -25,7 +25,9 @@ pub struct NodeStats {
     /// Bytes returned to the OS with `MADV_DONTNEED`, `MADV_FREE` or unmapping
     /// (cumulative).
     pub returned: u64,
-    /// Allocations served (cumulative).
+    /// Allocations served (cumulative). With the per-CPU caches
+    /// ([`Config::cpu_cache`](crate::Config::cpu_cache)), the blocks moved
+    /// from pages into the caches, not each allocation they serve.
     pub allocs: u64,
     /// Frees (cumulative), remote ones included.
     pub frees: u64,

@@ -428,6 +428,14 @@ impl CpuStacks {
         self.cap
     }
 
+    /// The row the calling thread's `cpu_id` names, if the sequences can
+    /// use it (`*_on_cpu`): `None` where the thread's registration failed
+    /// or was undone, or its CPU is past the rows.
+    #[inline]
+    pub fn cpu_row(&self) -> Option<usize> {
+        self.reg.cpu().filter(|&c| c < self.rows)
+    }
+
     /// The offset of stack `list`'s count in a row.
     #[inline(always)]
     fn list_off(&self, list: usize) -> usize {
@@ -642,14 +650,15 @@ impl CpuStacks {
             // the row); no other thread works on it (the caller's word).
             unsafe {
                 let s = self.map.as_ptr().add(row * self.row_bytes + self.list_off(list)).cast::<usize>();
-                let top = s.read();
+                let top = AtomicUsize::from_ptr(s).load(Ordering::Relaxed);
                 debug_assert!(top <= self.cap, "a stack's count past its room");
                 for k in 1..=top.min(self.cap) {
                     if let Some(p) = NonNull::new(s.add(k).read() as *mut u8) {
                         each(list, p);
                     }
                 }
-                s.write(0);
+                // (Atomic: `len` may read the count meanwhile.)
+                AtomicUsize::from_ptr(s).store(0, Ordering::Relaxed);
             }
         }
     }

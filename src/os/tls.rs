@@ -54,28 +54,28 @@ pub(crate) fn set(v: *mut ()) {
     }
 }
 
-/// The calling thread's beat count, one more than at the last call: a
-/// second 8-byte slot beside the heap's (`__numaweave_beat_tls`, defined
-/// with it), for a heartbeat each thread counts on its own (a count in
-/// shared memory would bounce between the CPUs that write it).
+/// Stores `v` in the calling thread's beat word and returns what it held:
+/// a second 8-byte slot beside the heap's (`__numaweave_beat_tls`, defined
+/// with it), for a heartbeat each thread keeps on its own (a word in shared
+/// memory would bounce between the CPUs that write it).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline(always)]
-pub(crate) fn next_beat() -> u64 {
-    let v: u64;
-    // SAFETY: reads and writes this thread's 8-byte slot (`alloc/heap.rs`),
-    // through its GOT entry as `get` does; the flags are the asm's.
+pub(crate) fn swap_beat(v: u64) -> u64 {
+    let old: u64;
+    // SAFETY: reads and writes this thread's 8-byte slot (defined in
+    // `alloc/engine/heap/mod.rs`), through its GOT entry as `get` does.
     unsafe {
         core::arch::asm!(
             "mov {o}, qword ptr [rip + __numaweave_beat_tls@GOTTPOFF]",
-            "mov {v}, qword ptr fs:[{o}]",
-            "add {v}, 1",
+            "mov {old}, qword ptr fs:[{o}]",
             "mov qword ptr fs:[{o}], {v}",
             o = out(reg) _,
-            v = out(reg) v,
-            options(nostack),
+            old = out(reg) old,
+            v = in(reg) v,
+            options(nostack, preserves_flags),
         );
     }
-    v
+    old
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -84,50 +84,9 @@ thread_local! {
     static BEAT: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
 }
 
-/// The calling thread's beat count, one more than at the last call.
+/// Stores `v` in the calling thread's beat word and returns what it held.
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 #[inline(always)]
-pub(crate) fn next_beat() -> u64 {
-    BEAT.with(|b| {
-        b.set(b.get() + 1);
-        b.get()
-    })
-}
-
-/// The value of the calling thread's slot (null until set).
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-#[inline(always)]
-pub(crate) fn get() -> *mut () {
-    SLOT.with(|s| s.get())
-}
-
-/// Sets the calling thread's slot.
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-#[inline]
-pub(crate) fn set(v: *mut ()) {
-    SLOT.with(|s| s.set(v));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_thread_has_its_own_slot() {
-        let mine = get();
-        let fresh = || {
-            std::thread::spawn(|| {
-                let initial = get() as usize;
-                set(0x1234 as *mut ());
-                (initial, get() as usize)
-            })
-            .join()
-            .unwrap()
-        };
-        let ((a, set_a), (b, _)) = (fresh(), fresh());
-        assert_eq!(set_a, 0x1234);
-        assert_eq!(a, b, "each new thread's slot starts at the same value");
-        assert_ne!(b, 0x1234, "a new thread's slot is not an exited thread's");
-        assert_eq!(get(), mine, "another thread's write is not ours");
-    }
+pub(crate) fn swap_beat(v: u64) -> u64 {
+    BEAT.with(|b| b.replace(v))
 }

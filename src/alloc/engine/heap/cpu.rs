@@ -3,7 +3,9 @@
 //! [`MAX_BLOCK`], a stack of free blocks that the threads running there
 //! pop and push with restartable sequences on the rseq area glibc
 //! registered (`os/rseq.rs`), indexed by `cpu_id` so that a row's blocks
-//! are all of its CPU's node.
+//! are its CPU's node's (but for the few a thread that moves between a
+//! refill's lock and its pushes, or a free's node check and its push,
+//! leaves on another CPU's row).
 //!
 //! A thread served by them needs no heap of its own for those classes: an
 //! empty stack is refilled with half its depth from its CPU's *home* heap
@@ -35,7 +37,7 @@ use crate::alloc::engine::types::{Block, Mode, Page, SharedHeap, SmallSegment, S
 use crate::hardened::HARDENED;
 use crate::os::rseq::{self, CpuStacks, Index};
 use crate::sets::MAX_CPUS;
-use crate::sync::{InitCell, Ordering, SpinLock};
+use crate::sync::{AtomicU32, InitCell, Ordering, SpinLock};
 
 /// The largest block the caches hold.
 pub(crate) const MAX_BLOCK: usize = 2 * 1024;
@@ -66,6 +68,10 @@ static CACHE: InitCell<CpuCache> = InitCell::new();
 /// cache line (a heap the node's CPUs shared interleaved them: two
 /// threads on two CPUs ran small blocks at 1.3 times one thread's rate).
 static HOMES: [SpinLock<SharedHeap>; MAX_CPUS] = [const { SpinLock::new(SharedHeap(ptr::null_mut())) }; MAX_CPUS];
+
+/// Per home, the refills that took from it since the lifecycle last
+/// looked ([`home_quiet`]; written under the home's lock).
+static BUSY: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
 
 /// The home heaps' locks of the CPUs the kernel may name (none without the
 /// caches): what `fork()` holds, and the lifecycle reclaims.
@@ -170,10 +176,13 @@ pub(crate) unsafe fn pop(class: usize) -> *mut u8 {
 }
 
 /// A block of `class` for a thread whose CPU's stack was empty: half the
-/// stack's depth taken from the shared heap of the node the thread runs on
-/// under one lock, one returned and the rest pushed (onto the stack of the
-/// CPU the thread runs on by then; a block that finds it full goes back to
-/// its page). Null when no memory can be had.
+/// stack's depth taken from its CPU's home heap under one hold of its
+/// lock, one returned and the rest pushed (onto the stack of the CPU the
+/// thread runs on by then: a migration in between leaves them on another
+/// CPU's row, rarely; a block that finds the stack full goes back to its
+/// page). A thread whose row the sequences cannot use (its registration
+/// failed, its CPU past the rows) takes one block, from the home of its
+/// CPU modulo the homes. Null when no memory can be had.
 ///
 /// # Safety
 /// [`serves`]`(class)`.
@@ -183,15 +192,19 @@ pub(crate) unsafe fn refill(state: &State, class: usize) -> *mut u8 {
     let Some(c) = get() else { return ptr::null_mut() };
     debug_assert!(class < c.classes);
     let mut got = [ptr::null_mut::<u8>(); DEPTH.div_ceil(2)];
-    let want = c.batch(class);
-    // The CPU's home heap, of the CPU's node (by the topology: a thread
-    // that moves meanwhile only takes this CPU's blocks along).
-    let cpu = crate::os::cpu::current_cpu().unwrap_or(0) % c.homes();
+    let (cpu, want) = match c.stacks.cpu_row() {
+        Some(row) => (row, c.batch(class)),
+        None => (crate::os::cpu::current_cpu().unwrap_or(0), 1),
+    };
+    // The home's node is its CPU's, by the topology (a thread that moves
+    // meanwhile only takes this CPU's blocks along).
     let node = match state.topology.node_of_cpu(cpu) {
         Some(n) => state.home_arena(n).node,
         None => state.current_arena().node,
     };
-    let mut g = HOMES[cpu].lock();
+    let home = cpu % c.homes();
+    let mut g = HOMES[home].lock();
+    BUSY[home].store(BUSY[home].load(Ordering::Relaxed).saturating_add(1), Ordering::Relaxed);
     // SAFETY: the home's lock, held; `class < CLASSES` (a cached class).
     let n = unsafe { Heap::alloc_batch_in(&mut g, state, node, class, &mut got[..want]) };
     drop(g);
@@ -199,7 +212,7 @@ pub(crate) unsafe fn refill(state: &State, class: usize) -> *mut u8 {
         return ptr::null_mut();
     }
     for &p in got[1..n].iter().rev() {
-        // SAFETY: blocks just taken from the shared heap, ours to keep or give back.
+        // SAFETY: blocks just taken from the home heap, ours to keep or give back.
         unsafe {
             if !c.stacks.push_upto_on_cpu(class, NonNull::new_unchecked(p), usize::from(c.depth[class])) {
                 give_back(p);
@@ -208,6 +221,17 @@ pub(crate) unsafe fn refill(state: &State, class: usize) -> *mut u8 {
     }
     got[0]
 }
+
+/// Whether home `i` served fewer than [`BUSY_REFILLS`] refills since the
+/// last call (the lifecycle's reclaim, at most once a purge delay while it
+/// has work: it purges the free blocks of a quiet home only).
+pub(crate) fn home_quiet(i: usize) -> bool {
+    BUSY[i].swap(0, Ordering::Relaxed) < BUSY_REFILLS
+}
+
+/// Refills between two looks that make a home busy: a thread that moves
+/// to a CPU refills there once, a loop that the home serves many times.
+const BUSY_REFILLS: u32 = 8;
 
 /// Frees `p`, a live block of `page`, into the calling CPU's stack if the
 /// caches hold its class and its page's owner is one they serve, and it is

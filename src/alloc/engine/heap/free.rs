@@ -189,19 +189,24 @@ impl Heap {
 /// consumer of a producer that has exited, reaches the tick that way; the
 /// heap floor does not call the lifecycle above it).
 ///
-/// A per-CPU cache's flush (`cpu.rs`: remote frees into its CPU's home
-/// heap, which no thread owns) only notes the work (`arm` false): the
-/// lifecycle's heartbeat reaches the tick through the caches' allocations,
-/// and arming would have the flushing thread's heap empty its direct slots
-/// (its classes beyond the caches) at every flush.
+/// A per-CPU cache's flush (`cpu.rs`: remote frees into pages, most of
+/// them its CPU's home heap's, which no thread owns) arms nothing (`arm`
+/// false) and has the lifecycle look a delay later: the heartbeat reaches
+/// the tick through the caches' allocations, and arming would have the
+/// flushing thread's heap empty its direct slots (its classes beyond the
+/// caches) at every flush.
 #[cold]
 #[inline(never)]
 fn orphan_freed(arm: bool) {
     let Some(state) = State::try_get() else { return };
-    state.life.note_orphan_work();
     if !arm {
+        // The home's own refills collect these; the lifecycle looks a delay
+        // on, should it go quiet (not at once: a flush is no exited thread).
+        let delay = state.config.purge_delay_ms.max(1);
+        state.life.note_due(crate::alloc::engine::types::Due::Orphans, crate::os::monotonic_ms() + delay);
         return;
     }
+    state.life.note_orphan_work();
     let me = current();
     if !me.is_null() {
         // SAFETY: the calling thread's heap, between operations (a free's

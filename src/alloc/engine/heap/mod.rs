@@ -149,7 +149,7 @@ core::arch::global_asm!(
     ".size __numaweave_heap_tls, 8",
     "__numaweave_heap_tls:",
     ".quad {none}",
-    // The thread's beat count (`os::tls::next_beat`), beside it.
+    // The time of the thread's last heartbeat (`os::tls::swap_beat`), beside it.
     ".globl __numaweave_beat_tls",
     ".hidden __numaweave_beat_tls",
     ".type __numaweave_beat_tls, @object",

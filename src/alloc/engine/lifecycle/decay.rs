@@ -29,7 +29,7 @@
 use super::tick;
 use crate::alloc::engine::heap::{Heap, Placement, empty_page};
 use crate::alloc::engine::size_class::CLASSES;
-use crate::alloc::engine::types::{ALL_CLASSES, ClassSet, Decay, HeapLife, State};
+use crate::alloc::engine::types::{ALL_CLASSES, ClassSet, Decay, Due, HeapLife, State};
 
 /// Refills between two looks at the clock while the heap is busy (it looks
 /// at every refill while armed or quiet).
@@ -122,12 +122,21 @@ pub(crate) unsafe fn look(heap: *mut Heap, state: &State) {
     // SAFETY: the caller's word, what `heartbeat_slow` asks; the heap's
     // lifecycle fields are ours.
     unsafe {
-        let beat = heartbeat_slow(heap, state);
-        // Work waits and no refill of the heap's own classes came to say
-        // they are busy: listen, so that a look a delay later decays what
-        // they hold free (a class still refilling is kept, as ever).
-        if beat != Beat::Busy && (*heap).life.decay == Decay::Busy {
+        let _ = heartbeat_slow(heap, state);
+        // Work waited (the caches' allocations look only then) and no
+        // refill of the heap's own classes came to look: listen, as a
+        // heap's refills do when a class proves quiet, so that a look a
+        // delay later decays what its quiet classes hold free (a class
+        // still refilling is kept, as ever).
+        if (*heap).life.decay == Decay::Busy {
             (*heap).life.set(Decay::Listening);
+        }
+        // A heap that listens or is owed a decay is looked at again a delay
+        // on: no refill of its own may come to look (the caches serve the
+        // thread), and the caches' allocations look only while work waits.
+        if (*heap).life.decay.looks() {
+            let now = crate::os::monotonic_ms();
+            state.life.note_due(Due::Orphans, now + state.config.purge_delay_ms.max(1));
         }
     }
 }

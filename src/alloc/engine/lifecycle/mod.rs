@@ -92,21 +92,32 @@ pub(crate) fn tick(state: &State, now: u64) {
 
 /// The heartbeat of allocations the per-CPU caches serve while work waits
 /// (`Lifecycle::pending`: a loop the caches serve may never refill, and a
-/// CPU's stack is no thread's to empty): every 64th of the calling
-/// thread's looks at the clock and ticks. The count is the thread's own
-/// (`os::tls::next_beat`, one `fs:`-relative word).
+/// CPU's stack is no thread's to empty): every 8th of a thread's reads the
+/// coarse clock (through the vDSO), and the first of those in each
+/// millisecond ticks and has the thread's heap, if it has one, look and
+/// decay. The count and the time are the thread's own, in one
+/// `fs:`-relative word (`os::tls::swap_beat`: the time above 3 bits of
+/// count).
 #[cold]
 #[inline(never)]
 pub(crate) fn cpu_beat(state: &State) {
-    if crate::os::tls::next_beat().is_multiple_of(64) {
-        let h = heap::current();
-        if h.is_null() {
-            tick(state, crate::os::monotonic_ms());
-        } else {
-            // SAFETY: the calling thread's heap, between operations (an
-            // allocation the caches served).
-            unsafe { decay::look(h, state) };
-        }
+    let w = crate::os::tls::swap_beat(0);
+    if w & 7 != 7 {
+        crate::os::tls::swap_beat(w + 1);
+        return;
+    }
+    let now = crate::os::monotonic_ms();
+    crate::os::tls::swap_beat(now << 3);
+    if w >> 3 == now {
+        return;
+    }
+    let h = heap::current();
+    if h.is_null() {
+        tick(state, now);
+    } else {
+        // SAFETY: the calling thread's heap, between operations (an
+        // allocation the caches served).
+        unsafe { decay::look(h, state) };
     }
 }
 
@@ -120,7 +131,34 @@ pub(crate) fn cpu_beat(state: &State) {
 pub(crate) unsafe fn cpu_refill(state: &State, class: usize) -> *mut u8 {
     tick(state, crate::os::monotonic_ms());
     // SAFETY: a class the caches serve (the caller's word).
+    let p = unsafe { heap::cpu::refill(state, class) };
+    if !p.is_null() {
+        return p;
+    }
+    // Out of memory: what the caches and their homes hold free may make a
+    // page (fall back, do not starve).
+    cpu_reclaim(state);
+    // SAFETY: as above.
     unsafe { heap::cpu::refill(state, class) }
+}
+
+/// What the per-CPU caches hold, and what their home heaps hold free, back
+/// to the pages and arenas now (the rows drained, the homes' free blocks
+/// purged): before a mapping or a refill the OS refused is asked again.
+/// Takes the lifecycle's work lock (the drain's, held across fork).
+pub(crate) fn cpu_reclaim(state: &State) {
+    if heap::cpu::get().is_none() {
+        return;
+    }
+    let _work = state.life.work.lock();
+    heap::cpu::drain();
+    for lock in heap::cpu::homes() {
+        let g = lock.lock();
+        if !g.0.is_null() {
+            // SAFETY: a CPU's home heap, under its lock.
+            unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
+        }
+    }
 }
 
 /// Collects the remote frees of exited threads' heaps and gives their
@@ -179,32 +217,24 @@ pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
         }
     }
     // The per-CPU caches' home heaps (`heap/cpu.rs`) the same way, but
-    // that a tick purges their free blocks at most once a delay (they are
-    // the caches' store, taken from at every refill; their empty pages go
-    // back at every tick, purged after the delay): one that may not
-    // purge yet comes back when it may. A trim purges.
-    let homes = heap::cpu::homes();
-    if !homes.is_empty() {
-        static PURGED_AT: crate::sync::AtomicU64 = crate::sync::AtomicU64::new(0);
-        let last = PURGED_AT.load(Ordering::Relaxed);
-        let purge = now == u64::MAX || now.saturating_sub(last) >= delay;
-        if purge && now != u64::MAX {
-            PURGED_AT.store(now, Ordering::Relaxed);
-        } else if !purge {
-            state.life.note_due(Due::Orphans, last.saturating_add(delay));
-        }
-        for lock in homes {
-            if let Some(g) = lock.try_lock()
-                && !g.0.is_null()
-            {
-                // SAFETY: a CPU's home heap, under its lock.
-                unsafe { Heap::give_back_free_as(g.0, purge, ALL_CLASSES) };
+    // that a tick purges the free blocks only of a home no refill took from
+    // since its last look (a busy home is the caches' store: purged, its
+    // blocks would fault in again); a busy one is looked at again a delay
+    // later. A trim purges every home.
+    for (i, lock) in heap::cpu::homes().iter().enumerate() {
+        if let Some(g) = lock.try_lock()
+            && !g.0.is_null()
+        {
+            let purge = heap::cpu::home_quiet(i) || now == u64::MAX;
+            if !purge {
+                state.life.note_due(Due::Orphans, now.saturating_add(delay.max(1)));
             }
+            // SAFETY: a CPU's home heap, under its lock.
+            unsafe { Heap::give_back_free_as(g.0, purge, ALL_CLASSES) };
         }
     }
 }
 
-/// Orphans claimed at once by [`reclaim_orphans`] (a stack array).
 const RECLAIM_BATCH: usize = 16;
 
 /// An exited thread's heap, claimed by the caller: the remote frees of its
@@ -245,15 +275,16 @@ unsafe fn collect_orphan(heap: *mut Heap, now: u64, delay: u64) {
 /// heaps, every arena's free pages, empty segments and cached mappings;
 /// other live heaps at their next slow path. Waits for a tick under way.
 pub(crate) fn trim(state: &State) {
+    let _work = state.life.work.lock();
+    // The blocks the per-CPU caches hold go back to their pages first (under
+    // the work lock, which fork holds: no row is left closed in a child),
+    // so that the caller's heap collects those of its own pages.
+    heap::cpu::drain();
     let h = heap::current();
     if !h.is_null() {
         // SAFETY: the calling thread's heap.
         unsafe { trim_heap(h) };
     }
-    let _work = state.life.work.lock();
-    // The blocks the per-CPU caches hold go back to their pages first (under
-    // the work lock, which fork holds: no row is left closed in a child).
-    heap::cpu::drain();
     state.life.request_trim();
     state.life.orphan_work.store(false, Ordering::Relaxed);
     state.life.orphans_due.store(0, Ordering::Relaxed);
