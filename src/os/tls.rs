@@ -84,9 +84,56 @@ thread_local! {
     static BEAT: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
 }
 
+/// The value of the calling thread's slot (null until set).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline(always)]
+pub(crate) fn get() -> *mut () {
+    SLOT.with(|s| s.get())
+}
+
+/// Sets the calling thread's slot.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline]
+pub(crate) fn set(v: *mut ()) {
+    SLOT.with(|s| s.set(v));
+}
+
 /// Stores `v` in the calling thread's beat word and returns what it held.
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 #[inline(always)]
 pub(crate) fn swap_beat(v: u64) -> u64 {
     BEAT.with(|b| b.replace(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_thread_has_its_own_slot() {
+        let mine = get();
+        let fresh = || {
+            std::thread::spawn(|| {
+                let initial = get() as usize;
+                set(0x1234 as *mut ());
+                (initial, get() as usize)
+            })
+            .join()
+            .unwrap()
+        };
+        let ((a, set_a), (b, _)) = (fresh(), fresh());
+        assert_eq!(set_a, 0x1234);
+        assert_eq!(a, b, "each new thread's slot starts at the same value");
+        assert_ne!(b, 0x1234, "a new thread's slot is not an exited thread's");
+        assert_eq!(get(), mine, "another thread's write is not ours");
+    }
+
+    #[test]
+    fn each_thread_has_its_own_beat_word() {
+        let mine = swap_beat(7);
+        let fresh = || std::thread::spawn(|| (swap_beat(0x55), swap_beat(0))).join().unwrap();
+        let ((a, set_a), (b, _)) = (fresh(), fresh());
+        assert_eq!((a, set_a, b), (0, 0x55, 0), "a new thread's word starts at 0, its own");
+        assert_eq!(swap_beat(mine), 7, "another thread's write is not ours");
+    }
 }

@@ -37,7 +37,7 @@ use crate::alloc::engine::types::{Block, Mode, Page, SharedHeap, SmallSegment, S
 use crate::hardened::HARDENED;
 use crate::os::rseq::{self, CpuStacks, Index};
 use crate::sets::MAX_CPUS;
-use crate::sync::{AtomicU32, InitCell, Ordering, SpinLock};
+use crate::sync::{InitCell, Ordering, SpinLock};
 
 /// The largest block the caches hold.
 pub(crate) const MAX_BLOCK: usize = 2 * 1024;
@@ -68,10 +68,6 @@ static CACHE: InitCell<CpuCache> = InitCell::new();
 /// cache line (a heap the node's CPUs shared interleaved them: two
 /// threads on two CPUs ran small blocks at 1.3 times one thread's rate).
 static HOMES: [SpinLock<SharedHeap>; MAX_CPUS] = [const { SpinLock::new(SharedHeap(ptr::null_mut())) }; MAX_CPUS];
-
-/// Per home, the refills that took from it since the lifecycle last
-/// looked ([`home_quiet`]; written under the home's lock).
-static BUSY: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
 
 /// The home heaps' locks of the CPUs the kernel may name (none without the
 /// caches): what `fork()` holds, and the lifecycle reclaims.
@@ -197,14 +193,14 @@ pub(crate) unsafe fn refill(state: &State, class: usize) -> *mut u8 {
         None => (crate::os::cpu::current_cpu().unwrap_or(0), 1),
     };
     // The home's node is its CPU's, by the topology (a thread that moves
-    // meanwhile only takes this CPU's blocks along).
-    let node = match state.topology.node_of_cpu(cpu) {
+    // meanwhile only takes this CPU's blocks along); past `MAX_CPUS`, the
+    // CPU whose index the home has, so that a home keeps to one node.
+    let home = cpu % c.homes();
+    let node = match state.topology.node_of_cpu(home) {
         Some(n) => state.home_arena(n).node,
         None => state.current_arena().node,
     };
-    let home = cpu % c.homes();
     let mut g = HOMES[home].lock();
-    BUSY[home].store(BUSY[home].load(Ordering::Relaxed).saturating_add(1), Ordering::Relaxed);
     // SAFETY: the home's lock, held; `class < CLASSES` (a cached class).
     let n = unsafe { Heap::alloc_batch_in(&mut g, state, node, class, &mut got[..want]) };
     drop(g);
@@ -221,17 +217,6 @@ pub(crate) unsafe fn refill(state: &State, class: usize) -> *mut u8 {
     }
     got[0]
 }
-
-/// Whether home `i` served fewer than [`BUSY_REFILLS`] refills since the
-/// last call (the lifecycle's reclaim, at most once a purge delay while it
-/// has work: it purges the free blocks of a quiet home only).
-pub(crate) fn home_quiet(i: usize) -> bool {
-    BUSY[i].swap(0, Ordering::Relaxed) < BUSY_REFILLS
-}
-
-/// Refills between two looks that make a home busy: a thread that moves
-/// to a CPU refills there once, a loop that the home serves many times.
-const BUSY_REFILLS: u32 = 8;
 
 /// Frees `p`, a live block of `page`, into the calling CPU's stack if the
 /// caches hold its class and its page's owner is one they serve, and it is

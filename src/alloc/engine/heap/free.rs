@@ -203,7 +203,7 @@ fn orphan_freed(arm: bool) {
         // The home's own refills collect these; the lifecycle looks a delay
         // on, should it go quiet (not at once: a flush is no exited thread).
         let delay = state.config.purge_delay_ms.max(1);
-        state.life.note_due(crate::alloc::engine::types::Due::Orphans, crate::os::monotonic_ms() + delay);
+        state.life.note_due(crate::alloc::engine::types::Due::Orphans, crate::os::monotonic_ms().saturating_add(delay));
         return;
     }
     state.life.note_orphan_work();
@@ -224,8 +224,9 @@ pub(super) unsafe fn free_remote(page: *mut Page, block: *mut Block) {
 }
 
 /// [`free_remote`] of a block a per-CPU cache gives back (`cpu.rs`): a
-/// first free into a page of a heap no thread owns notes the lifecycle's
-/// work but arms no heap.
+/// first free into a page of a heap no thread owns arms no heap and has
+/// the lifecycle look a delay later (an exited thread's page among them is
+/// collected then, not at the next tick).
 ///
 /// # Safety
 /// As [`free_remote`].

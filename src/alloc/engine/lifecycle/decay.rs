@@ -21,7 +21,8 @@
 //! paths.
 //!
 //! Transitions ([`HeapLife::set`] asserts them): `Busy` → `Listening`
-//! (armed, or a refill of a quiet class); `Listening` → `Busy` (each look
+//! (armed, a refill of a quiet class, or a look from the per-CPU caches'
+//! heartbeat while work waits, [`look`]); `Listening` → `Busy` (each look
 //! at the clock; a quiet class sets it again); a look that decays →
 //! `Owed` (it kept classes in use that hold memory) or `Busy`; a trim →
 //! `Busy`.
@@ -122,22 +123,23 @@ pub(crate) unsafe fn look(heap: *mut Heap, state: &State) {
     // SAFETY: the caller's word, what `heartbeat_slow` asks; the heap's
     // lifecycle fields are ours.
     unsafe {
+        let decayed_at = (*heap).life.decayed_at;
         let _ = heartbeat_slow(heap, state);
+        if (*heap).life.decayed_at != decayed_at && (*heap).life.decay != Decay::Owed {
+            // It decayed and owes nothing: done until work waits again.
+            return;
+        }
         // Work waited (the caches' allocations look only then) and no
         // refill of the heap's own classes came to look: listen, as a
         // heap's refills do when a class proves quiet, so that a look a
         // delay later decays what its quiet classes hold free (a class
-        // still refilling is kept, as ever).
+        // still refilling is kept, as ever); and come back then, as no
+        // refill of its own may come to look (the caches serve the thread).
         if (*heap).life.decay == Decay::Busy {
             (*heap).life.set(Decay::Listening);
         }
-        // A heap that listens or is owed a decay is looked at again a delay
-        // on: no refill of its own may come to look (the caches serve the
-        // thread), and the caches' allocations look only while work waits.
-        if (*heap).life.decay.looks() {
-            let now = crate::os::monotonic_ms();
-            state.life.note_due(Due::Orphans, now + state.config.purge_delay_ms.max(1));
-        }
+        let now = crate::os::monotonic_ms();
+        state.life.note_due(Due::Orphans, now.saturating_add(state.config.purge_delay_ms.max(1)));
     }
 }
 

@@ -93,9 +93,9 @@ pub(crate) fn tick(state: &State, now: u64) {
 /// The heartbeat of allocations the per-CPU caches serve while work waits
 /// (`Lifecycle::pending`: a loop the caches serve may never refill, and a
 /// CPU's stack is no thread's to empty): every 8th of a thread's reads the
-/// coarse clock (through the vDSO), and the first of those in each
-/// millisecond ticks and has the thread's heap, if it has one, look and
-/// decay. The count and the time are the thread's own, in one
+/// coarse clock (through the vDSO), and one that finds it moved on since
+/// the thread's last look ticks and has the thread's heap, if it has one,
+/// look and decay. The count and the time are the thread's own, in one
 /// `fs:`-relative word (`os::tls::swap_beat`: the time above 3 bits of
 /// count).
 #[cold]
@@ -216,21 +216,17 @@ pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
             }
         }
     }
-    // The per-CPU caches' home heaps (`heap/cpu.rs`) the same way, but
-    // that a tick purges the free blocks only of a home no refill took from
-    // since its last look (a busy home is the caches' store: purged, its
-    // blocks would fault in again); a busy one is looked at again a delay
-    // later. A trim purges every home.
-    for (i, lock) in heap::cpu::homes().iter().enumerate() {
+    // The per-CPU caches' home heaps (`heap/cpu.rs`) the same way (their
+    // remote frees collected, their empty pages back to the arenas, purged
+    // after the delay), but that a tick purges none of the free blocks of
+    // their pages in use: they are the caches' store (a trim does). Their
+    // flushes noted this look a delay after each (`free.rs`).
+    for lock in heap::cpu::homes() {
         if let Some(g) = lock.try_lock()
             && !g.0.is_null()
         {
-            let purge = heap::cpu::home_quiet(i) || now == u64::MAX;
-            if !purge {
-                state.life.note_due(Due::Orphans, now.saturating_add(delay.max(1)));
-            }
             // SAFETY: a CPU's home heap, under its lock.
-            unsafe { Heap::give_back_free_as(g.0, purge, ALL_CLASSES) };
+            unsafe { Heap::give_back_free_as(g.0, now == u64::MAX, ALL_CLASSES) };
         }
     }
 }
