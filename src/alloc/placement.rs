@@ -224,6 +224,12 @@ impl ThreadPolicy {
         Some(il)
     }
 
+    /// Whether the per-CPU caches serve the thread: there are caches and
+    /// it has no policy of its own (what its heap's `cpu_served` says).
+    fn cpu_served(&self) -> bool {
+        cpu::get().is_some() && self.scoped.get().is_none()
+    }
+
     /// The thread takes a page on `node` under `Local`: pages of another
     /// node it took before are foreign from now on.
     fn note_node(&self, node: usize) {
@@ -436,7 +442,7 @@ pub(crate) unsafe fn bind_heap(h: *mut Heap, adopted: bool) {
         unsafe {
             t.last_node.set((*h).node);
             (*h).policy = ptr::from_ref(t).cast();
-            (*h).cpu_served.store(cpu::get().is_some() && t.scoped.get().is_none(), Ordering::Relaxed);
+            (*h).cpu_served.store(t.cpu_served(), Ordering::Relaxed);
         }
         t.mixed.set(adopted);
     });
@@ -810,7 +816,7 @@ fn install(t: &ThreadPolicy, active: Active) {
         // SAFETY: the calling thread's heap.
         unsafe {
             Heap::clear_direct(h);
-            (*h).cpu_served.store(cpu::get().is_some() && t.scoped.get().is_none(), Ordering::Relaxed);
+            (*h).cpu_served.store(t.cpu_served(), Ordering::Relaxed);
         }
     } else if h == heap::cpu_no_heap() && t.scoped.get().is_some() {
         // Its next allocation decides again, under the thread's policy.

@@ -142,6 +142,18 @@ pub(crate) unsafe fn cpu_refill(state: &State, class: usize) -> *mut u8 {
     unsafe { heap::cpu::refill(state, class) }
 }
 
+/// Every per-CPU cache home heap's free memory back (blocks of pages in
+/// use purged), each home under its lock: a trim's and `cpu_reclaim`'s.
+fn purge_homes() {
+    for lock in heap::cpu::homes() {
+        let g = lock.lock();
+        if !g.0.is_null() {
+            // SAFETY: a CPU's home heap, under its lock.
+            unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
+        }
+    }
+}
+
 /// What the per-CPU caches hold, and what their home heaps hold free, back
 /// to the pages and arenas now (the rows drained, the homes' free blocks
 /// purged): before a mapping or a refill the OS refused is asked again.
@@ -152,13 +164,7 @@ pub(crate) fn cpu_reclaim(state: &State) {
     }
     let _work = state.life.work.lock();
     heap::cpu::drain();
-    for lock in heap::cpu::homes() {
-        let g = lock.lock();
-        if !g.0.is_null() {
-            // SAFETY: a CPU's home heap, under its lock.
-            unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
-        }
-    }
+    purge_homes();
 }
 
 /// Collects the remote frees of exited threads' heaps and gives their
@@ -297,13 +303,7 @@ pub(crate) fn trim(state: &State) {
             }
         }
     }
-    for lock in heap::cpu::homes() {
-        let g = lock.lock();
-        if !g.0.is_null() {
-            // SAFETY: a CPU's home heap, under its lock.
-            unsafe { Heap::give_back_free_as(g.0, true, ALL_CLASSES) };
-        }
-    }
+    purge_homes();
     for n in state.nodes().iter() {
         if let Some(a) = state.arena(n) {
             a.purge_now();
