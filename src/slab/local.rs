@@ -29,7 +29,18 @@ struct Table {
 
 /// Caches with a slot below this get a fast-path slot in [`HOT`]; the rest
 /// take the table path (a few more loads).
-const HOT_SLOTS: usize = 64;
+///
+/// The slots are most of the crate's static TLS, which glibc copies and
+/// zeroes at the top of every new thread's stack, whether the thread uses
+/// a slab or not, so their bytes are resident in every thread. 64 of them
+/// (2 KiB) pushed each thread's stack one page further down: a thousand
+/// threads holding 64 blocks each kept 4 KiB more apiece (`benches/memory`,
+/// `perthread`, 81.3 against 77.4 KiB with the per-CPU caches). A slot
+/// stays 32 bytes: at 24 (`u32` counts) the fast pair of a raw cache took
+/// 0.5 ns more, at 16 (`u16` counts) twice as long.
+const HOT_SLOTS: usize = 32;
+
+const _: () = assert!(core::mem::size_of::<[Hot; HOT_SLOTS]>() <= 1024);
 
 /// The fast path's view of one cache: the `loaded` magazine that `alloc()`
 /// pops from and local frees push to, with its count kept here (one load
