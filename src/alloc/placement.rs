@@ -224,10 +224,11 @@ impl ThreadPolicy {
         Some(il)
     }
 
-    /// Whether the per-CPU caches serve the thread: there are caches and
-    /// it has no policy of its own (what its heap's `cpu_served` says).
+    /// Whether the per-CPU caches serve the thread: they can
+    /// ([`cpu::serves_thread`]) and it has no policy of its own (what its
+    /// heap's `cpu_served` says).
     fn cpu_served(&self) -> bool {
-        cpu::get().is_some() && self.scoped.get().is_none()
+        self.scoped.get().is_none() && cpu::serves_thread()
     }
 
     /// The thread takes a page on `node` under `Local`: pages of another
@@ -511,7 +512,9 @@ pub(crate) unsafe fn cpu_alloc(class: usize) -> *mut u8 {
     let Some(state) = State::try_get() else { return p };
     if !p.is_null() {
         if state.life.pending() {
-            lifecycle::cpu_beat(state);
+            // SAFETY: the caches served this allocation: the thread's heap,
+            // if it has one, is between operations.
+            unsafe { lifecycle::cpu_beat(state) };
         }
         return p;
     }
@@ -523,7 +526,7 @@ pub(crate) unsafe fn cpu_alloc(class: usize) -> *mut u8 {
 /// slot holds `heap`: a thread with a heap says so in it (`cpu_served`,
 /// set when the heap is bound and when a policy is installed); one marked
 /// served has no heap yet; one not yet looked at is served if it has no
-/// policy of its own, and marked so.
+/// policy of its own and its rseq area names a row, and marked so.
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) fn cpu_serves(heap: *mut Heap, class: usize) -> bool {
     if !cpu::serves(class) {
@@ -536,11 +539,11 @@ pub(crate) fn cpu_serves(heap: *mut Heap, class: usize) -> bool {
     if heap == heap::cpu_no_heap() {
         return true;
     }
-    let own = default().policies && THREAD.with(|t| t.scoped.get().is_some());
-    if !own {
+    let served = !(default().policies && THREAD.with(|t| t.scoped.get().is_some())) && cpu::serves_thread();
+    if served {
         heap::set_cpu_served(true);
     }
-    !own
+    served
 }
 
 /// The slow path of an allocation of class `class` whose direct page ran

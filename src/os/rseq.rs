@@ -31,8 +31,10 @@
 //! leaves it): the kernel reads it at the thread's next preemption, so the
 //! code must stay mapped while threads that ran it live (a library of ours
 //! loaded with `dlopen` must not be `dlclose`d; the preloaded C library
-//! never is). Only x86-64 has the sequences; elsewhere [`registration`] is
-//! `None`.
+//! never is). A `vfork` child (`CLONE_VM`) shares its parent thread's
+//! area but the kernel does not restart its sequences: it must not
+//! allocate, as POSIX already asks (glibc's `posix_spawn` child does not).
+//! Only x86-64 has the sequences; elsewhere [`registration`] is `None`.
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -265,8 +267,12 @@ pub struct CpuStacks {
 // drainer that closed the row and fenced it (`drain_row`), or through
 // `&mut self`; the mapping itself is `Send + Sync`.
 unsafe impl Send for CpuStacks {}
-// SAFETY: as for `Send`: a shared `CpuStacks` is used only through `pop`,
-// `push` and `drain_row`, which never let two threads work on one row at once.
+// SAFETY: as for `Send`: a shared `CpuStacks` writes its rows only through
+// the sequences (`pop`, `push`, `push_upto` and their `_on_cpu` forms, each
+// on the row of the CPU it runs on) and `drain_row` (a closed, fenced row),
+// which never let two threads write one row at once; `len` only reads a
+// count, a word the sequences store whole, so it reads a value one of them
+// stored (a moment's figure, as its doc says).
 unsafe impl Sync for CpuStacks {}
 
 /// `membarrier`'s commands (include/uapi/linux/membarrier.h).
@@ -489,6 +495,16 @@ impl CpuStacks {
         self.push_at::<CPU_ID>(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap))
     }
 
+    /// [`push_upto_on_cpu`](Self::push_upto_on_cpu) only while the thread
+    /// runs on CPU `row`: false (and `p` not kept) when it runs elsewhere
+    /// by the push, as when the stack is full. Checked inside the sequence,
+    /// so a thread that moves between its choice of `row` (a node's blocks
+    /// for that CPU's row) and the push never puts `p` on another row.
+    #[inline(always)]
+    pub fn push_upto_on_row(&self, row: usize, list: usize, p: NonNull<u8>, cap: usize) -> bool {
+        self.push_on_row_at(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap), row)
+    }
+
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     #[inline(always)]
     fn pop_at<const FIELD: usize>(&self, list_off: usize) -> usize {
@@ -558,6 +574,45 @@ impl CpuStacks {
             );
         }
         ok != 0
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[inline(always)]
+    fn push_on_row_at(&self, list_off: usize, p: usize, cap: usize, row: usize) -> bool {
+        let ok: usize;
+        // SAFETY: `push_at`'s sequence on the row `cpu_id` names, with one
+        // test first: `cpu_id` read again inside the critical section equals
+        // `row` (else it leaves with `ok` = 0, nothing written). A thread
+        // moved after that read is moved to the abort handler before the
+        // commit, and the restart reads `cpu_id` again: so the push commits
+        // only on row `row`, by a thread running on that CPU.
+        unsafe {
+            row_sequence!(
+                self, list_off, CPU_ID,
+                reset = "xor {ok:e}, {ok:e}",
+                body = [
+                    "cmp dword ptr fs:[{off} + {cpu_id}], {row:e}",
+                    "jne 22f",
+                    "mov {t}, qword ptr [{c}]",
+                    "cmp {t}, {cap}",
+                    "jae 22f",
+                    "inc {t}",
+                    "mov qword ptr [{c} + 8*{t}], {p}",
+                    "mov {ok:e}, 1",
+                    "mov qword ptr [{c}], {t}",
+                ],
+                ok = out(reg) ok,
+                cap = in(reg) cap,
+                p = in(reg) p,
+                row = in(reg) row,
+            );
+        }
+        ok != 0
+    }
+
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    fn push_on_row_at(&self, _: usize, _: usize, _: usize, _: usize) -> bool {
+        unreachable!("no registration off x86-64 Linux")
     }
 
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]

@@ -155,7 +155,7 @@ impl State {
 fn fork_locks(state: &State) -> impl DoubleEndedIterator<Item = &dyn RawLock> {
     let shared = state.arenas.iter().map(|a| &a.shared as &dyn RawLock);
     let cold = state.arenas.iter().map(|a| &a.cold as &dyn RawLock);
-    let homes = super::heap::cpu::homes().iter().map(|l| l as &dyn RawLock);
+    let homes = super::heap::cpu::homes().map(|l| l as &dyn RawLock);
     let arenas = state.arenas.iter().map(|a| &a.inner as &dyn RawLock);
     [&state.life.work as &dyn RawLock]
         .into_iter()

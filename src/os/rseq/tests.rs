@@ -108,6 +108,35 @@ fn a_stack_fills_and_empties_in_order() {
     });
 }
 
+/// A push held to a row commits only while the thread runs on that CPU:
+/// named another CPU's row, it refuses and leaves both rows as they were.
+#[test]
+fn a_push_held_to_a_row_commits_only_there() {
+    let Some(stacks) = CpuStacks::new(2, 8) else {
+        assert!(tunable_off());
+        return;
+    };
+    let stacks = stacks.unwrap();
+    let cpus = crate::os::cpu::allowed_cpus().unwrap();
+    let (here, other) = (cpus[0], cpus.get(1).copied().unwrap_or(cpus[0] + 1));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            crate::os::cpu::pin_current_thread_to([here]).unwrap();
+            let p = |k: usize| NonNull::new((k * 8) as *mut u8).unwrap();
+            assert_eq!(stacks.cpu_row(), Some(here));
+            assert!(!stacks.push_upto_on_row(other, 1, p(1), 8), "a push named another CPU's row");
+            assert_eq!(stacks.len(here, 1), 0);
+            if other < stacks.rows() {
+                assert_eq!(stacks.len(other, 1), 0);
+            }
+            assert!(stacks.push_upto_on_row(here, 1, p(2), 8));
+            assert!(!stacks.push_upto_on_row(here, 1, p(3), 1), "held to one, the stack is full");
+            assert_eq!(stacks.len(here, 1), 1);
+            assert_eq!(stacks.pop_on_cpu(1), Some(p(2)));
+        });
+    });
+}
+
 /// A worker out of tokens takes up to 8 from the shared pool.
 fn refill_from(pool: &Mutex<Vec<usize>>, mine: &mut Vec<usize>) {
     let mut g = pool.lock().unwrap();

@@ -3,9 +3,9 @@
 //! [`MAX_BLOCK`], a stack of free blocks that the threads running there
 //! pop and push with restartable sequences on the rseq area glibc
 //! registered (`os/rseq.rs`), indexed by `cpu_id` so that a row's blocks
-//! are its CPU's node's (but for the few a thread that moves between a
-//! refill's lock and its pushes, or a free's node check and its push,
-//! leaves on another CPU's row).
+//! are its CPU's node's: a refill's pushes and, with an arena per node, a
+//! free's push commit only on the row they chose (`push_upto_on_row`), so
+//! a thread that moves in between gives its blocks back to their pages.
 //!
 //! A thread served by them needs no heap of its own for those classes: an
 //! empty stack is refilled with half its depth from its CPU's *home* heap
@@ -37,7 +37,7 @@ use crate::alloc::engine::types::{Block, Mode, Page, SharedHeap, SmallSegment, S
 use crate::hardened::HARDENED;
 use crate::os::rseq::{self, CpuStacks, Index};
 use crate::sets::MAX_CPUS;
-use crate::sync::{InitCell, Ordering, SpinLock};
+use crate::sync::{CachePadded, InitCell, Ordering, SpinLock};
 
 /// The largest block the caches hold.
 pub(crate) const MAX_BLOCK: usize = 2 * 1024;
@@ -67,12 +67,15 @@ static CACHE: InitCell<CpuCache> = InitCell::new();
 /// blocks come from pages of its own, so two CPUs' blocks seldom share a
 /// cache line (a heap the node's CPUs shared interleaved them: two
 /// threads on two CPUs ran small blocks at 1.3 times one thread's rate).
-static HOMES: [SpinLock<SharedHeap>; MAX_CPUS] = [const { SpinLock::new(SharedHeap(ptr::null_mut())) }; MAX_CPUS];
+/// Each on cache lines of its own: every refill writes its CPU's lock, and
+/// four 16-byte locks to a line had neighbouring CPUs' refills steal it.
+static HOMES: [CachePadded<SpinLock<SharedHeap>>; MAX_CPUS] =
+    [const { CachePadded(SpinLock::new(SharedHeap(ptr::null_mut()))) }; MAX_CPUS];
 
 /// The home heaps' locks of the CPUs the kernel may name (none without the
 /// caches): what `fork()` holds, and the lifecycle reclaims.
-pub(crate) fn homes() -> &'static [SpinLock<SharedHeap>] {
-    &HOMES[..get().map_or(0, CpuCache::homes)]
+pub(crate) fn homes() -> impl DoubleEndedIterator<Item = &'static SpinLock<SharedHeap>> {
+    HOMES[..get().map_or(0, CpuCache::homes)].iter().map(|l| &l.0)
 }
 
 /// A class's depth: `CLASS_BYTES` of blocks, 2 to `DEPTH` of them.
@@ -158,6 +161,16 @@ pub(crate) fn serves(class: usize) -> bool {
     matches!(get(), Some(c) if class < c.classes)
 }
 
+/// Whether the caches can serve the calling thread: they exist and its
+/// rseq area names a row. One whose area names none (not registered, or
+/// its CPU past the rows the kernel's `possible` list gave) would take
+/// the one-block refill at every allocation and a remote free at every
+/// free: it keeps a heap of its own instead. (glibc itself ends a process
+/// whose new thread it could not register.)
+pub(crate) fn serves_thread() -> bool {
+    matches!(get(), Some(c) if c.stacks.cpu_row().is_some())
+}
+
 /// A block of `class` from the calling CPU's stack, null when it is empty
 /// (the caller then [`refill`]s).
 ///
@@ -173,10 +186,9 @@ pub(crate) unsafe fn pop(class: usize) -> *mut u8 {
 
 /// A block of `class` for a thread whose CPU's stack was empty: half the
 /// stack's depth taken from its CPU's home heap under one hold of its
-/// lock, one returned and the rest pushed (onto the stack of the CPU the
-/// thread runs on by then: a migration in between leaves them on another
-/// CPU's row, rarely; a block that finds the stack full goes back to its
-/// page). A thread whose row the sequences cannot use (its registration
+/// lock, one returned and the rest pushed onto the CPU's row (a block that
+/// finds the stack full, or the thread moved to another CPU, goes back to
+/// its page). A thread whose row the sequences cannot use (its registration
 /// failed, its CPU past the rows) takes one block, from the home of its
 /// CPU modulo the homes. Null when no memory can be had.
 ///
@@ -192,30 +204,38 @@ pub(crate) unsafe fn refill(state: &State, class: usize) -> *mut u8 {
         Some(row) => (row, c.batch(class)),
         None => (crate::os::cpu::current_cpu().unwrap_or(0), 1),
     };
-    // The home's node is its CPU's, by the topology (a thread that moves
-    // meanwhile only takes this CPU's blocks along); past `MAX_CPUS`, the
-    // CPU whose index the home has, so that a home keeps to one node.
+    // Past `MAX_CPUS`, the home whose index the CPU has modulo the homes,
+    // so that a home keeps to one node (its index's).
     let home = cpu % c.homes();
-    let node = match state.topology.node_of_cpu(home) {
-        Some(n) => state.home_arena(n).node,
-        None => state.current_arena().node,
-    };
-    let mut g = HOMES[home].lock();
+    let node = row_node(state, home);
+    let mut g = HOMES[home].0.lock();
     // SAFETY: the home's lock, held; `class < CLASSES` (a cached class).
     let n = unsafe { Heap::alloc_batch_in(&mut g, state, node, class, &mut got[..want]) };
     drop(g);
     if n == 0 {
         return ptr::null_mut();
     }
+    // Onto this CPU's row only: a thread moved since it chose the home
+    // gives the rest back (its row holds its node's blocks alone).
     for &p in got[1..n].iter().rev() {
         // SAFETY: blocks just taken from the home heap, ours to keep or give back.
         unsafe {
-            if !c.stacks.push_upto_on_cpu(class, NonNull::new_unchecked(p), usize::from(c.depth[class])) {
+            if !c.stacks.push_upto_on_row(cpu, class, NonNull::new_unchecked(p), usize::from(c.depth[class])) {
                 give_back(p);
             }
         }
     }
     got[0]
+}
+
+/// The node whose blocks row `row`'s stacks hold: its CPU's, by the
+/// topology, as the arenas name it (the calling thread's where the
+/// topology does not know the CPU).
+fn row_node(state: &State, row: usize) -> usize {
+    match state.topology.node_of_cpu(row) {
+        Some(n) => state.home_arena(n).node,
+        None => state.current_arena().node,
+    }
 }
 
 /// Frees `p`, a live block of `page`, into the calling CPU's stack if the
@@ -231,40 +251,46 @@ pub(crate) unsafe fn free(page: *mut Page, p: *mut u8) -> bool {
     // SAFETY: a live block's page descriptor (the caller's word), whose
     // owner is fixed while the block is live (heaps are never freed).
     let (class, owner) = unsafe { (usize::from((*page).info.class), (*page).info.heap.load(Ordering::Relaxed)) };
-    // Only blocks of pages whose owner the caches serve: the shared heaps'
-    // and those of threads under the local default (not the cold heaps',
-    // whose pages hold no hot block, nor those of threads with a policy of
-    // their own, whose blocks go home to it).
+    // Only blocks of pages whose owner the caches serve: the homes' and
+    // those of threads the caches serve (not the nodes' shared and cold
+    // heaps', nor those of threads with a policy of their own or no row,
+    // whose blocks go home to their pages).
     // SAFETY: a live heap (see above).
     if class >= c.classes || !unsafe { (*owner).cpu_served.load(Ordering::Relaxed) } {
         return false;
     }
-    // SAFETY: as above.
-    if c.multi && !here(unsafe { usize::from((*page).info.node) }) {
-        return false;
-    }
     // SAFETY: `p` is not null (a live block).
     let p = unsafe { NonNull::new_unchecked(p) };
-    c.stacks.push_upto_on_cpu(class, p, usize::from(c.depth[class])) || flush_and_push(c, class, p)
+    let depth = usize::from(c.depth[class]);
+    if !c.multi {
+        return c.stacks.push_upto_on_cpu(class, p, depth) || flush_and_push(c, class, p, None);
+    }
+    // With an arena per node, onto the row of a CPU of the block's node
+    // alone: the row chosen, the push checks the thread still runs there.
+    let Some(row) = c.stacks.cpu_row() else { return false };
+    // SAFETY: as above.
+    if !on_node(row, unsafe { usize::from((*page).info.node) }) {
+        return false;
+    }
+    c.stacks.push_upto_on_row(row, class, p, depth) || flush_and_push(c, class, p, Some(row))
 }
 
-/// Whether `node` is the node of the CPU the calling thread runs on, where
-/// the allocator has an arena per node (a hint: the thread may move before
-/// the push, rarely).
+/// Whether row `row` holds `node`'s blocks, where the allocator has an
+/// arena per node (else every row holds the one arena's).
 #[inline(never)]
-fn here(node: usize) -> bool {
+fn on_node(row: usize, node: usize) -> bool {
     match State::try_get() {
-        Some(s) => s.mode != Mode::PerNode || s.current_arena().node == node,
+        Some(s) => s.mode != Mode::PerNode || row_node(s, row) == node,
         None => false,
     }
 }
 
 /// [`free`]'s push onto a full stack: half its depth given back to the
-/// blocks' pages first, then `p` pushed (false if the stack is full again,
-/// or closed).
+/// blocks' pages first, then `p` pushed (onto `row` alone, if given;
+/// false if the stack is full again, closed, or the thread left `row`).
 #[cold]
 #[inline(never)]
-fn flush_and_push(c: &CpuCache, class: usize, p: NonNull<u8>) -> bool {
+fn flush_and_push(c: &CpuCache, class: usize, p: NonNull<u8>, row: Option<usize>) -> bool {
     for _ in 0..c.batch(class) {
         match c.stacks.pop_on_cpu(class) {
             // SAFETY: a block the stacks held: live for its page, ours to give back.
@@ -272,7 +298,11 @@ fn flush_and_push(c: &CpuCache, class: usize, p: NonNull<u8>) -> bool {
             None => break,
         }
     }
-    c.stacks.push_upto_on_cpu(class, p, usize::from(c.depth[class]))
+    let depth = usize::from(c.depth[class]);
+    match row {
+        Some(row) => c.stacks.push_upto_on_row(row, class, p, depth),
+        None => c.stacks.push_upto_on_cpu(class, p, depth),
+    }
 }
 
 /// Gives `p`, a block the caches held (in use for its page), back to its

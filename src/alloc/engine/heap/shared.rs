@@ -142,9 +142,12 @@ impl Heap {
             out[n] = p;
             n += 1;
         }
-        if n > 0 {
-            // Set before any of its blocks leaves the lock.
-            // SAFETY: the heap, made by the pop above if need be.
+        // Other threads' frees read the flag (`cpu::free`): one that still
+        // reads false frees the block back to its page, as any remote free.
+        // Stored once, so that the line those frees read stays clean.
+        // SAFETY: the heap, made by the pop above if need be.
+        if n > 0 && !unsafe { (*slot.0).cpu_served.load(Ordering::Relaxed) } {
+            // SAFETY: as above.
             unsafe { (*slot.0).cpu_served.store(true, Ordering::Relaxed) };
         }
         n

@@ -98,9 +98,13 @@ pub(crate) fn tick(state: &State, now: u64) {
 /// look and decay. The count and the time are the thread's own, in one
 /// `fs:`-relative word (`os::tls::swap_beat`: the time above 3 bits of
 /// count).
+///
+/// # Safety
+/// The calling thread is between operations on its heap, if it has one
+/// (an allocation the caches just served, not one of its heap's).
 #[cold]
 #[inline(never)]
-pub(crate) fn cpu_beat(state: &State) {
+pub(crate) unsafe fn cpu_beat(state: &State) {
     let w = crate::os::tls::swap_beat(0);
     if w & 7 != 7 {
         crate::os::tls::swap_beat(w + 1);
@@ -115,8 +119,8 @@ pub(crate) fn cpu_beat(state: &State) {
     if h.is_null() {
         tick(state, now);
     } else {
-        // SAFETY: the calling thread's heap, between operations (an
-        // allocation the caches served).
+        // SAFETY: the calling thread's heap, between operations on it (the
+        // caller's word).
         unsafe { decay::look(h, state) };
     }
 }
@@ -224,19 +228,21 @@ pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
     }
     // The per-CPU caches' home heaps (`heap/cpu.rs`) the same way (their
     // remote frees collected, their empty pages back to the arenas, purged
-    // after the delay), but that a tick purges none of the free blocks of
-    // their pages in use: they are the caches' store (a trim does). Their
-    // flushes noted this look a delay after each (`free.rs`).
+    // after the delay), but that this purges none of the free blocks of
+    // their pages in use: they are the caches' store (a trim's
+    // `purge_homes` does, taking each lock). Their flushes noted this look
+    // a delay after each (`free.rs`).
     for lock in heap::cpu::homes() {
         if let Some(g) = lock.try_lock()
             && !g.0.is_null()
         {
             // SAFETY: a CPU's home heap, under its lock.
-            unsafe { Heap::give_back_free_as(g.0, now == u64::MAX, ALL_CLASSES) };
+            unsafe { Heap::give_back_free_as(g.0, false, ALL_CLASSES) };
         }
     }
 }
 
+/// Orphans claimed at once by [`reclaim_orphans`] (a stack array).
 const RECLAIM_BATCH: usize = 16;
 
 /// An exited thread's heap, claimed by the caller: the remote frees of its
