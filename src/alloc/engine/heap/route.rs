@@ -70,13 +70,32 @@ pub(crate) unsafe fn free_to_sink(seg: *mut SmallSegment, sink: *mut Page, p: *m
 /// # Safety
 /// As [`free_remote`].
 ///
-/// Cold, though it is every free of a thread the caches serve: so the
-/// fast paths of the per-thread caches keep the local free as their
-/// straight line (laid out as the likely branch, the call to this took 8
-/// instructions of `free`'s 30 before its `ret`).
+/// Without the caches, a jump to [`free_remote`] after one test, as before
+/// there were caches: a call of its own ahead of it (a frame, the test)
+/// cost every remote free of the per-thread caches, which every
+/// cross-thread workload makes.
+#[inline(always)]
+pub(super) unsafe fn free_foreign(page: *mut Page, block: *mut Block) {
+    // SAFETY: `block` is a live block of `page`, given up (the caller's word).
+    unsafe {
+        if cpu::get().is_none() {
+            free_remote(page, block);
+        } else {
+            free_cached(page, block);
+        }
+    }
+}
+
+/// [`free_foreign`] where there are per-CPU caches. Cold, though it is
+/// every free of a thread the caches serve: so the fast paths of the
+/// per-thread caches keep the local free as their straight line (laid
+/// out as the likely branch).
+///
+/// # Safety
+/// As [`free_remote`].
 #[cold]
 #[inline(never)]
-pub(super) unsafe fn free_foreign(page: *mut Page, block: *mut Block) {
+unsafe fn free_cached(page: *mut Page, block: *mut Block) {
     // SAFETY: `block` is a live block of `page`, given up (the caller's word).
     unsafe {
         if !cpu::free(page, block.cast()) {
