@@ -420,6 +420,7 @@ mod tests {
                     let Some((lhs, rhs)) = l.split_once(": ") else { continue };
                     let rhs = rhs
                         .trim_start_matches('[')
+                        .trim_start_matches("CachePadded<")
                         .trim_start_matches("std::sync::")
                         .trim_start_matches("crate::sync::");
                     let rhs = rhs.trim_start_matches("super::");

@@ -42,7 +42,7 @@ pub(crate) use threads::{init_current, thread_exit};
 use crate::alloc::engine::heap::{self, Heap, empty_page};
 use crate::alloc::engine::size_class::CLASSES;
 use crate::alloc::engine::types::{ALL_CLASSES, Decay, Due, Lifecycle, OWNER_RECLAIM, State};
-use crate::sync::Ordering;
+use crate::sync::{AtomicU64, Ordering};
 
 /// Does what is due at `now` (ms): exited threads' heaps reclaimed if they
 /// got remote frees, every arena's memory that waited out its delay
@@ -161,14 +161,25 @@ fn purge_homes() {
 /// What the per-CPU caches hold, and what their home heaps hold free, back
 /// to the pages and arenas now (the rows drained, the homes' free blocks
 /// purged): before a mapping or a refill the OS refused is asked again.
-/// Takes the lifecycle's work lock (the drain's, held across fork).
+/// Takes the lifecycle's work lock (the drain's, held across fork). A
+/// thread that waited for the lock while another reclaimed takes that
+/// reclaim as its own: threads failing at once under memory pressure
+/// (each a drain of every CPU's row, a fence per row) reclaim once, not
+/// once each in turn.
 pub(crate) fn cpu_reclaim(state: &State) {
+    /// Reclaims finished, so that a waiter sees one finish while it waited.
+    static RECLAIMS: AtomicU64 = AtomicU64::new(0);
     if heap::cpu::get().is_none() {
         return;
     }
+    let seen = RECLAIMS.load(Ordering::Acquire);
     let _work = state.life.work.lock();
+    if RECLAIMS.load(Ordering::Acquire) != seen {
+        return;
+    }
     heap::cpu::drain();
     purge_homes();
+    RECLAIMS.fetch_add(1, Ordering::Release);
 }
 
 /// Collects the remote frees of exited threads' heaps and gives their
