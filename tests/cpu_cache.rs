@@ -245,17 +245,20 @@ fn trim_takes_every_cached_block_back() {
 ///
 /// `cpu_cached` is the whole process's: the harness's own threads (the
 /// last test's, exiting; the reporter) free into the caches while this
-/// test runs, so each check counts rounds. A round makes 50 blocks of 104
-/// bytes and frees them, reading the count before, between and after.
-/// Their stack holds 128, is refilled with 64 when empty and gives 64
-/// back when full, so a round the caches serve moves the count by
-/// 50 − 64k blocks at the allocations and again at the frees: never 0.
+/// test runs, so each check counts rounds, a millisecond apart. A round
+/// makes 50 blocks of 104 bytes and frees them, reading the count
+/// before, between and after. Their stack holds 128, is refilled with 64
+/// when empty and gives 64 back when full, so a round the caches serve
+/// moves the count by 50 − 64k blocks at the allocations and again at
+/// the frees: never 0 (nor with the `Vec`'s own 400 bytes, class 448,
+/// refilled 36 at a time: no sum of those multiples is 0).
 #[test]
 fn a_thread_policy_takes_the_heap() {
     const ROUNDS: usize = 10;
     const BLOCKS: usize = 50;
     /// One round: whether the caches' count stayed as it was throughout.
     fn still(r: usize, node: Option<usize>) -> bool {
+        std::thread::sleep(Duration::from_millis(1));
         let before = A.stats().cpu_cached;
         let v: Vec<Box<[u8; 100]>> = (0..BLOCKS).map(|_| Box::new([r as u8; 100])).collect();
         let between = A.stats().cpu_cached;

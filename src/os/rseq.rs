@@ -268,8 +268,9 @@ pub struct CpuStacks {
 // `&mut self`; the mapping itself is `Send + Sync`.
 unsafe impl Send for CpuStacks {}
 // SAFETY: as for `Send`: a shared `CpuStacks` writes its rows only through
-// the sequences (`pop`, `push`, `push_upto` and their `_on_cpu` forms, each
-// on the row of the CPU it runs on) and `drain_row` (a closed, fenced row),
+// the sequences (`pop`, `push`, `push_upto`, their `_on_cpu` forms and
+// `push_upto_on_row`, each on the row of the CPU it runs on) and
+// `drain_row` (a closed, fenced row),
 // which never let two threads write one row at once; `len` only reads a
 // count, a word the sequences store whole, so it reads a value one of them
 // stored (a moment's figure, as its doc says).

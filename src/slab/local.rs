@@ -35,7 +35,7 @@ struct Table {
 /// a slab or not, so their bytes are resident in every thread. 64 of them
 /// (2 KiB) pushed each thread's stack one page further down: a thousand
 /// threads holding 64 blocks each kept 4 KiB more apiece (`benches/memory`,
-/// `perthread`, 81.3 against 77.4 KiB with the per-CPU caches). A slot
+/// `perthread`, 81.3 against 77.3 KiB with the per-CPU caches). A slot
 /// stays 32 bytes: at 24 (`u32` counts) the fast pair of a raw cache took
 /// 0.5 ns more, at 16 (`u16` counts) twice as long.
 const HOT_SLOTS: usize = 32;

@@ -291,6 +291,11 @@ fn on_node(row: usize, node: usize) -> bool {
 #[cold]
 #[inline(never)]
 fn flush_and_push(c: &CpuCache, class: usize, p: NonNull<u8>, row: Option<usize>) -> bool {
+    if row.is_some() && c.stacks.cpu_row() != row {
+        // The push failed because the thread moved, not for a full stack:
+        // the new CPU's row keeps its blocks.
+        return false;
+    }
     for _ in 0..c.batch(class) {
         match c.stacks.pop_on_cpu(class) {
             // SAFETY: a block the stacks held: live for its page, ours to give back.

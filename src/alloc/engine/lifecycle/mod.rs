@@ -162,24 +162,31 @@ fn purge_homes() {
 /// to the pages and arenas now (the rows drained, the homes' free blocks
 /// purged): before a mapping or a refill the OS refused is asked again.
 /// Takes the lifecycle's work lock (the drain's, held across fork). A
-/// thread that waited for the lock while another reclaimed takes that
-/// reclaim as its own: threads failing at once under memory pressure
-/// (each a drain of every CPU's row, a fence per row) reclaim once, not
-/// once each in turn.
+/// thread that waited for the lock while another reclaimed, a reclaim
+/// begun after the waiter failed, takes it as its own: threads failing at
+/// once under memory pressure (each a drain of every CPU's row, a fence
+/// per row) reclaim once, not once each in turn.
 pub(crate) fn cpu_reclaim(state: &State) {
-    /// Reclaims finished, so that a waiter sees one finish while it waited.
+    /// Reclaims begun (counted under the lock, before their work): one
+    /// begun since a thread's read began after its failure, and is done
+    /// once the thread holds the lock. (A count of reclaims finished
+    /// would also count one begun before the failure, whose drain may
+    /// have passed rows refilled since.)
     static RECLAIMS: AtomicU64 = AtomicU64::new(0);
     if heap::cpu::get().is_none() {
         return;
     }
-    let seen = RECLAIMS.load(Ordering::Acquire);
+    // A read-modify-write, which reads the count's latest value: a plain
+    // load might read one from before a reclaim that began earlier.
+    let seen = RECLAIMS.fetch_add(0, Ordering::Relaxed);
     let _work = state.life.work.lock();
-    if RECLAIMS.load(Ordering::Acquire) != seen {
+    // (The lock orders this load after the other's increment.)
+    if RECLAIMS.load(Ordering::Relaxed) != seen {
         return;
     }
+    RECLAIMS.fetch_add(1, Ordering::Relaxed);
     heap::cpu::drain();
     purge_homes();
-    RECLAIMS.fetch_add(1, Ordering::Release);
 }
 
 /// Collects the remote frees of exited threads' heaps and gives their
