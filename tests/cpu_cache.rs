@@ -205,7 +205,9 @@ fn blocks_are_handed_out_once_under_migration_trim_and_fork() {
 /// Blocks freed into the caches are in use for their pages until a trim
 /// takes them back; after it the caches hold no more than what the
 /// calling thread took since (the trim's own allocations) and the bytes
-/// in use are what they were before.
+/// in use are no more than they were before (less where the harness's
+/// other threads, the last test's exiting one, freed meanwhile: a slow
+/// run saw 497 KB in use before and 52 KB after).
 #[test]
 fn trim_takes_every_cached_block_back() {
     let _g = serial();
@@ -236,7 +238,9 @@ fn trim_takes_every_cached_block_back() {
         assert_eq!(cached + after.cpu_cached, 0);
     }
     let (b, a) = (before.total(), after.total());
-    assert!(a.in_use.abs_diff(b.in_use) < 64 << 10, "in use {} -> {}", b.in_use, a.in_use);
+    // Cached blocks the trim left out would be in use still: 64 KiB and
+    // more a CPU (checked above).
+    assert!(a.in_use < b.in_use + (64 << 10), "in use {} -> {}", b.in_use, a.in_use);
 }
 
 /// A thread with a policy of its own allocates from its heap, under that
