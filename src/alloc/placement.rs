@@ -539,7 +539,8 @@ pub(crate) fn cpu_serves(heap: *mut Heap, class: usize) -> bool {
     if heap == heap::cpu_no_heap() {
         return true;
     }
-    let served = !(default().policies && THREAD.with(|t| t.scoped.get().is_some())) && cpu::serves_thread();
+    // (With policies off no thread has one of its own: no TLS to read.)
+    let served = if default().policies { THREAD.with(ThreadPolicy::cpu_served) } else { cpu::serves_thread() };
     if served {
         heap::set_cpu_served(true);
     }

@@ -368,6 +368,30 @@ macro_rules! row_sequence {
     };
 }
 
+/// [`row_sequence!`] with `push_at`'s body (below), after the `check`
+/// instructions (which may leave at `22f`, `{ok}` still 0): the push with
+/// a test of its own shares the one push body.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+macro_rules! push_sequence {
+    ($stacks:expr, $list:expr, $field:expr, check = [$($check:literal),* $(,)?], $($operands:tt)*) => {
+        row_sequence!(
+            $stacks, $list, $field,
+            reset = "xor {ok:e}, {ok:e}",
+            body = [
+                $($check,)*
+                "mov {t}, qword ptr [{c}]",
+                "cmp {t}, {cap}",
+                "jae 22f",
+                "inc {t}",
+                "mov qword ptr [{c} + 8*{t}], {p}",
+                "mov {ok:e}, 1",
+                "mov qword ptr [{c}], {t}",
+            ],
+            $($operands)*
+        )
+    };
+}
+
 /// The CPUs the kernel may name: one past the last of
 /// `/sys/devices/system/cpu/possible` (`0-15`, `0,2-5`), read into a buffer
 /// on the stack (glibc's `sysconf(_SC_NPROCESSORS_CONF)` may fall back to
@@ -557,18 +581,9 @@ impl CpuStacks {
         // An abort after the slot's write leaves a value above `top`, which
         // counts for nothing.
         unsafe {
-            row_sequence!(
+            push_sequence!(
                 self, list_off, FIELD,
-                reset = "xor {ok:e}, {ok:e}",
-                body = [
-                    "mov {t}, qword ptr [{c}]",
-                    "cmp {t}, {cap}",
-                    "jae 22f",
-                    "inc {t}",
-                    "mov qword ptr [{c} + 8*{t}], {p}",
-                    "mov {ok:e}, 1",
-                    "mov qword ptr [{c}], {t}",
-                ],
+                check = [],
                 ok = out(reg) ok,
                 cap = in(reg) cap,
                 p = in(reg) p,
@@ -581,27 +596,16 @@ impl CpuStacks {
     #[inline(always)]
     fn push_on_row_at(&self, list_off: usize, p: usize, cap: usize, row: usize) -> bool {
         let ok: usize;
-        // SAFETY: `push_at`'s sequence on the row `cpu_id` names, with one
-        // test first: `cpu_id` read again inside the critical section equals
+        // SAFETY: `push_at`'s sequence (`push_sequence!`) on the row
+        // `cpu_id` names, with one test first: `cpu_id` read again inside the critical section equals
         // `row` (else it leaves with `ok` = 0, nothing written). A thread
         // moved after that read is moved to the abort handler before the
         // commit, and the restart reads `cpu_id` again: so the push commits
         // only on row `row`, by a thread running on that CPU.
         unsafe {
-            row_sequence!(
+            push_sequence!(
                 self, list_off, CPU_ID,
-                reset = "xor {ok:e}, {ok:e}",
-                body = [
-                    "cmp dword ptr fs:[{off} + {cpu_id}], {row:e}",
-                    "jne 22f",
-                    "mov {t}, qword ptr [{c}]",
-                    "cmp {t}, {cap}",
-                    "jae 22f",
-                    "inc {t}",
-                    "mov qword ptr [{c} + 8*{t}], {p}",
-                    "mov {ok:e}, 1",
-                    "mov qword ptr [{c}], {t}",
-                ],
+                check = ["cmp dword ptr fs:[{off} + {cpu_id}], {row:e}", "jne 22f"],
                 ok = out(reg) ok,
                 cap = in(reg) cap,
                 p = in(reg) p,

@@ -756,6 +756,13 @@ impl State {
         }
     }
 
+    /// Has the lifecycle look a purge delay from now (at least 1 ms): work
+    /// no exited thread left, that the heaps' own refills may collect first.
+    pub(crate) fn look_in_a_delay(&self) {
+        let at = crate::os::monotonic_ms().saturating_add(self.config.purge_delay_ms.max(1));
+        self.life.note_due(Due::Orphans, at);
+    }
+
     /// The memory nodes the allocator places on.
     pub(crate) fn nodes(&self) -> NodeSet {
         match self.mode {

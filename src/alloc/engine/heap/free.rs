@@ -202,8 +202,7 @@ fn orphan_freed(arm: bool) {
     if !arm {
         // The home's own refills collect these; the lifecycle looks a delay
         // on, should it go quiet (not at once: a flush is no exited thread).
-        let delay = state.config.purge_delay_ms.max(1);
-        state.life.note_due(crate::alloc::engine::types::Due::Orphans, crate::os::monotonic_ms().saturating_add(delay));
+        state.look_in_a_delay();
         return;
     }
     state.life.note_orphan_work();

@@ -30,7 +30,7 @@
 use super::tick;
 use crate::alloc::engine::heap::{Heap, Placement, empty_page};
 use crate::alloc::engine::size_class::CLASSES;
-use crate::alloc::engine::types::{ALL_CLASSES, ClassSet, Decay, Due, HeapLife, State};
+use crate::alloc::engine::types::{ALL_CLASSES, ClassSet, Decay, HeapLife, State};
 
 /// Refills between two looks at the clock while the heap is busy (it looks
 /// at every refill while armed or quiet).
@@ -138,8 +138,7 @@ pub(crate) unsafe fn look(heap: *mut Heap, state: &State) {
         if (*heap).life.decay == Decay::Busy {
             (*heap).life.set(Decay::Listening);
         }
-        let now = crate::os::monotonic_ms();
-        state.life.note_due(Due::Orphans, now.saturating_add(state.config.purge_delay_ms.max(1)));
+        state.look_in_a_delay();
     }
 }
 
