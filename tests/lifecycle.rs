@@ -226,3 +226,101 @@ fn every_exited_threads_kept_blocks_come_back() {
         unsafe { A.dealloc(p as *mut u8, l) };
     }
 }
+
+/// Pages left partly used purge their free blocks (link pages too, for
+/// blocks of 1 KiB and more) while other threads free into them and the
+/// owners allocate from them again: every block keeps what was written
+/// into it until it is freed (a purge of a live block's memory, or a block
+/// handed out twice, breaks a tag), and the purges take memory back.
+#[cfg(not(feature = "hardened"))]
+#[test]
+fn purged_pages_in_use_serve_again_under_remote_frees() {
+    use std::sync::mpsc;
+    if !in_child() {
+        rerun("purged_pages_in_use_serve_again_under_remote_frees", &[], "purged pages served");
+        return;
+    }
+    const THREADS: usize = 4;
+    /// A block of `words` words, each its tag.
+    fn make(tag: u64, words: usize) -> (usize, usize) {
+        let l = Layout::array::<u64>(words).unwrap();
+        // SAFETY: a valid layout; the block written whole.
+        unsafe {
+            let p = A.alloc(l).cast::<u64>();
+            assert!(!p.is_null());
+            for i in 0..words {
+                p.add(i).write(tag);
+            }
+            (p as usize, words)
+        }
+    }
+    fn check_and_free((p, words): (usize, usize)) {
+        // SAFETY: a block `make` wrote, freed once, here.
+        unsafe {
+            let p = p as *mut u64;
+            let tag = p.read();
+            for i in 0..words {
+                assert_eq!(p.add(i).read(), tag, "word {i} of {words} of a live block changed");
+            }
+            A.dealloc(p.cast(), Layout::array::<u64>(words).unwrap());
+        }
+    }
+    let returned_before = total().returned;
+    let mut to: Vec<mpsc::Sender<Vec<(usize, usize)>>> = Vec::new();
+    let mut from = Vec::new();
+    for _ in 0..THREADS {
+        let (s, r) = mpsc::channel();
+        to.push(s);
+        from.push(r);
+    }
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let workers: Vec<_> = from
+        .into_iter()
+        .enumerate()
+        .map(|(t, inbox)| {
+            let next = to[(t + 1) % THREADS].clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(t as u64 + 1);
+                let mut kept: Vec<(usize, usize)> = Vec::new();
+                let mut round = 0u64;
+                while Instant::now() < stop {
+                    // 1-16 KiB blocks: pages of at most 64 blocks.
+                    let mut batch: Vec<(usize, usize)> = (0..128)
+                        .map(|i| make((t as u64) << 48 | round << 16 | i, 128 + rng.below(1920) as usize))
+                        .collect();
+                    // A quarter to the next thread (remote frees), half freed here at
+                    // random, a quarter kept a while: pages stay partly used.
+                    let theirs: Vec<_> = batch.drain(..32).collect();
+                    let _ = next.send(theirs);
+                    for b in batch.drain(..) {
+                        if rng.below(3) == 0 { kept.push(b) } else { check_and_free(b) }
+                    }
+                    while kept.len() > 512 {
+                        let i = rng.below(kept.len() as u64) as usize;
+                        check_and_free(kept.swap_remove(i));
+                    }
+                    while let Ok(v) = inbox.try_recv() {
+                        v.into_iter().for_each(check_and_free);
+                    }
+                    if round % 16 == t as u64 {
+                        numaweave::trim();
+                    }
+                    round += 1;
+                }
+                drop(next);
+                kept.into_iter().for_each(check_and_free);
+                inbox
+            })
+        })
+        .collect();
+    drop(to);
+    let inboxes: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for inbox in inboxes {
+        while let Ok(v) = inbox.try_recv() {
+            v.into_iter().for_each(check_and_free);
+        }
+    }
+    let purged = total().returned - returned_before;
+    assert!(purged > 0, "no purge ran");
+    println!("purged pages served again: {} MiB purged", purged / MIB as u64);
+}

@@ -232,9 +232,10 @@ pub struct ClassUsage {
     pub uncollected: u64,
     /// Bytes of free blocks in those pages that were ever handed out or
     /// prepared (carved): memory only this class can use again until the
-    /// page empties. Resident, unless purged (a free block's memory past
-    /// its first word is given back once its class goes quiet, for blocks
-    /// over a page). The pages' never-carved rest counts in neither.
+    /// page empties. Resident, but for the parts of it purged once the
+    /// class went quiet (blocks of 1 KiB and more: every OS page that only
+    /// free blocks cover; a block whose link page went counts no more).
+    /// The pages' never-carved rest counts in neither.
     pub stranded: u64,
 }
 

@@ -11,7 +11,7 @@
 
 use core::ptr;
 
-use super::size_class::{self, CLASSES};
+use super::size_class::CLASSES;
 pub(crate) use super::size_class::{SEGMENT_MASK, SEGMENT_SHIFT, SEGMENT_SIZE, SLOT_SHIFT, SLOT_SIZE, SLOTS};
 use crate::hardened::HARDENED;
 use crate::os::mem::Huge;
@@ -137,6 +137,20 @@ impl OwnerCount {
     }
 }
 
+/// A mask the owner of a page writes and statistics read, as [`OwnerCount`].
+pub(crate) struct OwnerMask(AtomicU64);
+
+impl OwnerMask {
+    #[inline(always)]
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    #[inline(always)]
+    pub(crate) fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+}
+
 /// A page descriptor, on three cache lines by who writes them: the owner's
 /// list state (written by every local allocation and free), the page's fixed
 /// facts (written once, when a heap takes the page; read by every free, local
@@ -169,6 +183,8 @@ pub(crate) struct Page {
     /// `thread_free` until `free` runs dry (owner only).
     pub(crate) pend_prev: *mut Page,
     pub(crate) pend_next: *mut Page,
+    /// Free blocks (bit i: block i) off `free`, their links' OS pages purged.
+    pub(crate) purged_free: OwnerMask,
     pub(crate) info: Info,
     pub(crate) remote: Remote,
 }
@@ -243,6 +259,7 @@ impl Page {
             next: ptr::null_mut(),
             pend_prev: ptr::null_mut(),
             pend_next: ptr::null_mut(),
+            purged_free: OwnerMask(AtomicU64::new(0)),
             info: Info {
                 heap: AtomicPtr::new(ptr::null_mut()),
                 block_size: 0,
@@ -330,23 +347,6 @@ impl HeapCounters {
             bytes_freed: AtomicU64::new(0),
             remote_frees: AtomicU64::new(0),
         }
-    }
-
-    /// Allocations of every class.
-    pub(crate) fn allocs_total(&self) -> u64 {
-        self.allocs.iter().fold(0u64, |s, a| s.wrapping_add(a.load(Ordering::Relaxed)))
-    }
-
-    /// (allocations, frees, bytes allocated, bytes freed, remote frees), summed over the classes.
-    pub(crate) fn sums(&self) -> (u64, u64, u64, u64, u64) {
-        let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
-        let mut s = (0u64, ld(&self.frees), 0u64, ld(&self.bytes_freed), ld(&self.remote_frees));
-        for class in 0..CLASSES {
-            let a = ld(&self.allocs[class]);
-            s.0 = s.0.wrapping_add(a);
-            s.2 = s.2.wrapping_add(a.wrapping_mul(size_class::class_size(class) as u64));
-        }
-        s
     }
 }
 

@@ -68,7 +68,8 @@ impl Arena {
                             capacity: u64::from((*page).info.capacity),
                             in_use: used - pending,
                             uncollected: pending,
-                            stranded: carved - used,
+                            // (Blocks a purge masked hold no memory.)
+                            stranded: (carved - used).saturating_sub(u64::from((*page).purged_free.get().count_ones())),
                         });
                     }
                 }

@@ -138,7 +138,8 @@ impl Heap {
     pub(super) unsafe fn take_into_cache(heap: *mut Heap, class: usize, page: *mut Page) {
         // SAFETY: `heap` is the calling thread's and owns `page`; the cache is empty (the
         // caller's word): these fields are ours alone. `used` counts the page's blocks off
-        // its free list (and the references), so the rest of what it carved is on the list;
+        // its free list (and the references), so the rest of what it carved is on the list
+        // or masked by a purge;
         // its links are plain (the cache exists only where they are: `CACHING`).
         unsafe {
             let cache = Heap::cache_page(heap, class);
@@ -146,7 +147,9 @@ impl Heap {
             debug_assert!((*cache).free.is_null() && !(*page).free.is_null());
             // (Its room may be more: a list longer than the room left one.)
             debug_assert!((*cache).used.get() >= room, "an empty cache has all its room");
-            let n = (*page).carved.get() - ((*page).used.get() - Heap::references(heap, page));
+            let n = (*page).carved.get()
+                - ((*page).used.get() - Heap::references(heap, page))
+                - (*page).purged_free.get().count_ones();
             // The page's frees come to the cache again (they may have been
             // sent to the page by a flush).
             segment::set_sink(segment_of((*page).info.start).cast(), page, cache);
@@ -154,7 +157,7 @@ impl Heap {
             (*page).free = ptr::null_mut();
             (*cache).used.set(if n < room { room - n } else { 1 });
             (*page).used.add(n);
-            if (*page).carved.get() == (*page).info.capacity {
+            if (*page).carved.get() == (*page).info.capacity && (*page).purged_free.get() == 0 {
                 (*heap).unlink(page);
                 (*page).in_full = true;
             }

@@ -6,13 +6,15 @@
 //! thread's heap reclaimed; a free's page event arms while something is
 //! due. These are its mechanisms, on one heap.
 
+use core::cell::Cell;
 use core::ptr;
 
 use super::{Heap, empty_page};
-use super::{next_of, page_span};
+use super::{link, next_of, page_span};
 use crate::alloc::engine::size_class::CLASSES;
-use crate::alloc::engine::types::{ClassSet, Decay, Page, State};
+use crate::alloc::engine::types::{Block, ClassSet, Decay, Page, State};
 use crate::hardened::HARDENED;
+use crate::sync::Ordering;
 
 impl Heap {
     /// Empties the heap's direct slots (but a lent one) while something is
@@ -130,8 +132,7 @@ impl Heap {
         }
     }
 
-    /// Gives back to the OS the memory of `page`'s free blocks (every whole
-    /// OS page of a block past the one that holds its link) and of its
+    /// Gives back to the OS the memory of `page`'s free blocks and of its
     /// uncarved tail (which a page made of a free page's slots may hold
     /// resident from an earlier class), once until the page serves again:
     /// a page that random frees left partly used, of a class the program
@@ -140,18 +141,29 @@ impl Heap {
     /// node its range is bound to. Not in hardened builds (the poison of
     /// `NUMAWEAVE_CHECK=full` fills a free block).
     ///
+    /// A page of at most 64 blocks (blocks of 1 KiB and more) gives back
+    /// every OS page that only free blocks, its tail and its colour's gap
+    /// cover, link pages too: a free block whose link would be lost leaves
+    /// the list for the page's `purged_free` mask, which [`carve`] links
+    /// again before the tail (lowest first). Other pages give back their
+    /// tail only: an OS page of blocks below 1 KiB holds at least four,
+    /// which random frees seldom leave all free.
+    ///
     /// # Safety
     /// `page` is a live page of the caller's heap (or of a claimed one).
+    ///
+    /// [`carve`]: super::pop::carve
     #[cold]
-    unsafe fn purge_free_blocks(page: *mut Page) {
+    pub(super) unsafe fn purge_free_blocks(page: *mut Page) {
         if HARDENED {
             // A hardened build keeps freed blocks' contents (the poison
             // a use after free is found by), so purges none.
             return;
         }
-        // SAFETY: owner-only fields of a live page of the caller's; the
-        // ranges purged are free blocks' memory past their links, and the
-        // page's never handed out tail, which no one reads.
+        // SAFETY: owner-only fields of a live page of the caller's (its
+        // word); the ranges given back hold only free blocks' memory, the
+        // never handed out tail and the colour's gap, which no one reads
+        // but through the links this rewrites.
         unsafe {
             if (*page).purged {
                 return;
@@ -160,22 +172,92 @@ impl Heap {
             let os_page = crate::os::page_size();
             let bs = (*page).info.block_size as usize;
             let start = (*page).info.start as usize;
-            let end = page_span(page).end;
-            let purge = |from: usize, to: usize| {
-                let (a, b) = (from.next_multiple_of(os_page), to & !(os_page - 1));
-                if a < b {
-                    let _ = crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(a as *mut u8), b - a);
+            let span = page_span(page);
+            let cap = (*page).info.capacity as usize;
+            let carved = (*page).carved.get() as usize;
+            // (Counted in the arena's `returned`.)
+            let given = Cell::new(0u64);
+            let decommit = |from: usize, to: usize| {
+                if from < to
+                    && crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(from as *mut u8), to - from).is_ok()
+                {
+                    given.set(given.get() + (to - from) as u64);
                 }
             };
-            purge(start + (*page).carved.get() as usize * bs, end);
-            if bs > os_page {
-                let mut b = (*page).free;
-                while !b.is_null() {
-                    // (Past the link: the first word stays.)
-                    purge(b as usize + core::mem::size_of::<usize>(), b as usize + bs);
-                    b = next_of(page, b);
+            let arena = usize::from((*page).info.node);
+            let count = |bytes: u64| {
+                if let Some(state) = State::try_get() {
+                    state.arenas[arena].counters.purged.fetch_add(bytes, Ordering::Relaxed);
+                }
+            };
+            if cap > MASKED_BLOCKS || span.len() / os_page > 64 {
+                let tail = start + carved * bs;
+                decommit(tail.next_multiple_of(os_page), span.end);
+                count(given.get());
+                return;
+            }
+            // The free blocks: listed, masked before, never carved.
+            let upto = |n: usize| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+            let mut listed = 0u64;
+            let mut b = (*page).free;
+            while !b.is_null() {
+                let i = (b as usize - start) / bs;
+                debug_assert!(i < carved && (b as usize - start).is_multiple_of(bs) && listed & (1 << i) == 0);
+                listed |= 1 << i;
+                b = next_of(page, b);
+            }
+            let masked = (*page).purged_free.get();
+            debug_assert!(masked & listed == 0 && masked & !upto(carved) == 0);
+            let free = listed | masked | (upto(cap) & !upto(carved));
+            // Each OS page of the span (the gap before `start` and the
+            // bytes past the last block are no block's): given back when
+            // every block it touches is free.
+            let mut gone = 0u64;
+            for k in 0..span.len() / os_page {
+                let (lo, hi) = (span.start + k * os_page, span.start + (k + 1) * os_page);
+                if hi <= start || lo >= start + cap * bs {
+                    gone |= 1 << k;
+                    continue;
+                }
+                let first = lo.saturating_sub(start) / bs;
+                let last = ((hi - 1 - start) / bs).min(cap - 1);
+                let touched = upto(last + 1) & !upto(first);
+                if free & touched == touched {
+                    gone |= 1 << k;
                 }
             }
+            // In runs: one `madvise` for each.
+            let mut k = 0;
+            while k < 64 {
+                if gone & (1 << k) == 0 {
+                    k += 1;
+                    continue;
+                }
+                let run = (gone >> k).trailing_ones() as usize;
+                decommit(span.start + k * os_page, span.start + (k + run) * os_page);
+                k += run;
+            }
+            // Listed blocks whose link page went leave the list; the others
+            // are linked again, lowest address first.
+            let mut head: *mut Block = core::ptr::null_mut();
+            let mut moved = 0u64;
+            for i in (0..carved).rev().filter(|&i| listed & (1 << i) != 0) {
+                let at = start + i * bs;
+                if gone & (1 << ((at - span.start) / os_page)) != 0 {
+                    moved |= 1 << i;
+                } else {
+                    let block = at as *mut Block;
+                    (*block).next = link(page, head);
+                    head = block;
+                }
+            }
+            (*page).free = head;
+            (*page).purged_free.set(masked | moved);
+            count(given.get());
         }
     }
 }
+
+/// Pages of at most this many blocks are purged block by block (a bit
+/// each in `Page::purged_free`).
+pub(crate) const MASKED_BLOCKS: usize = 64;

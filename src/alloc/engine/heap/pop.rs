@@ -428,18 +428,46 @@ impl Heap {
     }
 }
 
-/// Carves up to [`CARVE_BYTES`] worth of blocks (at least one) from the
-/// page's untouched tail onto its free list: touching memory as late as
-/// possible keeps RSS low.
+/// Carves up to [`CARVE_BYTES`] worth of blocks (at least one) onto the
+/// page's free list: the free blocks a purge took off it first (lowest
+/// first, their memory faulted in again as the links are written), else
+/// from its untouched tail. Touching memory as late as possible keeps RSS
+/// low.
 pub(super) unsafe fn carve(page: *mut Page) {
-    // SAFETY: owner-only fields of the caller's page.
+    // SAFETY: owner-only fields of the caller's page; the blocks linked are
+    // free ones of the page (masked by a purge, or never carved).
     unsafe {
+        let bs = (*page).info.block_size as usize;
+        let most = (CARVE_BYTES / bs).max(1);
+        let masked = (*page).purged_free.get();
+        if masked != 0 {
+            // The lowest `most` of them.
+            let (mut take, mut rest) = (0u64, masked);
+            for _ in 0..most {
+                if rest == 0 {
+                    break;
+                }
+                take |= rest & rest.wrapping_neg();
+                rest &= rest - 1;
+            }
+            let mut head = (*page).free;
+            for i in (0..64).rev().filter(|&i| take & (1u64 << i) != 0) {
+                let b = (*page).info.start.add(i * bs).cast::<Block>();
+                (*b).next = link(page, head);
+                if HARDENED {
+                    b.cast::<usize>().add(1).write(0);
+                }
+                head = b;
+            }
+            (*page).free = head;
+            (*page).purged_free.set(masked & !take);
+            return;
+        }
         let left = (*page).info.capacity - (*page).carved.get();
         if left == 0 {
             return;
         }
-        let bs = (*page).info.block_size as usize;
-        let n = left.min((CARVE_BYTES / bs).max(1) as u32);
+        let n = left.min(most as u32);
         let first = (*page).info.start.add((*page).carved.get() as usize * bs);
         debug_assert!(first as usize + n as usize * bs <= page_span(page).end);
         for i in 0..n as usize {

@@ -6,7 +6,7 @@ use core::ptr;
 
 use super::{Heap, empty_page};
 use crate::alloc::engine::arena::alloc_meta;
-use crate::alloc::engine::size_class::CLASSES;
+use crate::alloc::engine::size_class::{CLASSES, class_size};
 use crate::alloc::engine::types::{HeapCounters, HeapLife, Loan, OWNER_SHARED, OWNER_THREAD, PageList, State};
 use crate::sync::{AtomicBool, AtomicStack, AtomicU64, CachePadded, Ordering};
 
@@ -134,5 +134,24 @@ pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(HeapView)) {
             f(HeapView(h));
             h = (*h).next_all;
         }
+    }
+}
+
+impl HeapCounters {
+    /// Allocations of every class.
+    pub(crate) fn allocs_total(&self) -> u64 {
+        self.allocs.iter().fold(0u64, |s, a| s.wrapping_add(a.load(Ordering::Relaxed)))
+    }
+
+    /// (allocations, frees, bytes allocated, bytes freed, remote frees), summed over the classes.
+    pub(crate) fn sums(&self) -> (u64, u64, u64, u64, u64) {
+        let ld = |x: &AtomicU64| x.load(Ordering::Relaxed);
+        let mut s = (0u64, ld(&self.frees), 0u64, ld(&self.bytes_freed), ld(&self.remote_frees));
+        for class in 0..CLASSES {
+            let a = ld(&self.allocs[class]);
+            s.0 = s.0.wrapping_add(a);
+            s.2 = s.2.wrapping_add(a.wrapping_mul(class_size(class) as u64));
+        }
+        s
     }
 }

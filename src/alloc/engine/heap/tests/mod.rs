@@ -14,6 +14,9 @@ use crate::topology::NodeSet;
 // The free cache and the shared heaps, which hardened builds do not use.
 #[cfg(not(feature = "hardened"))]
 mod free_cache;
+// Purges, which hardened builds do not make.
+#[cfg(not(feature = "hardened"))]
+mod purge;
 
 /// Any page serves; fresh pages from the thread's node.
 struct Anywhere(usize);

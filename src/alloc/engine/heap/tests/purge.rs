@@ -1,0 +1,98 @@
+//! A purge of a partly used page's free blocks: the OS pages only free
+//! blocks cover go back, link pages too; live blocks keep their memory and
+//! their contents; the page hands each purged block out again, once.
+
+use core::ptr::{self, NonNull};
+use std::collections::HashSet;
+
+use super::{Anywhere, on_fresh_heap};
+use crate::alloc::engine::heap::{Heap, page_span};
+use crate::alloc::engine::size_class::{class_of, class_size};
+use crate::alloc::engine::types::ALL_CLASSES;
+
+/// Blocks of `size` fill a page; those `freed` picks are freed and the
+/// heap gives back what it holds free, its pages' free blocks purged.
+fn purge_and_serve_again(size: usize, freed: fn(usize, usize) -> bool) {
+    on_fresh_heap(move |state, heap| {
+        let class = class_of(size);
+        let bs = class_size(class);
+        let os = crate::os::page_size();
+        let node = state.current_arena().node;
+        // SAFETY: this thread's heap and its pages; the blocks are ours.
+        unsafe {
+            let mut blocks = vec![Heap::refill(heap, class, state, &mut Anywhere(node))];
+            let page = (*heap).direct[class];
+            let cap = (*page).info.capacity as usize;
+            let start = (*page).info.start as usize;
+            while blocks.len() < cap {
+                let mut b = Heap::pop(heap, class);
+                if b.is_null() {
+                    b = Heap::refill(heap, class, state, &mut Anywhere(node));
+                }
+                assert_eq!((*heap).direct[class], page, "the first page serves all its blocks");
+                blocks.push(b);
+            }
+            blocks.sort_unstable();
+            for (i, &b) in blocks.iter().enumerate() {
+                assert_eq!(b as usize, start + i * bs);
+                ptr::write_bytes(b, 0xa5, bs);
+            }
+            let gone: Vec<usize> = (0..cap).filter(|&i| freed(i, cap)).collect();
+            for &i in &gone {
+                Heap::free_local(heap, page, blocks[i].cast());
+            }
+            Heap::give_back_free_as(heap, true, ALL_CLASSES);
+
+            // Each OS page of the blocks: resident exactly when a live block touches it.
+            let span = page_span(page);
+            let mut resident = vec![false; span.len() / os];
+            crate::os::mem::resident_pages(NonNull::new(span.start as *mut u8).unwrap(), span.len(), &mut resident)
+                .unwrap();
+            for (k, &r) in resident.iter().enumerate() {
+                let (lo, hi) = (span.start + k * os, span.start + (k + 1) * os);
+                let live = (0..cap).any(|i| !gone.contains(&i) && start + i * bs < hi && start + (i + 1) * bs > lo);
+                if live {
+                    assert!(r, "{bs} B blocks: OS page {k}, which a live block touches, was given back");
+                } else if hi > start && lo < start + cap * bs {
+                    assert!(!r, "{bs} B blocks: OS page {k}, only free blocks' memory, is resident");
+                }
+            }
+            for i in (0..cap).filter(|i| !gone.contains(i)) {
+                let b = core::slice::from_raw_parts(blocks[i], bs);
+                assert!(b.iter().all(|&x| x == 0xa5), "{bs} B blocks: live block {i} lost its contents");
+            }
+
+            // The freed blocks come back, each once, then the page is full.
+            let want: HashSet<usize> = gone.iter().map(|&i| blocks[i] as usize).collect();
+            let mut again = HashSet::new();
+            for _ in 0..gone.len() {
+                let mut b = Heap::pop(heap, class);
+                if b.is_null() {
+                    b = Heap::refill(heap, class, state, &mut Anywhere(node));
+                }
+                assert!(want.contains(&(b as usize)), "{bs} B blocks: {b:?} was not free");
+                assert!(again.insert(b as usize), "{bs} B blocks: {b:?} handed out twice");
+            }
+            assert!((*page).free.is_null() && (*page).purged_free.get() == 0, "{bs} B blocks: a block left behind");
+            let b = Heap::refill(heap, class, state, &mut Anywhere(node));
+            assert!(!b.is_null() && !want.contains(&(b as usize)) && (*heap).direct[class] != page);
+        }
+    });
+}
+
+#[test]
+fn whole_page_blocks_go_back_with_their_links() {
+    // 4 KiB blocks: each OS page one block (the link page too, which a
+    // purge kept resident before).
+    purge_and_serve_again(4096, |i, _| i % 3 != 0);
+}
+
+#[test]
+fn small_blocks_go_back_where_neighbours_are_free_too() {
+    // 1 KiB and 1.5 KiB blocks: an OS page goes when all the blocks that
+    // touch it are free (the first half), not where a live one does.
+    purge_and_serve_again(1024, |i, cap| i < cap / 2 || i % 4 == 1);
+    purge_and_serve_again(1536, |i, cap| i < cap / 2 || i % 4 == 1);
+    // 5 KiB blocks straddle OS pages, and the tail past the last is free.
+    purge_and_serve_again(5120, |i, _| i % 2 == 0 || i < 5);
+}
