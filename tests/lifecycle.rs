@@ -265,7 +265,6 @@ fn purged_pages_in_use_serve_again_under_remote_frees() {
             A.dealloc(p.cast(), Layout::array::<u64>(words).unwrap());
         }
     }
-    let returned_before = total().returned;
     let mut to: Vec<mpsc::Sender<Vec<(usize, usize)>>> = Vec::new();
     let mut from = Vec::new();
     for _ in 0..THREADS {
@@ -285,8 +284,12 @@ fn purged_pages_in_use_serve_again_under_remote_frees() {
                 let mut round = 0u64;
                 while Instant::now() < stop {
                     // 1-16 KiB blocks: pages of at most 64 blocks.
+                    // (Every other one of 4, 8 or 12 KiB: blocks of whole OS pages.)
                     let mut batch: Vec<(usize, usize)> = (0..128)
-                        .map(|i| make((t as u64) << 48 | round << 16 | i, 128 + rng.below(1920) as usize))
+                        .map(|i| {
+                            let words = if i % 2 == 0 { 512 * (1 + rng.below(3)) } else { 128 + rng.below(1920) };
+                            make((t as u64) << 48 | round << 16 | i, words as usize)
+                        })
                         .collect();
                     // A quarter to the next thread (remote frees), half freed here at
                     // random, a quarter kept a while: pages stay partly used.
@@ -308,19 +311,113 @@ fn purged_pages_in_use_serve_again_under_remote_frees() {
                     round += 1;
                 }
                 drop(next);
-                kept.into_iter().for_each(check_and_free);
-                inbox
+                (kept, inbox)
             })
         })
         .collect();
     drop(to);
-    let inboxes: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
-    for inbox in inboxes {
+    let ends: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let mut kept = Vec::new();
+    for (k, inbox) in ends {
         while let Ok(v) = inbox.try_recv() {
             v.into_iter().for_each(check_and_free);
         }
+        kept.extend(k);
     }
-    let purged = total().returned - returned_before;
-    assert!(purged > 0, "no purge ran");
-    println!("purged pages served again: {} MiB purged", purged / MIB as u64);
+    // The exited threads' pages hold their kept blocks among free ones: a
+    // trim purges the free ones, and a free block of whole OS pages strands
+    // no memory after it (before block purges, a trim left each resident).
+    let before = stranded_in(4096, 12288);
+    numaweave::trim();
+    let after = stranded_in(4096, 12288);
+    assert!(before >= MIB as u64, "only {} KiB stranded", before >> 10);
+    assert!(after < before / 16, "a trim left {} of {} KiB stranded", after >> 10, before >> 10);
+    kept.into_iter().for_each(check_and_free);
+    println!("purged pages served again: {} KiB stranded, {} KiB after a trim", before >> 10, after >> 10);
+}
+
+/// Bytes stranded in pages in use of the classes from `min` to `max` bytes
+/// whose blocks are whole OS pages, on every node.
+#[cfg(not(feature = "hardened"))]
+fn stranded_in(min: u64, max: u64) -> u64 {
+    let s = A.stats();
+    let classes = s.nodes.iter().flat_map(|n| A.class_usage(n));
+    let os = numaweave::os::page_size() as u64;
+    let whole =
+        |u: &numaweave::stats::ClassUsage| (min..=max).contains(&u.block_size) && u.block_size.is_multiple_of(os);
+    classes.filter(whole).map(|u| u.stranded).sum()
+}
+
+/// A thread that adopts an exited thread's heap and grows by the purge
+/// threshold in classes of its own has the free blocks of the classes it
+/// never touched purged then, not a purge delay later: an exited thread's
+/// 4 KiB blocks, three in four freed, strand no memory once the next
+/// thread has taken 16 MiB of 20 KiB blocks (the delay is 10 s here, so
+/// only the growth can have purged them).
+#[cfg(not(feature = "hardened"))]
+#[test]
+fn growth_purges_the_classes_an_adopted_heap_left_untouched() {
+    if !in_child() {
+        rerun(
+            "growth_purges_the_classes_an_adopted_heap_left_untouched",
+            &[("NUMAWEAVE_PURGE_DELAY", Some("10s")), ("NUMAWEAVE_CPU_CACHE", None)],
+            "untouched classes purged",
+        );
+        return;
+    }
+    let small = Layout::from_size_align(4096, 8).unwrap();
+    let stranded = || stranded_in(4096, 4096);
+    let live: Vec<usize> = std::thread::spawn(move || {
+        let all: Vec<usize> = (0..4096)
+            .map(|_| {
+                // SAFETY: a valid layout; the block written whole.
+                unsafe {
+                    let p = A.alloc(small);
+                    assert!(!p.is_null());
+                    p.write_bytes(0x6b, 4096);
+                    p as usize
+                }
+            })
+            .collect();
+        let (keep, free): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % 4 == 0);
+        for (_, p) in free {
+            // SAFETY: allocated above, freed once.
+            unsafe { A.dealloc(p as *mut u8, small) };
+        }
+        keep.into_iter().map(|(_, p)| p).collect()
+    })
+    .join()
+    .unwrap();
+    let before = stranded();
+    assert!(before >= 8 << 20, "the exited thread's pages strand {} KiB", before >> 10);
+    let big = Layout::from_size_align(20 << 10, 8).unwrap();
+    let grown: Vec<usize> = std::thread::spawn(move || {
+        (0..820)
+            .map(|_| {
+                // SAFETY: a valid layout; the block written whole.
+                unsafe {
+                    let p = A.alloc(big);
+                    assert!(!p.is_null());
+                    p.write_bytes(0x2d, big.size());
+                    p as usize
+                }
+            })
+            .collect()
+    })
+    .join()
+    .unwrap();
+    let after = stranded();
+    assert!(after < 1 << 20, "still {} KiB stranded of {} KiB", after >> 10, before >> 10);
+    for p in live {
+        // SAFETY: kept above, untouched since.
+        unsafe {
+            assert!(core::slice::from_raw_parts(p as *const u8, 4096).iter().all(|&b| b == 0x6b));
+            A.dealloc(p as *mut u8, small);
+        }
+    }
+    for p in grown {
+        // SAFETY: allocated above, freed once.
+        unsafe { A.dealloc(p as *mut u8, big) };
+    }
+    println!("untouched classes purged: {} KiB stranded, then {} KiB", before >> 10, after >> 10);
 }

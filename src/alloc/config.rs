@@ -16,7 +16,7 @@ use crate::policy::{Policy, SizeRules};
 /// | --- | --- | --- |
 /// | `NUMAWEAVE_MODE` | `auto`, `flat`, `per-node` | `auto` |
 /// | `NUMAWEAVE_STRICT` | `0`, `1`: bind strictly (`MPOL_BIND`), never fall back to another node | `0` |
-/// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS at once (8 times that with a purge delay) | `8M` |
+/// | `NUMAWEAVE_PURGE` | bytes (`K`, `M`, `G` suffixes): free page memory an arena keeps committed before returning it to the OS at once (8 times that with a purge delay); a heap's growth that purges its untouched classes | `8M` |
 /// | `NUMAWEAVE_PURGE_DELAY` | a duration (`100ms`, `1s`, `0`): how long freed memory stays committed unused ([`Config::purge_delay`]) | `100ms` |
 /// | `NUMAWEAVE_POLICY` | the process default [`Policy`] in its text form: `local`, `bind:1`, `preferred:0`, `interleave:0-3:bytes=2M`, `interleave:0,1:count=8:weights=3,1` (see [`policy`](crate::policy)); `none` switches policies off ([`Config::policies`]) | `local` |
 /// | `NUMAWEAVE_TOPOLOGY` | see [`topology`](crate::topology) (`hwloc` is not available to the allocator) | `sysfs` |
@@ -141,7 +141,11 @@ impl Config {
     /// the bound is 8 times this (free pages and freed large mappings each),
     /// raised to twice a burst of frees past it that recurs within four
     /// delays (at most 16 times), and what stays under it goes back once it
-    /// has waited out the delay.
+    /// has waited out the delay. A thread's heap that takes this much in
+    /// fresh pages also purges, without waiting, the free blocks of the
+    /// classes it has not refilled since it last gave back (the pages an
+    /// exited thread's sizes left, once a thread that adopted its heap
+    /// grows in sizes of its own).
     pub const fn purge_threshold(mut self, bytes: usize) -> Self {
         self.core.purge_threshold = bytes;
         self

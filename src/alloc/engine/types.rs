@@ -173,14 +173,13 @@ pub(crate) struct Page {
     pub(crate) in_full: bool,
     /// On the owning heap's pending list (see `heap.rs`).
     pub(crate) pending: bool,
-    /// Its free blocks' memory and its uncarved tail were given back to the
-    /// OS since it last served (see `Heap::purge_free_blocks`; owner only).
-    pub(crate) purged: bool,
+    /// `used` when its free blocks were last purged, `u32::MAX` once it
+    /// serves again (`Heap::purge_free_blocks`: owner only).
+    pub(crate) purged_used: u32,
     /// Links in the owning heap's class list (owner only).
     pub(crate) prev: *mut Page,
     pub(crate) next: *mut Page,
-    /// Links in the owning heap's list of pages whose remote frees wait in
-    /// `thread_free` until `free` runs dry (owner only).
+    /// Links in the heap's list of pages whose remote frees wait (owner only).
     pub(crate) pend_prev: *mut Page,
     pub(crate) pend_next: *mut Page,
     /// Free blocks (bit i: block i) off `free`, their links' OS pages purged.
@@ -254,7 +253,7 @@ impl Page {
             carved: OwnerCount::new(0),
             in_full: false,
             pending: false,
-            purged: false,
+            purged_used: u32::MAX,
             prev: ptr::null_mut(),
             next: ptr::null_mut(),
             pend_prev: ptr::null_mut(),
@@ -838,26 +837,26 @@ pub(crate) struct HeapLife {
     pub(crate) decay: Decay,
     /// When (ms, coarse: 4 ms steps) the heap last looked at the clock.
     pub(crate) last_look: u64,
-    /// Per class, the clock tick (ms, wrapping) of its last refill while
-    /// the heap looked at the clock, and its refills in that tick.
+    /// Per class, the tick (ms, wrapping) of its last refill while the heap
+    /// looked at the clock, and its refills in that tick.
     pub(crate) class_at: [u32; CLASSES],
     pub(crate) class_refills: [u8; CLASSES],
     /// When the heap last emptied its direct slots for the lifecycle.
     pub(crate) armed_at: u64,
-    /// When a free's slow path last emptied the direct slots: once a tick
-    /// too, apart from the refills' arming, which a refill of a busy class
-    /// in the same tick (its slot filled again) would otherwise leave the
-    /// last word to (a thread that frees a burst and goes quiet within that
-    /// tick then never refilled again).
+    /// When a free's slow path last emptied the direct slots: once a tick,
+    /// apart from the refills' (else a busy class's refill in that tick had
+    /// the last word, and a thread that freed a burst never refilled again).
     pub(crate) event_armed_at: u64,
-    /// When the heap last gave back what it holds free (quiet, or trimmed).
+    /// When it last gave back what it holds free (quiet, or trimmed).
     pub(crate) decayed_at: u64,
     /// The trim epoch last seen (see [`Lifecycle::request_trim`]).
     pub(crate) trim_seen: u64,
     /// Per class, its refills since the heap's last decay (saturating).
     pub(crate) window_refills: [u16; CLASSES],
-    /// Bytes of the pages the heap holds.
+    /// Bytes of the pages the heap holds; the least since it last looked at
+    /// the classes it left untouched (or `heap::GROWN`: `lifecycle::refill`).
     pub(crate) page_bytes: AtomicU64,
+    pub(crate) grow_mark: u64,
     /// Unit tests of the heap's pages and free caches: the lifecycle
     /// leaves this heap's slots alone (other tests' frees, in the same
     /// process, make work due at any time).
@@ -878,6 +877,7 @@ impl HeapLife {
             trim_seen: 0,
             window_refills: [0; CLASSES],
             page_bytes: AtomicU64::new(0),
+            grow_mark: 0,
             #[cfg(test)]
             steady: false,
         }

@@ -147,9 +147,10 @@ impl Heap {
             debug_assert!((*cache).free.is_null() && !(*page).free.is_null());
             // (Its room may be more: a list longer than the room left one.)
             debug_assert!((*cache).used.get() >= room, "an empty cache has all its room");
+            let masked = (*page).purged_free.get();
             let n = (*page).carved.get()
                 - ((*page).used.get() - Heap::references(heap, page))
-                - (*page).purged_free.get().count_ones();
+                - if masked == 0 { 0 } else { masked.count_ones() };
             // The page's frees come to the cache again (they may have been
             // sent to the page by a flush).
             segment::set_sink(segment_of((*page).info.start).cast(), page, cache);
@@ -157,7 +158,7 @@ impl Heap {
             (*page).free = ptr::null_mut();
             (*cache).used.set(if n < room { room - n } else { 1 });
             (*page).used.add(n);
-            if (*page).carved.get() == (*page).info.capacity && (*page).purged_free.get() == 0 {
+            if (*page).carved.get() == (*page).info.capacity && masked == 0 {
                 (*heap).unlink(page);
                 (*page).in_full = true;
             }

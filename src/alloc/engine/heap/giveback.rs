@@ -6,7 +6,6 @@
 //! thread's heap reclaimed; a free's page event arms while something is
 //! due. These are its mechanisms, on one heap.
 
-use core::cell::Cell;
 use core::ptr;
 
 use super::{Heap, empty_page};
@@ -134,7 +133,8 @@ impl Heap {
 
     /// Gives back to the OS the memory of `page`'s free blocks and of its
     /// uncarved tail (which a page made of a free page's slots may hold
-    /// resident from an earlier class), once until the page serves again:
+    /// resident from an earlier class), once until the page serves again
+    /// or more of its blocks are freed:
     /// a page that random frees left partly used, of a class the program
     /// no longer asks for, does not keep its free blocks resident. Their
     /// memory reads as zeroes when handed out again, faulted in on the
@@ -165,35 +165,24 @@ impl Heap {
         // never handed out tail and the colour's gap, which no one reads
         // but through the links this rewrites.
         unsafe {
-            if (*page).purged {
+            // Once, until it serves again or more of its blocks are freed.
+            if (*page).used.get() >= (*page).purged_used {
                 return;
             }
-            (*page).purged = true;
+            (*page).purged_used = (*page).used.get();
             let os_page = crate::os::page_size();
             let bs = (*page).info.block_size as usize;
             let start = (*page).info.start as usize;
             let span = page_span(page);
             let cap = (*page).info.capacity as usize;
             let carved = (*page).carved.get() as usize;
-            // (Counted in the arena's `returned`.)
-            let given = Cell::new(0u64);
             let decommit = |from: usize, to: usize| {
-                if from < to
+                from < to
                     && crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(from as *mut u8), to - from).is_ok()
-                {
-                    given.set(given.get() + (to - from) as u64);
-                }
-            };
-            let arena = usize::from((*page).info.node);
-            let count = |bytes: u64| {
-                if let Some(state) = State::try_get() {
-                    state.arenas[arena].counters.purged.fetch_add(bytes, Ordering::Relaxed);
-                }
             };
             if cap > MASKED_BLOCKS || span.len() / os_page > 64 {
                 let tail = start + carved * bs;
                 decommit(tail.next_multiple_of(os_page), span.end);
-                count(given.get());
                 return;
             }
             // The free blocks: listed, masked before, never carved.
@@ -212,7 +201,10 @@ impl Heap {
             // Each OS page of the span (the gap before `start` and the
             // bytes past the last block are no block's): given back when
             // every block it touches is free.
-            let mut gone = 0u64;
+            // (`fresh`: those a listed block touches, whose memory its
+            // free left resident; the others went at an earlier purge, or
+            // are the tail and the gap, and count in no `returned`.)
+            let (mut gone, mut fresh) = (0u64, 0u64);
             for k in 0..span.len() / os_page {
                 let (lo, hi) = (span.start + k * os_page, span.start + (k + 1) * os_page);
                 if hi <= start || lo >= start + cap * bs {
@@ -224,18 +216,28 @@ impl Heap {
                 let touched = upto(last + 1) & !upto(first);
                 if free & touched == touched {
                     gone |= 1 << k;
+                    if listed & touched != 0 {
+                        fresh |= 1 << k;
+                    }
                 }
             }
             // In runs: one `madvise` for each.
-            let mut k = 0;
+            let (mut k, mut given) = (0, 0u64);
             while k < 64 {
                 if gone & (1 << k) == 0 {
                     k += 1;
                     continue;
                 }
                 let run = (gone >> k).trailing_ones() as usize;
-                decommit(span.start + k * os_page, span.start + (k + run) * os_page);
+                if decommit(span.start + k * os_page, span.start + (k + run) * os_page) {
+                    let in_run = if run == 64 { u64::MAX } else { ((1u64 << run) - 1) << k };
+                    given += u64::from((fresh & in_run).count_ones()) * os_page as u64;
+                }
                 k += run;
+            }
+            if let Some(state) = State::try_get() {
+                let arena = &state.arenas[usize::from((*page).info.node)];
+                arena.counters.purged.fetch_add(given, Ordering::Relaxed);
             }
             // Listed blocks whose link page went leave the list; the others
             // are linked again, lowest address first.
@@ -253,7 +255,6 @@ impl Heap {
             }
             (*page).free = head;
             (*page).purged_free.set(masked | moved);
-            count(given.get());
         }
     }
 }

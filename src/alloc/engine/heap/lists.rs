@@ -21,6 +21,11 @@ pub(crate) const EXPIRE_EVERY: u32 = 64;
 /// classes sit idle for a few hundred refills while it builds its strings.)
 pub(super) const IDLE_REFILLS: u32 = 256;
 
+/// `HeapLife::grow_mark` once the heap's pages grew past it by the purge
+/// threshold: the lifecycle's next refill looks at the classes it left
+/// untouched (`lifecycle::refill`), then marks what the heap holds.
+pub(crate) const GROWN: u64 = u64::MAX;
+
 impl Heap {
     /// A page got a block back while full, or became empty; or a class's
     /// free cache filled up: the out-of-line end of a free (`push`).
@@ -148,6 +153,10 @@ impl Heap {
             let seg = segment_of((*page).info.start);
             debug_assert_eq!((*seg).kind, SegmentKind::Small);
             bump(&self.life.page_bytes, (page_bytes(class) as u64).wrapping_neg());
+            if self.life.grow_mark != GROWN {
+                // Growth is counted from the least the heap held.
+                self.life.grow_mark = self.life.grow_mark.min(self.life.page_bytes.load(Ordering::Relaxed));
+            }
             let arena = &state.arenas[usize::from((*seg).arena)];
             arena.free_page(state, page);
         }

@@ -54,7 +54,7 @@ mod shared;
 
 pub(crate) use free_cache::{CACHING, cache_room};
 pub(crate) use links::{corrupted_list, kind_of, link, next_of, outside};
-pub(crate) use lists::EXPIRE_EVERY;
+pub(crate) use lists::{EXPIRE_EVERY, GROWN};
 pub(crate) use registry::for_each_heap;
 pub(crate) use route::{free_block, free_to_sink};
 

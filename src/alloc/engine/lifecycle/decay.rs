@@ -2,7 +2,11 @@
 //! lifecycle when something is due, keeps a quiet thread within reach of
 //! its refills while something is, and gives back what the heap's quiet
 //! classes hold free once it has gone quiet (the mechanisms are the
-//! heap's: `heap/giveback.rs`). Its states are [`Decay`]'s.
+//! heap's: `heap/giveback.rs`). Its states are [`Decay`]'s. A heap that
+//! grows by the purge threshold in fresh pages gives back, then, what the
+//! classes it has not refilled since its last decay hold free
+//! ([`refill`]): growth, not the clock, says an adopted heap's old classes
+//! are not this thread's.
 //!
 //! A thread's fast paths never look at a clock. What brings a thread that
 //! has gone quiet (a few calls a second, each served by the fast path) back
@@ -28,9 +32,10 @@
 //! `Busy`.
 
 use super::tick;
-use crate::alloc::engine::heap::{Heap, Placement, empty_page};
+use crate::alloc::engine::heap::{GROWN, Heap, Placement, empty_page};
 use crate::alloc::engine::size_class::CLASSES;
 use crate::alloc::engine::types::{ALL_CLASSES, ClassSet, Decay, HeapLife, State};
+use crate::sync::Ordering;
 
 /// Refills between two looks at the clock while the heap is busy (it looks
 /// at every refill while armed or quiet).
@@ -80,6 +85,10 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize, state: &State, placem
         let p = Heap::refill(heap, class, state, placement);
         if beat != Beat::Busy {
             after_beat(heap, class, beat);
+        }
+        // (Set by the heap's fresh pages, `Heap::fresh_page`.)
+        if (*heap).life.grow_mark == GROWN {
+            untouched_back(heap);
         }
         p
     }
@@ -285,5 +294,27 @@ pub(crate) unsafe fn trim_heap(heap: *mut Heap) {
             "a trimmed heap keeps cached blocks"
         );
         debug_assert!((*heap).kept_empty.iter().all(|k| k.is_null()), "a trimmed heap keeps an empty page");
+    }
+}
+
+/// The heap took fresh pages worth the purge threshold since it last
+/// looked: the classes it has not refilled since its last decay, and that
+/// have no page to serve from in their slot (a class a loop keeps serving
+/// from its page or its free cache refills seldom, but holds its slot),
+/// give back what they hold free (their pages in use purged), before it
+/// grows more.
+#[cold]
+#[inline(never)]
+unsafe fn untouched_back(heap: *mut Heap) {
+    // SAFETY: the calling thread's heap, between operations (after a refill).
+    unsafe {
+        let mut quiet: ClassSet = 0;
+        for class in 0..CLASSES {
+            if (*heap).life.window_refills[class] == 0 && (*heap).direct[class] == empty_page() {
+                quiet |= 1 << class;
+            }
+        }
+        Heap::give_back_free_as(heap, true, quiet);
+        (*heap).life.grow_mark = (*heap).life.page_bytes.load(Ordering::Relaxed);
     }
 }

@@ -43,6 +43,11 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
             Heap::give_back_free_as(heap, false, ALL_CLASSES);
             (*heap).life.set(Decay::Busy);
             (*heap).sparse = [0; CLASSES];
+            // Its classes untouched by this thread so far, its decay's
+            // window and its growth counted from here.
+            (*heap).life.window_refills = [0; CLASSES];
+            (*heap).life.decayed_at = crate::os::monotonic_ms();
+            (*heap).life.grow_mark = (*heap).life.page_bytes.load(crate::sync::Ordering::Relaxed);
         }
         heap
     };

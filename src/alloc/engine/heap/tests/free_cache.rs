@@ -244,8 +244,13 @@ fn a_threads_first_blocks_of_a_class_are_the_nodes_shared_heaps() {
     let class = class_of(3000);
     let n = usize::from(crate::alloc::engine::heap::shared::SPARSE_BLOCKS);
     let both = std::sync::Arc::new(std::sync::Barrier::new(2));
-    let run = move |both: std::sync::Arc<std::sync::Barrier>| {
-        std::thread::spawn(move || {
+    // The threads exit only once their blocks are freed: a remote free into
+    // an exited thread's heap would count in the heap of another test that
+    // adopted it meanwhile.
+    let freed = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let run = move |both: std::sync::Arc<std::sync::Barrier>, freed: std::sync::Arc<std::sync::Barrier>| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
+        let t = std::thread::spawn(move || {
             let state = crate::alloc::config::state();
             let (heap, _) = init_current(state).unwrap();
             let node = state.home_arena(0).node;
@@ -274,11 +279,23 @@ fn a_threads_first_blocks_of_a_class_are_the_nodes_shared_heaps() {
                 }
             };
             both.wait();
-            blocks
-        })
+            tx.send(blocks).unwrap();
+            freed.wait();
+        });
+        (t, rx)
     };
-    let (a, b) = (run(both.clone()), run(both));
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    let (ta, a) = run(both.clone(), freed.clone());
+    let (tb, b) = run(both, freed.clone());
+    // (A thread that failed drops its sender: this test fails, not hangs.)
+    let (a, b) = (a.recv().unwrap(), b.recv().unwrap());
+    for &p in a.iter().chain(&b) {
+        // SAFETY: live blocks, freed once, from another thread than their
+        // allocating one (remote frees, for the shared heap's too).
+        unsafe { free_small(p as *mut u8) };
+    }
+    freed.wait();
+    ta.join().unwrap();
+    tb.join().unwrap();
     // (Other tests' exited threads leave heaps without pages of the class,
     // as exits give back what is free: both threads take shared blocks.)
     assert!(!a.is_empty() && !b.is_empty(), "a heap with a page of the class was adopted");
@@ -287,11 +304,6 @@ fn a_threads_first_blocks_of_a_class_are_the_nodes_shared_heaps() {
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), 2 * n, "a block handed to two threads");
-    for p in a.into_iter().chain(b) {
-        // SAFETY: live blocks, freed once, from another thread than their
-        // allocating one (remote frees, for the shared heap's too).
-        unsafe { free_small(p as *mut u8) };
-    }
 }
 
 /// The per-class counters sum to the exact counts and bytes: blocks of

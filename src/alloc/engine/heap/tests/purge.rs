@@ -75,7 +75,15 @@ fn purge_and_serve_again(size: usize, freed: fn(usize, usize) -> bool) {
             }
             assert!((*page).free.is_null() && (*page).purged_free.get() == 0, "{bs} B blocks: a block left behind");
             let b = Heap::refill(heap, class, state, &mut Anywhere(node));
-            assert!(!b.is_null() && !want.contains(&(b as usize)) && (*heap).direct[class] != page);
+            let other = (*heap).direct[class];
+            assert!(!b.is_null() && !want.contains(&(b as usize)) && other != page);
+            // Everything freed: the heap leaves no page in use for a test
+            // that adopts it.
+            Heap::free_local(heap, other, b.cast());
+            let live = blocks.iter().map(|&p| p as usize).filter(|p| !want.contains(p));
+            for p in live.chain(again) {
+                Heap::free_local(heap, page, (p as *mut u8).cast());
+            }
         }
     });
 }
