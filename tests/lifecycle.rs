@@ -237,7 +237,13 @@ fn every_exited_threads_kept_blocks_come_back() {
 fn purged_pages_in_use_serve_again_under_remote_frees() {
     use std::sync::mpsc;
     if !in_child() {
-        rerun("purged_pages_in_use_serve_again_under_remote_frees", &[], "purged pages served");
+        // (A purge delay of 10 s: the exited threads' free blocks wait for
+        // the trim, however long the main thread takes to get to it.)
+        rerun(
+            "purged_pages_in_use_serve_again_under_remote_frees",
+            &[("NUMAWEAVE_PURGE_DELAY", Some("10s"))],
+            "purged pages served",
+        );
         return;
     }
     const THREADS: usize = 4;
@@ -273,11 +279,15 @@ fn purged_pages_in_use_serve_again_under_remote_frees() {
         from.push(r);
     }
     let stop = Instant::now() + Duration::from_millis(1500);
+    // (The workers exit together: one still trimming would purge the pages
+    // of one that exited before the main thread looks at them.)
+    let done = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
     let workers: Vec<_> = from
         .into_iter()
         .enumerate()
         .map(|(t, inbox)| {
             let next = to[(t + 1) % THREADS].clone();
+            let done = done.clone();
             std::thread::spawn(move || {
                 let mut rng = Rng(t as u64 + 1);
                 let mut kept: Vec<(usize, usize)> = Vec::new();
@@ -311,6 +321,7 @@ fn purged_pages_in_use_serve_again_under_remote_frees() {
                     round += 1;
                 }
                 drop(next);
+                done.wait();
                 (kept, inbox)
             })
         })
