@@ -33,15 +33,21 @@ fn burst(rng: &mut Rng, bytes: usize) -> Vec<(usize, Layout)> {
         let size = 16usize << rng.below(13);
         let size = size + rng.below(size as u64) as usize;
         let l = Layout::from_size_align(size, 8).unwrap();
-        // SAFETY: a valid layout; the block is written whole, freed once.
-        let p = unsafe { A.alloc(l) };
-        assert!(!p.is_null());
-        // SAFETY: `size` bytes of the block just allocated.
-        unsafe { p.write_bytes(0x5a, size) };
-        v.push((p as usize, l));
+        v.push((written(l, 0x5a), l));
         got += size;
     }
     v
+}
+
+/// A block of layout `l`, every byte of it `byte` (freed by the caller).
+fn written(l: Layout, byte: u8) -> usize {
+    // SAFETY: a valid layout; the block written whole.
+    unsafe {
+        let p = A.alloc(l);
+        assert!(!p.is_null());
+        p.write_bytes(byte, l.size());
+        p as usize
+    }
 }
 
 fn free_all(blocks: Vec<(usize, Layout)>) {
@@ -160,17 +166,7 @@ fn every_exited_threads_kept_blocks_come_back() {
     /// back to the OS when the heap's kept blocks are purged.
     fn half_kept() -> Vec<usize> {
         let l = Layout::from_size_align(32 << 10, 8).unwrap();
-        let all: Vec<usize> = (0..256)
-            .map(|_| {
-                // SAFETY: a valid layout; the block written whole.
-                unsafe {
-                    let p = A.alloc(l);
-                    assert!(!p.is_null());
-                    p.write_bytes(0x3c, l.size());
-                    p as usize
-                }
-            })
-            .collect();
+        let all: Vec<usize> = (0..256).map(|_| written(l, 0x3c)).collect();
         let (even, odd): (Vec<_>, Vec<_>) = all.iter().enumerate().partition(|(i, _)| i % 2 == 0);
         for (_, &p) in even {
             // SAFETY: blocks allocated above, freed once (the odd ones by
@@ -320,6 +316,17 @@ fn purged_pages_in_use_serve_again_under_remote_frees() {
                     }
                     round += 1;
                 }
+                // Half of what it kept freed after its last trim: pages in
+                // use with free blocks for the main thread's trim, however
+                // late in the loop that last trim came.
+                let mut i = 0;
+                kept.retain(|&b| {
+                    i += 1;
+                    if i % 2 == 0 {
+                        check_and_free(b);
+                    }
+                    i % 2 != 0
+                });
                 drop(next);
                 done.wait();
                 (kept, inbox)
@@ -379,17 +386,7 @@ fn growth_purges_the_classes_an_adopted_heap_left_untouched() {
     let small = Layout::from_size_align(4096, 8).unwrap();
     let stranded = || stranded_in(4096, 4096);
     let live: Vec<usize> = std::thread::spawn(move || {
-        let all: Vec<usize> = (0..4096)
-            .map(|_| {
-                // SAFETY: a valid layout; the block written whole.
-                unsafe {
-                    let p = A.alloc(small);
-                    assert!(!p.is_null());
-                    p.write_bytes(0x6b, 4096);
-                    p as usize
-                }
-            })
-            .collect();
+        let all: Vec<usize> = (0..4096).map(|_| written(small, 0x6b)).collect();
         let (keep, free): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % 4 == 0);
         for (_, p) in free {
             // SAFETY: allocated above, freed once.
@@ -402,21 +399,7 @@ fn growth_purges_the_classes_an_adopted_heap_left_untouched() {
     let before = stranded();
     assert!(before >= 8 << 20, "the exited thread's pages strand {} KiB", before >> 10);
     let big = Layout::from_size_align(20 << 10, 8).unwrap();
-    let grown: Vec<usize> = std::thread::spawn(move || {
-        (0..820)
-            .map(|_| {
-                // SAFETY: a valid layout; the block written whole.
-                unsafe {
-                    let p = A.alloc(big);
-                    assert!(!p.is_null());
-                    p.write_bytes(0x2d, big.size());
-                    p as usize
-                }
-            })
-            .collect()
-    })
-    .join()
-    .unwrap();
+    let grown: Vec<usize> = std::thread::spawn(move || (0..820).map(|_| written(big, 0x2d)).collect()).join().unwrap();
     let after = stranded();
     assert!(after < 1 << 20, "still {} KiB stranded of {} KiB", after >> 10, before >> 10);
     for p in live {
