@@ -8,7 +8,7 @@ use core::ptr;
 use super::{Heap, bump, cache_room, empty_page, page_bytes};
 use crate::alloc::engine::segment::segment_of;
 use crate::alloc::engine::size_class::CLASSES;
-use crate::alloc::engine::types::{Page, SegmentKind, State};
+use crate::alloc::engine::types::{HeapLife, Page, SegmentKind, State};
 use crate::sync::Ordering;
 
 /// A heap looks for idle classes' kept pages once in this many refills.
@@ -25,6 +25,33 @@ pub(super) const IDLE_REFILLS: u32 = 256;
 /// threshold: the lifecycle's next refill looks at the classes it left
 /// untouched (`lifecycle::refill`), then marks what the heap holds.
 pub(crate) const GROWN: u64 = u64::MAX;
+
+/// A heap's growth, counted from the least its pages held since it last
+/// looked at its untouched classes.
+impl HeapLife {
+    /// After a fresh page: [`GROWN`] once the pages grew by `threshold`
+    /// (0: never) past the mark.
+    pub(super) fn grew(&mut self, threshold: u64) {
+        if self.grow_mark != GROWN
+            && threshold != 0
+            && self.page_bytes.load(Ordering::Relaxed).saturating_sub(self.grow_mark) >= threshold
+        {
+            self.grow_mark = GROWN;
+        }
+    }
+
+    /// After a page went back: the mark follows the least the heap held.
+    fn shrank(&mut self) {
+        if self.grow_mark != GROWN {
+            self.grow_mark = self.grow_mark.min(self.page_bytes.load(Ordering::Relaxed));
+        }
+    }
+
+    /// Growth counted from what the heap holds now.
+    pub(crate) fn mark_growth(&mut self) {
+        self.grow_mark = self.page_bytes.load(Ordering::Relaxed);
+    }
+}
 
 impl Heap {
     /// A page got a block back while full, or became empty; or a class's
@@ -153,10 +180,7 @@ impl Heap {
             let seg = segment_of((*page).info.start);
             debug_assert_eq!((*seg).kind, SegmentKind::Small);
             bump(&self.life.page_bytes, (page_bytes(class) as u64).wrapping_neg());
-            if self.life.grow_mark != GROWN {
-                // Growth is counted from the least the heap held.
-                self.life.grow_mark = self.life.grow_mark.min(self.life.page_bytes.load(Ordering::Relaxed));
-            }
+            self.life.shrank();
             let arena = &state.arenas[usize::from((*seg).arena)];
             arena.free_page(state, page);
         }

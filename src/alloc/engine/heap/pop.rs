@@ -6,7 +6,6 @@
 
 use core::ptr::{self, NonNull};
 
-use super::lists::GROWN;
 use super::{
     CACHING, EXPIRE_EVERY, Heap, Placement, bump, empty_page, in_page, link, lists_dropped, next_of, no_heap, node_of,
     page_bytes, page_span, served,
@@ -385,14 +384,7 @@ impl Heap {
                 segment::store_sinks(segment_of((*page).info.start).cast::<SmallSegment>(), page, sink);
             }
             bump(&(*heap).life.page_bytes, page_bytes(class) as u64);
-            let life = &mut (*heap).life;
-            let threshold = state.config.purge_threshold as u64;
-            if life.grow_mark != GROWN
-                && threshold != 0
-                && life.page_bytes.load(Ordering::Relaxed).saturating_sub(life.grow_mark) >= threshold
-            {
-                life.grow_mark = GROWN;
-            }
+            (*heap).life.grew(state.config.purge_threshold as u64);
             debug_assert!((*page).used.get() == 0 && (*page).carved.get() == 0 && (*page).free.is_null());
             debug_assert_eq!(usize::from((*page).info.class), class);
             (*heap).push_front(page);

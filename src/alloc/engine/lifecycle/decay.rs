@@ -35,7 +35,6 @@ use super::tick;
 use crate::alloc::engine::heap::{GROWN, Heap, Placement, empty_page};
 use crate::alloc::engine::size_class::CLASSES;
 use crate::alloc::engine::types::{ALL_CLASSES, ClassSet, Decay, HeapLife, State};
-use crate::sync::Ordering;
 
 /// Refills between two looks at the clock while the heap is busy (it looks
 /// at every refill while armed or quiet).
@@ -315,6 +314,6 @@ unsafe fn untouched_back(heap: *mut Heap) {
             }
         }
         Heap::give_back_free_as(heap, true, quiet);
-        (*heap).life.grow_mark = (*heap).life.page_bytes.load(Ordering::Relaxed);
+        (*heap).life.mark_growth();
     }
 }

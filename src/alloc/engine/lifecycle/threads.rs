@@ -47,7 +47,7 @@ pub(crate) fn init_current(state: &'static State) -> Option<(*mut Heap, bool)> {
             // window and its growth counted from here.
             (*heap).life.window_refills = [0; CLASSES];
             (*heap).life.decayed_at = crate::os::monotonic_ms();
-            (*heap).life.grow_mark = (*heap).life.page_bytes.load(crate::sync::Ordering::Relaxed);
+            (*heap).life.mark_growth();
         }
         heap
     };
