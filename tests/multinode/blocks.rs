@@ -83,6 +83,10 @@ pub(super) fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Gues
                     back >> 10
                 );
             }
+            let (purged, served) = partly_used_pages_round(|_, g| g == Some(phys), &format!("cpu {cpu}"));
+            println!(
+                "  cpu {cpu}: {purged} OS pages under free blocks of pages in use purged, {served} on node {node} again"
+            );
         })
         .join()
         .unwrap();
@@ -120,10 +124,95 @@ pub(super) fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Gues
         let back = A.trim();
         round("purged and interleaved again");
         println!("\n  interleave over {nodes}: {} KiB purged, 48 buffers again, every page on its node", back >> 10);
+        // Pages in use, under an interleave of one block a node: the
+        // blocks handed out again after the purge (the purged ones among
+        // them) have their pages on their page's node, on every node of
+        // the policy.
+        let mut seen = HashSet::new();
+        let _g =
+            numaweave::with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Count(1)).unwrap())).unwrap();
+        let (purged, served) = partly_used_pages_round(
+            |b, g| {
+                // SAFETY: a live block of `A`'s, handed out by the round.
+                let n = unsafe { A.node_of(b) };
+                seen.insert(n);
+                g == Some(topo.physical_node(n))
+            },
+            "interleaved",
+        );
+        assert_eq!(seen.len(), nodes.len(), "the blocks handed out again are on nodes {seen:?} alone");
+        println!(
+            "  interleaved: {purged} OS pages of pages in use purged, {served} blocks on their pages' nodes again"
+        );
     })
     .join()
     .unwrap();
     Outcome::Pass
+}
+
+/// One round of block purges in pages that stay in use: 256 blocks of
+/// 4 KiB (a class of whole OS pages) written, every other one freed, a
+/// trim; the OS pages only freed blocks cover must have left memory (the
+/// purge happened), the live blocks keep their contents, and the blocks
+/// handed out again (the purged ones among them) have every page where
+/// `on` says (given the block and the node of one of its pages). Returns
+/// the OS pages purged and the blocks served again.
+fn partly_used_pages_round(mut on: impl FnMut(*mut u8, Option<usize>) -> bool, what: &str) -> (usize, usize) {
+    let l = Layout::from_size_align(4096, 8).unwrap();
+    let page = os::page_size();
+    // SAFETY: a valid layout; every block is freed with it below.
+    let blocks: Vec<usize> = (0..256).map(|_| unsafe { A.alloc(l) } as usize).collect();
+    assert!(blocks.iter().all(|&b| b != 0), "{what}: out of memory");
+    for (i, &b) in blocks.iter().enumerate() {
+        // SAFETY: a live block of `l.size()` bytes.
+        unsafe { (b as *mut u8).write_bytes(i as u8, l.size()) };
+    }
+    let (live, freed): (Vec<_>, Vec<_>) = blocks.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    for &(_, &b) in &freed {
+        // SAFETY: allocated above with `l`.
+        unsafe { A.dealloc(b as *mut u8, l) };
+    }
+    A.trim();
+    // The OS pages that freed blocks cover and no live block touches.
+    let touched = |a: usize| live.iter().any(|&(_, &b)| b < a + page && b + l.size() > a);
+    let under_free: Vec<*const u8> = freed
+        .iter()
+        .flat_map(|&(_, &b)| (b.next_multiple_of(page)..(b + l.size()) & !(page - 1)).step_by(page))
+        .filter(|&a| !touched(a))
+        .map(|a| a as *const u8)
+        .collect::<Vec<_>>();
+    // (`mincore`, not `move_pages`: Linux 6.1 says EFAULT of a page not
+    // present where later kernels say ENOENT.)
+    let purged = under_free
+        .iter()
+        .filter(|&&a| {
+            let mut r = [true];
+            os::mem::resident_pages(std::ptr::NonNull::new(a.cast_mut()).unwrap(), page, &mut r).unwrap();
+            !r[0]
+        })
+        .count();
+    assert!(
+        !under_free.is_empty() && purged == under_free.len(),
+        "{what}: {purged} of the {} OS pages under free blocks only were given back",
+        under_free.len()
+    );
+    for &(i, &b) in &live {
+        // SAFETY: a live block of `l.size()` bytes.
+        let s = unsafe { std::slice::from_raw_parts(b as *const u8, l.size()) };
+        assert!(s.iter().all(|&x| x == i as u8), "{what}: live block {i} lost its contents in the purge");
+    }
+    // SAFETY: a valid layout; freed below.
+    let again: Vec<*mut u8> = (0..freed.len()).map(|_| unsafe { A.alloc(l) }).collect();
+    for (k, &b) in again.iter().enumerate() {
+        assert!(!b.is_null(), "{what}: out of memory");
+        let got = touch_and_locate(b, l.size());
+        assert!(got.iter().all(|&g| on(b, g)), "{what}: block {k} handed out after the purge: pages on {got:?}");
+    }
+    for b in again.into_iter().chain(live.iter().map(|&(_, &b)| b as *mut u8)) {
+        // SAFETY: allocated with `l`, each once.
+        unsafe { A.dealloc(b, l) };
+    }
+    (purged, freed.len())
 }
 
 pub(super) fn numaalloc_remote_frees_return_home(t: &Topology, _: Option<&Guest>) -> Outcome {
