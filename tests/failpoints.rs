@@ -517,6 +517,95 @@ fn a_child_whose_table_cannot_be_made_serves_on() {
 /// its slot and its `RLIMIT_MEMLOCK` booking come back, and the next
 /// buffer of it gets a slot of its own that fixed I/O can use (before: the
 /// stale index, every fixed read or write `EFAULT`).
+/// A process that publishes its classes (`NUMAWEAVE_PUBLISH=1`) whose
+/// memory file the OS refuses: a forked child, whose first publication
+/// makes a file of its own (its parent's is not its to write), is refused
+/// it: reported once on stderr, tried no more, no table of its own, and
+/// its blocks served and kept as ever. Runs as a child of the test
+/// (publishing is chosen at start-up; the test's own process made its
+/// file before any test began).
+#[test]
+fn a_class_table_refused_is_reported_once_and_service_goes_on() {
+    const NAME: &str = "a_class_table_refused_is_reported_once_and_service_goes_on";
+    if std::env::var_os("FAILPOINTS_PUBLISH_CHILD").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env("NUMAWEAVE_PUBLISH", "1")
+            .env("FAILPOINTS_PUBLISH_CHILD", "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && stdout.contains("published nothing"), "{stdout}\n{stderr}");
+        assert_eq!(stderr.matches("numaweave: NUMAWEAVE_PUBLISH: memfd_create").count(), 1, "{stderr}");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let l = Layout::from_size_align(3000, 8).unwrap();
+    A.trim();
+    // SAFETY: the child allocates through the allocator only, and ends
+    // with `_exit` (no destructor, no stdio of the parent's).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        failpoint::arm(Call::Memfd, 1, u64::MAX);
+        let kept = failpoint::scope(|| {
+            // SAFETY: a valid layout; every block written, checked and freed below.
+            let blocks: Vec<usize> = (0..1000).map(|_| unsafe { A.alloc(l) } as usize).collect();
+            let mut kept = blocks.iter().all(|&b| b != 0);
+            for (i, &b) in blocks.iter().enumerate().filter(|_| kept) {
+                // SAFETY: a live block of 3000 bytes.
+                unsafe { (b as *mut u8).write_bytes(i as u8, l.size()) };
+            }
+            A.trim();
+            A.trim();
+            kept = kept
+                && blocks.iter().enumerate().all(|(i, &b)| {
+                    // SAFETY: as above.
+                    unsafe { std::slice::from_raw_parts(b as *const u8, l.size()) }.iter().all(|&x| x == i as u8)
+                });
+            for b in blocks.into_iter().filter(|&b| b != 0) {
+                // SAFETY: allocated above with `l`, freed once.
+                unsafe { A.dealloc(b as *mut u8, l) };
+            }
+            A.trim();
+            kept
+        });
+        let c = failpoint::counts(Call::Memfd);
+        // Tables of this process's own among its descriptors (its parent's
+        // file is still open here, with its parent's pid).
+        let me = std::process::id();
+        let own = std::fs::read_dir("/proc/self/fd")
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("numaweave-classes"))
+                    })
+                    .filter(|e| numaweave::stats::class_table::read_file(&e.path()).is_ok_and(|t| t.pid == me))
+                    .count()
+            })
+            .unwrap_or(usize::MAX);
+        let code = match (kept, (c.seen, c.refused), own) {
+            (false, ..) => 3,
+            (_, (1, 1), 0) => 0,
+            (_, (1, 1), _) => 4,
+            _ => 5,
+        };
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut st = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(libc::WIFEXITED(st), "the child died: status {st:#x}");
+    match libc::WEXITSTATUS(st) {
+        0 => println!("published nothing"),
+        3 => panic!("the child's blocks failed or changed without a table"),
+        4 => panic!("a table of the child's own without its file"),
+        5 => panic!("the child asked for its file other than once"),
+        s => panic!("the child exited {s}"),
+    }
+}
+
 #[cfg(feature = "io-uring")]
 #[test]
 fn a_ring_region_refused_after_a_move_is_registered_again_on_demand() {

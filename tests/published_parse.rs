@@ -26,6 +26,8 @@ thread_local! {
 }
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Held by the tests that count (the counters are the process's).
+static COUNTERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 // SAFETY: every call is passed to `NumaAlloc` unchanged; the counters are
 // bookkeeping beside it.
@@ -118,6 +120,7 @@ fn damage(r: &mut Rng, t: &mut Vec<u8>) {
 
 #[test]
 fn any_bytes_parse_to_a_bounded_table_or_a_typed_error() {
+    let _g = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
     let seed = std::env::var("PARSE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
     println!("PARSE_SEED={seed}");
     let mut r = Rng(seed);
@@ -186,4 +189,77 @@ fn a_file_read_again_is_read_from_its_start() {
     let got = published::read_file(&path);
     std::fs::remove_file(&path).unwrap();
     assert!(matches!(got, Err(ReadError::Bad(BadTable::Changing))), "{got:?}");
+}
+
+/// The class table's reader (`stats::class_table::parse`), the same way:
+/// real tables (written by the crate's own writer) and random damage to
+/// them; whatever the bytes, a bounded table whose every row is one a
+/// class's pages can have, or a typed error.
+#[test]
+fn any_bytes_parse_to_a_sound_class_table_or_a_typed_error() {
+    use numaweave::stats::ClassUsage;
+    use numaweave::stats::class_table::{self as ct, BadClassTable, MAX_ROWS, Words};
+    let _g = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut r = Rng(0x5eed_c1a5);
+    let (mut ok, mut bad) = (0, 0);
+    for round in 0..300 {
+        let words: Vec<std::sync::atomic::AtomicU64> =
+            (0..ct::FILE_LEN / 8).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
+        Words(&words).init(4242);
+        let rows = r.below(if round % 10 == 0 { MAX_ROWS as u64 } else { 40 }) as usize;
+        Words(&words).publish(round, |row| {
+            for i in 0..rows {
+                let bs = 16 * (r.below(1000) + 1);
+                let pages = r.below(100) + 1;
+                let bytes = pages * 65536;
+                let in_use = r.below(bytes / 2);
+                let u =
+                    ClassUsage { block_size: bs, pages, bytes, in_use, uncollected: 0, stranded: r.below(bytes / 2) };
+                row(i % 64, &u);
+            }
+        });
+        let mut t: Vec<u8> = words.iter().flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes()).collect();
+        if round % 3 != 0 {
+            for _ in 0..r.below(6) + 1 {
+                match r.below(4) {
+                    0 => {
+                        let w = r.below((t.len() / 8) as u64) as usize;
+                        put(&mut t, w, [u64::MAX, 0, 1 << 40, r.next()][r.below(4) as usize]);
+                    }
+                    1 => put(&mut t, 4, r.below(2 * MAX_ROWS as u64)),
+                    2 => {
+                        let i = r.below(t.len() as u64) as usize;
+                        t[i] ^= 1 << r.below(8);
+                    }
+                    _ => t.truncate(r.below(t.len() as u64 + 1) as usize),
+                }
+            }
+        }
+        let seq = if t.len() > 24 { get(&t, SEQ) } else { 0 };
+        let before = LIVE.load(Ordering::Relaxed);
+        PEAK.store(before, Ordering::Relaxed);
+        COUNTING.set(true);
+        let got = ct::parse(&t, seq);
+        COUNTING.set(false);
+        let peak = PEAK.load(Ordering::Relaxed) - before;
+        assert!(peak <= t.len(), "round {round}: {peak} bytes allocated for a file of {}", t.len());
+        match got {
+            Ok(table) => {
+                ok += 1;
+                assert!(table.rows.len() <= MAX_ROWS);
+                for row in &table.rows {
+                    let u = row.usage;
+                    assert!(row.node < 64 && u.block_size > 0 && u.block_size <= 256 << 10 && u.pages > 0);
+                    assert!(u.in_use + u.uncollected + u.stranded <= u.bytes && u.bytes <= u.pages * (256 << 10));
+                }
+            }
+            Err(BadClassTable::Size { len }) => {
+                assert_ne!(len, ct::FILE_LEN);
+                bad += 1;
+            }
+            Err(_) => bad += 1,
+        }
+    }
+    println!("{ok} class tables accepted, {bad} refused");
+    assert!(ok > 50 && bad > 50, "the damage is not varied enough: {ok} accepted, {bad} refused");
 }

@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use numaweave::Topology;
 use numaweave::policy::{Policy, SizeRules};
 use numaweave::slab::published;
+use numaweave::stats::class_table;
 
 fn cli() -> Command {
     Command::new("numaweave")
@@ -320,6 +321,7 @@ fn numastat(pid: u32) -> ExitCode {
     }
     println!("{row} {:>15.2}", mib(totals.iter().sum()));
     caches(pid);
+    classes(pid);
     ExitCode::SUCCESS
 }
 
@@ -408,6 +410,70 @@ fn caches(pid: u32) {
     if t.unlisted > 0 {
         println!("({} chunks not listed: the process's table was full)", t.unlisted);
     }
+}
+
+/// The process's published class table (`NUMAWEAVE_PUBLISH=1`), found
+/// as the slab table is: a memory file of that name whose table says it is
+/// this process's.
+fn class_table_of(pid: u32) -> Option<class_table::ClassTable> {
+    let wanted = format!("/memfd:{}", class_table::FILE_NAME);
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        if !std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with(&wanted)) {
+            continue;
+        }
+        match class_table::read_file(&e.path()) {
+            Ok(t) if t.pid == pid => return Some(t),
+            Ok(_) => {}
+            Err(err) => eprintln!("numaweave: {}: {err}", e.path().display()),
+        }
+    }
+    None
+}
+
+/// The size classes' pages per node, as the process last published them:
+/// what each class spans, holds in use, waits to collect, and strands
+/// (free blocks only that class can use until its pages empty).
+fn classes(pid: u32) {
+    let Some(t) = class_table_of(pid) else {
+        println!("\n(no size-class table: start the program with NUMAWEAVE_PUBLISH=1 to see one)");
+        return;
+    };
+    let age = numaweave::os::monotonic_ms().saturating_sub(t.published_ms);
+    let kib = |b: u64| b as f64 / 1024.0;
+    println!("\nSize classes (in KiB) for PID {pid}, published {age} ms ago (at most every {} ms)", t.period_ms);
+    println!(
+        "{:>4} {:>10} {:>8} {:>12} {:>12} {:>12} {:>12}",
+        "Node", "Block", "Pages", "Spanned", "In use", "Uncollected", "Stranded"
+    );
+    let mut rows = t.rows.clone();
+    rows.sort_by_key(|r| (r.node, r.usage.block_size));
+    let mut sum = [0u64; 4];
+    for r in &rows {
+        let u = &r.usage;
+        println!(
+            "{:>4} {:>10} {:>8} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
+            r.node,
+            u.block_size,
+            u.pages,
+            kib(u.bytes),
+            kib(u.in_use),
+            kib(u.uncollected),
+            kib(u.stranded)
+        );
+        for (s, v) in sum.iter_mut().zip([u.bytes, u.in_use, u.uncollected, u.stranded]) {
+            *s += v;
+        }
+    }
+    println!(
+        "{:>4} {:>10} {:>8} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
+        "",
+        "Total",
+        rows.iter().map(|r| r.usage.pages).sum::<u64>(),
+        kib(sum[0]),
+        kib(sum[1]),
+        kib(sum[2]),
+        kib(sum[3])
+    );
 }
 
 #[cfg(test)]

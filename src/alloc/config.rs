@@ -2,6 +2,7 @@
 //! the start-up that turns it into the process's allocator: the core's
 //! settings go to the state, the default placement to `placement.rs`.
 
+use super::engine::lifecycle::published;
 use super::engine::types::{Mode, Settings, State};
 use super::placement::{self, PolicyGuard};
 use crate::error::Result;
@@ -24,6 +25,7 @@ use crate::policy::{Policy, SizeRules};
 /// | `NUMAWEAVE_VERBOSE` | `1`: print the configuration and the topology at start ([`Config::verbose`]) | `0` |
 /// | `NUMAWEAVE_SHOW_STATS` | `1`: print the per-node statistics at exit ([`Config::show_stats`]) | `0` |
 /// | `NUMAWEAVE_CPU_CACHE` | `1`: per-CPU caches of small blocks on glibc's rseq area ([`Config::cpu_cache`]) | `0` |
+/// | `NUMAWEAVE_PUBLISH` | `1`: the size classes' usage per node published for `numaweave numastat PID` ([`Config::publish`]) | `0` |
 /// | `NUMAWEAVE_CHECK` | hardened builds (feature `hardened`): `full` adds red zones and poison | `default` |
 /// | `NUMAWEAVE_ON_ERROR` | hardened builds: `report` leaks a misused block and goes on | `abort` |
 /// | `NUMAWEAVE_GUARD` | hardened builds: `1` puts a page no access is allowed to after every segment and huge mapping | `0` |
@@ -40,12 +42,20 @@ pub struct Config {
     pub(crate) policies: bool,
     /// Per-CPU caches of small blocks where glibc registered rseq.
     pub(crate) cpu_cache: bool,
+    /// The classes' usage published for `numaweave numastat PID`.
+    pub(crate) publish: bool,
 }
 
 impl Config {
     /// The defaults: `Auto`, not strict, 8 MiB purge threshold.
     pub const fn new() -> Self {
-        Self { core: Settings::new(), default: SizeRules::single(Policy::Local), policies: true, cpu_cache: false }
+        Self {
+            core: Settings::new(),
+            default: SizeRules::single(Policy::Local),
+            policies: true,
+            cpu_cache: false,
+            publish: false,
+        }
     }
 
     /// Serves blocks of up to 2 KiB from per-CPU caches
@@ -118,6 +128,30 @@ impl Config {
     /// (`NUMAWEAVE_SHOW_STATS=1`, like `MIMALLOC_SHOW_STATS`).
     pub const fn show_stats(mut self, on: bool) -> Self {
         self.core.show_stats = on;
+        self
+    }
+
+    /// Publishes the size classes' usage per node, at most once a second,
+    /// to a memory file that `numaweave numastat PID` reads
+    /// (`NUMAWEAVE_PUBLISH=1`): for each node and class the bytes its pages
+    /// span, hold in use, wait to collect from other threads' frees and
+    /// strand ([`ClassUsage`](crate::stats::ClassUsage)), read from
+    /// outside while the program runs ([`stats::class_table`](crate::stats::class_table)).
+    /// The process's threads publish on their refills (no thread of the
+    /// allocator's own) and at [`NumaAlloc::trim`](crate::NumaAlloc::trim):
+    /// a program that stopped allocating shows its last figures, with
+    /// their age. Costs a descriptor and a walk of the pages once a
+    /// second; off by default.
+    ///
+    /// ```
+    /// use numaweave::{Config, NumaAlloc};
+    /// static A: NumaAlloc = NumaAlloc::with_config(Config::new().publish(true));
+    /// let v = vec![7u8; 1000];
+    /// assert_eq!(v[999], 7);
+    /// # let _ = &A;
+    /// ```
+    pub const fn publish(mut self, on: bool) -> Self {
+        self.publish = on;
         self
     }
 
@@ -202,6 +236,7 @@ impl Config {
             (c"NUMAWEAVE_VERBOSE", &mut self.core.verbose),
             (c"NUMAWEAVE_SHOW_STATS", &mut self.core.show_stats),
             (c"NUMAWEAVE_CPU_CACHE", &mut self.cpu_cache),
+            (c"NUMAWEAVE_PUBLISH", &mut self.publish),
         ] {
             if let Some(v) = file::env(name) {
                 match v.trim_ascii() {
@@ -267,6 +302,9 @@ pub(crate) fn start(config: &Config) -> &'static State {
     // The default placement is set inside the state's start-up, so that
     // whoever sees the state sees it too.
     State::get(&config.core, &|topology| {
+        if config.publish {
+            published::enable();
+        }
         placement::set_default(config.default, config.policies, config.cpu_cache, topology)
     })
 }

@@ -4,7 +4,9 @@
 
 use core::fmt;
 
+pub use super::engine::arena::ClassUsage;
 use super::engine::heap::for_each_heap;
+pub use super::engine::lifecycle::published as class_table;
 use super::engine::size_class::{CLASSES, class_size};
 use super::engine::types::SEGMENT_SIZE;
 use super::engine::types::{Mode, State};
@@ -212,51 +214,13 @@ impl Stats {
     }
 }
 
-/// One size class's pages on a node ([`NumaAlloc::class_usage`](crate::NumaAlloc::class_usage)):
-/// what a size-class allocator strands. The figures are one moment's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClassUsage {
-    /// The class's block size in bytes.
-    pub block_size: u64,
-    /// Pages of the class (each of one to four 64 KiB slots).
-    pub pages: u64,
-    /// The bytes those pages' blocks span.
-    pub bytes: u64,
-    /// Bytes of their blocks in use: handed out, or in a thread's free
-    /// cache (kept for reuse).
-    pub in_use: u64,
-    /// Bytes of blocks other threads freed into those pages that the
-    /// pages' owners have not collected yet (they are collected when a
-    /// page runs dry, or when an exited thread's heap is adopted or
-    /// reclaimed).
-    pub uncollected: u64,
-    /// Bytes of free blocks in those pages that were ever handed out or
-    /// prepared (carved): memory only this class can use again until the
-    /// page empties. Resident, but for the parts of it purged once the
-    /// class went quiet (blocks of 1 KiB and more: every OS page that only
-    /// free blocks cover; a block whose link page went counts no more).
-    /// The pages' never-carved rest counts in neither.
-    pub stranded: u64,
-}
-
 /// The size classes' pages on `node`'s arena, indexed by class (all zero
 /// where the node has none).
 pub(crate) fn class_usage(state: &State, node: usize) -> [ClassUsage; CLASSES] {
-    let mut u = [ClassUsage::default(); CLASSES];
-    for (c, x) in u.iter_mut().enumerate() {
-        x.block_size = class_size(c) as u64;
+    match state.arena(node) {
+        Some(a) => a.class_usage(),
+        None => core::array::from_fn(|c| ClassUsage { block_size: class_size(c) as u64, ..ClassUsage::default() }),
     }
-    if let Some(a) = state.arena(node) {
-        a.page_usage(|p| {
-            let (x, bs) = (&mut u[p.class % CLASSES], p.block_size);
-            x.pages += 1;
-            x.bytes += p.capacity * bs;
-            x.in_use += p.in_use * bs;
-            x.uncollected += p.uncollected * bs;
-            x.stranded += p.stranded * bs;
-        });
-    }
-    u
 }
 
 /// How many classes the stranded lines name, per node.

@@ -78,3 +78,30 @@ pub(crate) fn process_id() -> u32 {
     // SAFETY: getpid has no preconditions and cannot fail.
     unsafe { libc::getpid() as u32 }
 }
+
+/// Reads the file at `path` (another process's memory file, through
+/// `/proc/PID/fd`): up to `len + 1` bytes from its start (so that a file
+/// longer than `len` shows), then the little-endian `u64` at word
+/// `seq_word` again, which a seqlock's reader compares with the copy's
+/// (0 if the file is too short to hold it).
+pub(crate) fn read_seqlocked(path: &std::path::Path, len: usize, seq_word: usize) -> std::io::Result<(Vec<u8>, u64)> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path)?;
+    let mut bytes = vec![0u8; len + 1];
+    let mut n = 0;
+    while n < bytes.len() {
+        match f.read_at(&mut bytes[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(n);
+    let mut seq = [0u8; 8];
+    let seq = match f.read_exact_at(&mut seq, (seq_word * 8) as u64) {
+        Ok(()) => u64::from_le_bytes(seq),
+        Err(_) => 0,
+    };
+    Ok((bytes, seq))
+}

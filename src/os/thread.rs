@@ -54,6 +54,11 @@
 //! Engine      alloc/engine/types.rs work        SpinLock  held   the lifecycle's work (a tick, a trim): one thread
 //!                                                                at a time; a tick only tries it, a trim waits; its
 //!                                                                holder takes the rest of the core's locks
+//!             alloc/engine/lifecycle/published.rs TABLE (SpinLock, fork: -)
+//!                                                                the published class table's file
+//!                                                                (NUMAWEAVE_PUBLISH); taken only under `work`,
+//!                                                                which fork holds; its holder takes each arena's
+//!                                                                `inner` (the walk of its pages)
 //!             alloc/engine/types.rs shared      SpinLock  held   per arena: its shared heap (heap/shared.rs);
 //!                                                                taken before the rest of the core's locks, which
 //!                                                                its holder takes (pages, metadata)

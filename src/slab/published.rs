@@ -15,8 +15,8 @@
 //!
 //! Entries change under a cache's node lock (a chunk mapped or unmapped),
 //! then under this table's own lock, one writer at a time, as a seqlock's
-//! writer: `seq` made odd, a release fence, the entry, `seq` made even with
-//! a release store. A reader takes the whole file, then `seq` again: the
+//! writer (`sync/seqlock.rs`): `seq` made odd, a release fence, the
+//! entry, `seq` made even with a release store. A reader takes the whole file, then `seq` again: the
 //! copy holds if both are the same even value ([`parse`]); the model in
 //! `loom-tests/tests/published_table.rs` checks that no torn entry passes.
 //!
@@ -34,7 +34,7 @@
 //! at the fork (the writer keeps one: private memory is copied at the
 //! fork, the file is not).
 
-use crate::sync::{AtomicU64, Ordering, fence};
+use crate::sync::{AtomicU64, Ordering, seqlock};
 
 /// The memory file's name (`/memfd:numaweave-slabs (deleted)` in
 /// `/proc/PID/fd`).
@@ -279,27 +279,11 @@ impl std::error::Error for ReadError {}
 /// then the `seq` word again; read again (a few times) while a writer is
 /// changing it.
 pub fn read_file(path: &std::path::Path) -> Result<Table, ReadError> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path).map_err(ReadError::Io)?;
-    // One byte more than a table: a longer file is no table.
-    let mut bytes = vec![0u8; FILE_LEN + 1];
     for _ in 0..10 {
-        // Each pass from the start (`read_at`: the file's offset is not
-        // used, so a pass after a changing table reads it whole again).
-        let mut n = 0;
-        while n < bytes.len() {
-            match f.read_at(&mut bytes[n..], n as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ReadError::Io(e)),
-            }
-        }
-        let mut seq = [0u8; 8];
-        if n != FILE_LEN || f.read_exact_at(&mut seq, (H_SEQ * 8) as u64).is_err() {
-            return Err(ReadError::Bad(BadTable::Size { len: n }));
-        }
-        match parse(&bytes[..n], u64::from_le_bytes(seq)) {
+        // Each pass opens and reads the file whole again (one byte more
+        // than a table: a longer file is no table).
+        let (bytes, seq) = crate::os::memfd::read_seqlocked(path, FILE_LEN, H_SEQ).map_err(ReadError::Io)?;
+        match parse(&bytes, seq) {
             Err(BadTable::Changing) => continue,
             r => return r.map_err(ReadError::Bad),
         }
@@ -316,17 +300,8 @@ pub fn read_words(words: &[AtomicU64]) -> Result<Table, BadTable> {
     if words.len() < HEADER_WORDS || !(words.len() - HEADER_WORDS).is_multiple_of(WORDS) {
         return Err(BadTable::Size { len: words.len() * 8 });
     }
-    let seq_before = words[H_SEQ].load(Ordering::Acquire);
-    let mut copy: Vec<u64> = words.iter().map(|w| w.load(Ordering::Relaxed)).collect();
-    fence(Ordering::Acquire);
-    let seq_after = words[H_SEQ].load(Ordering::Relaxed);
-    if seq_before != seq_after {
-        return Err(BadTable::Changing);
-    }
-    // (The copy's own `seq` was read between the two: decode against the
-    // first.)
-    copy[H_SEQ] = seq_before;
-    decode(|i| copy[i], (words.len() - HEADER_WORDS) / WORDS, seq_after)
+    let copy = seqlock::read(words, H_SEQ).ok_or(BadTable::Changing)?;
+    decode(|i| copy[i], (words.len() - HEADER_WORDS) / WORDS, copy[H_SEQ])
 }
 
 /// Words of a table of `slots` entries (the file's has [`SLOTS`]).
@@ -403,13 +378,7 @@ impl Words<'_> {
 
     /// Counts a chunk not listed (the table was full).
     pub fn count_unlisted(&self) {
-        let seq = &self.0[H_SEQ];
-        // (Even, as in `edit`.)
-        let s = seq.load(Ordering::Relaxed) & !1;
-        seq.store(s + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        self.0[H_UNLISTED].fetch_add(1, Ordering::Relaxed);
-        seq.store(s + 2, Ordering::Release);
+        seqlock::write(self.0, H_SEQ, || self.0[H_UNLISTED].fetch_add(1, Ordering::Relaxed));
     }
 
     /// Changes `slot`'s words with `f` as a seqlock writer: `seq` odd, a
@@ -419,16 +388,8 @@ impl Words<'_> {
     fn edit(&self, slot: usize, f: impl FnOnce(&[AtomicU64])) {
         debug_assert!(slot < self.slots());
         let w = self.0;
-        let seq = &w[H_SEQ];
-        // (Even: edits are made under the writer's lock. Any process of the
-        // user may write the file through `/proc/PID/fd`, so an odd value
-        // is not asserted against; it is made even.)
-        let s = seq.load(Ordering::Relaxed) & !1;
         w[H_EDITING].store(slot as u64, Ordering::Relaxed);
-        seq.store(s + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        f(&w[HEADER_WORDS + slot * WORDS..][..WORDS]);
-        seq.store(s + 2, Ordering::Release);
+        seqlock::write(w, H_SEQ, || f(&w[HEADER_WORDS + slot * WORDS..][..WORDS]));
         w[H_EDITING].store(NO_SLOT, Ordering::Relaxed);
     }
 

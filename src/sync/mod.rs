@@ -7,6 +7,7 @@
 mod mutex;
 mod once;
 mod retire;
+pub mod seqlock;
 mod shim;
 mod spin;
 mod stack;

@@ -23,6 +23,8 @@ mod cached;
 mod purge;
 mod usage;
 
+pub use usage::ClassUsage;
+
 use cached::CACHED_BYTES_FACTOR;
 pub(crate) use purge::delay_clock;
 pub(crate) use purge::map_or_reclaim;

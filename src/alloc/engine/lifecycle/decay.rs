@@ -40,6 +40,10 @@ use crate::alloc::engine::types::{ALL_CLASSES, ClassSet, Decay, HeapLife, State}
 /// at every refill while armed or quiet).
 const CLOCK_EVERY: u32 = 8;
 
+/// Refills between two looks at whether the classes' usage is due to be
+/// published (`published.rs`; a flag's test when the process does not).
+const PUBLISH_EVERY: u32 = 64;
+
 /// A class that refills more than this many times in a clock tick is busy:
 /// its refill fills the slot while something is due. (A rule on the
 /// heap's refills, all classes together, filled the slots of a quiet
@@ -88,6 +92,9 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize, state: &State, placem
         // (Set by the heap's fresh pages, `Heap::fresh_page`.)
         if (*heap).life.grow_mark == GROWN {
             untouched_back(heap);
+        }
+        if (*heap).refills.is_multiple_of(PUBLISH_EVERY) {
+            super::published::beat(state);
         }
         p
     }

@@ -34,6 +34,7 @@
 //! waits for it.
 
 mod decay;
+pub mod published;
 mod threads;
 
 pub(crate) use decay::{refill, trim_heap};
@@ -134,6 +135,7 @@ pub(crate) unsafe fn cpu_beat(state: &State) {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn cpu_refill(state: &State, class: usize) -> *mut u8 {
     tick(state, crate::os::monotonic_ms());
+    published::beat(state);
     // SAFETY: a class the caches serve (the caller's word).
     let p = unsafe { heap::cpu::refill(state, class) };
     if !p.is_null() {
@@ -333,4 +335,5 @@ pub(crate) fn trim(state: &State) {
             a.purge_now();
         }
     }
+    published::publish(state, crate::os::monotonic_ms());
 }
