@@ -513,17 +513,13 @@ fn a_child_whose_table_cannot_be_made_serves_on() {
     }
 }
 
-/// A ring's region released for a move and refused when registered again:
-/// its slot and its `RLIMIT_MEMLOCK` booking come back, and the next
-/// buffer of it gets a slot of its own that fixed I/O can use (before: the
-/// stale index, every fixed read or write `EFAULT`).
 /// A process that publishes its classes (`NUMAWEAVE_PUBLISH=1`) whose
 /// memory file the OS refuses: a forked child, whose first publication
 /// makes a file of its own (its parent's is not its to write), is refused
 /// it: reported once on stderr, tried no more, no table of its own, and
 /// its blocks served and kept as ever. Runs as a child of the test
-/// (publishing is chosen at start-up; the test's own process made its
-/// file before any test began).
+/// (publishing is chosen at start-up), whose trim before the fork makes
+/// the parent's file.
 #[test]
 fn a_class_table_refused_is_reported_once_and_service_goes_on() {
     const NAME: &str = "a_class_table_refused_is_reported_once_and_service_goes_on";
@@ -607,6 +603,10 @@ fn a_class_table_refused_is_reported_once_and_service_goes_on() {
 }
 
 #[cfg(feature = "io-uring")]
+/// A ring's region released for a move and refused when registered again:
+/// its slot and its `RLIMIT_MEMLOCK` booking come back, and the next
+/// buffer of it gets a slot of its own that fixed I/O can use (before: the
+/// stale index, every fixed read or write `EFAULT`).
 #[test]
 fn a_ring_region_refused_after_a_move_is_registered_again_on_demand() {
     use numaweave::io::uring::{FixedBuffers, NodeRing};

@@ -415,28 +415,36 @@ fn caches(pid: u32) {
 /// The process's published class table (`NUMAWEAVE_PUBLISH=1`), found
 /// as the slab table is: a memory file of that name whose table says it is
 /// this process's.
-fn class_table_of(pid: u32) -> Option<class_table::ClassTable> {
+fn class_table_of(pid: u32) -> Result<Option<class_table::ClassTable>, std::io::Error> {
     let wanted = format!("/memfd:{}", class_table::FILE_NAME);
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
         if !std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with(&wanted)) {
             continue;
         }
         match class_table::read_file(&e.path()) {
-            Ok(t) if t.pid == pid => return Some(t),
+            Ok(t) if t.pid == pid => return Ok(Some(t)),
             Ok(_) => {}
             Err(err) => eprintln!("numaweave: {}: {err}", e.path().display()),
         }
     }
-    None
+    Ok(None)
 }
 
 /// The size classes' pages per node, as the process last published them:
 /// what each class spans, holds in use, waits to collect, and strands
 /// (free blocks only that class can use until its pages empty).
 fn classes(pid: u32) {
-    let Some(t) = class_table_of(pid) else {
-        println!("\n(no size-class table: start the program with NUMAWEAVE_PUBLISH=1 to see one)");
-        return;
+    let t = match class_table_of(pid) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            // (A forked child shows none until its first publication.)
+            println!("\n(no size-class table: start the program with NUMAWEAVE_PUBLISH=1 to see one)");
+            return;
+        }
+        Err(e) => {
+            println!("\n(no size-class table: /proc/{pid}/fd: {e})");
+            return;
+        }
     };
     let age = numaweave::os::monotonic_ms().saturating_sub(t.published_ms);
     let kib = |b: u64| b as f64 / 1024.0;

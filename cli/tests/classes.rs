@@ -112,6 +112,17 @@ fn run(test: &str) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // A watchdog: a program that hangs is killed (its stdout ends, and
+    // the test fails) rather than hanging the test.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pid, watch) = (child.id() as i32, done.clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        if !watch.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: a signal to our own child, not yet waited for.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // (After the harness's "test NAME ... " on the same line.)
     let ready = lines.by_ref().map_while(Result::ok).find_map(|l| Some(l.split_once("ready ")?.1.to_owned()));
@@ -119,7 +130,9 @@ fn run(test: &str) {
     let out =
         Command::new(env!("CARGO_BIN_EXE_numaweave")).args(["numastat", &child.id().to_string()]).output().unwrap();
     drop(child.stdin.take());
-    assert!(child.wait().unwrap().success(), "the program failed");
+    let status = child.wait().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(status.success(), "the program failed");
     let text = String::from_utf8_lossy(&out.stdout);
     print!("{text}");
     assert!(out.status.success());

@@ -151,8 +151,8 @@ pub(super) fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Gues
 }
 
 /// One round of block purges in pages that stay in use: 256 blocks of
-/// 4 KiB (a class of whole OS pages) written, every other one freed, a
-/// trim; the OS pages only freed blocks cover must have left memory (the
+/// 4 KiB (a class of whole OS pages) written, every other one of each
+/// node's freed, a trim; the OS pages only freed blocks cover must have left memory (the
 /// purge happened), the live blocks keep their contents, and the blocks
 /// handed out again (the purged ones among them) have every page where
 /// `on` says (given the block and the node of one of its pages). Returns
@@ -167,7 +167,16 @@ fn partly_used_pages_round(mut on: impl FnMut(*mut u8, Option<usize>) -> bool, w
         // SAFETY: a live block of `l.size()` bytes.
         unsafe { (b as *mut u8).write_bytes(i as u8, l.size()) };
     }
-    let (live, freed): (Vec<_>, Vec<_>) = blocks.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    // Every other block of each node's (an interleave of one block a node
+    // over an even count of nodes would put only freed blocks on some
+    // nodes' pages: emptied whole, not partly used).
+    let mut seen_on: std::collections::HashMap<usize, usize> = Default::default();
+    let (live, freed): (Vec<_>, Vec<_>) = blocks.iter().enumerate().partition(|&(_, &b)| {
+        // SAFETY: a live block of `A`'s.
+        let k = seen_on.entry(unsafe { A.node_of(b as *const u8) }).or_default();
+        *k += 1;
+        *k % 2 == 1
+    });
     for &(_, &b) in &freed {
         // SAFETY: allocated above with `l`.
         unsafe { A.dealloc(b as *mut u8, l) };

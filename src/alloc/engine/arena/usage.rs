@@ -108,10 +108,13 @@ pub struct ClassUsage {
 
 impl Arena {
     /// The size classes' pages of this arena, indexed by class, summed
-    /// from [`page_usage`](Self::page_usage) (one moment's figures).
-    pub(crate) fn class_usage(&self) -> [ClassUsage; CLASSES] {
-        let mut u: [ClassUsage; CLASSES] =
-            core::array::from_fn(|c| ClassUsage { block_size: class_size(c) as u64, ..ClassUsage::default() });
+    /// from [`page_usage`](Self::page_usage) into `u` (one moment's
+    /// figures; the caller's array, so that a refill that publishes them
+    /// keeps 4 KiB off its thread's stack).
+    pub(crate) fn class_usage_into(&self, u: &mut [ClassUsage; CLASSES]) {
+        for (c, x) in u.iter_mut().enumerate() {
+            *x = ClassUsage { block_size: class_size(c) as u64, ..ClassUsage::default() };
+        }
         self.page_usage(|p| {
             let (x, bs) = (&mut u[p.class % CLASSES], p.block_size);
             x.pages += 1;
@@ -120,6 +123,5 @@ impl Arena {
             x.uncollected += p.uncollected * bs;
             x.stranded += p.stranded * bs;
         });
-        u
     }
 }

@@ -24,22 +24,29 @@
 //! `sync/seqlock.rs` (whose loom model is the slab table's): `seq` made
 //! odd, a release fence, the rows, `seq` made even with a release store.
 //! A reader copies the whole file, then reads `seq` again, and keeps the
-//! copy if both are the same even value ([`parse`]). The writer's walk
-//! runs inside the odd window (rows go straight into the file): a reader
-//! that meets it tries again ([`read_file`]: ten times, a millisecond
-//! apart).
+//! copy if both are the same even value ([`parse`]). The writer walks
+//! every arena's pages into a private array of rows first (under each
+//! arena's lock in turn), then copies them into the file: the odd window
+//! is a copy of the rows. A reader that meets it tries again
+//! ([`read_file`]: ten times, a millisecond apart).
 //!
 //! A reader trusts nothing of the file: [`parse`] takes exactly
 //! [`FILE_LEN`] bytes and checks every row (a node below `MAX_NODES`, a
-//! block size of a small class, pages, and the bytes in use, uncollected
-//! and stranded within the bytes the pages span), so a bad table is a
-//! typed error.
+//! block size of the small classes' range, pages an address space can
+//! hold, and the bytes in use, uncollected and stranded within the bytes
+//! the pages span: no sum of a table's rows overflows), so a bad table is
+//! a typed error.
 //!
 //! A child made by `fork` never writes its parent's file: the mapping is
 //! not inherited (`MADV_DONTFORK`), and the descriptor, whose number the
 //! child may have closed and given to a file of its own, is left alone
 //! (forgotten, never closed); the child's first publication makes a file
-//! of its own.
+//! of its own. One case is left: a process that never had a second
+//! thread takes no lock across `fork()` (see `os/thread.rs`), so a signal
+//! handler that forks while the interrupted thread is copying rows into
+//! the file has a child that resumes the copy into a mapping it does not
+//! have, and faults (the slab table's edits have the same window, a few
+//! words long; this one is the copy of the rows).
 
 use super::super::arena::ClassUsage;
 use crate::alloc::engine::size_class::{CLASSES, SMALL_MAX};
@@ -57,6 +64,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"NWCLASS1");
 const HEADER_WORDS: usize = 8;
 /// Words of a row.
 const WORDS: usize = 8;
+/// The most pages a row may say: 64 KiB slots below 2^47.
+const MAX_PAGES: u64 = 1 << (47 - 16);
 const H_MAGIC: usize = 0;
 const H_PID: usize = 1;
 const H_SEQ: usize = 2;
@@ -169,12 +178,13 @@ fn decode(word: impl Fn(usize) -> u64, max_rows: usize, seq_after: u64) -> Resul
         if w(0) >= MAX_NODES as u64 {
             return bad(r, "a node beyond the allocator's nodes");
         }
-        if u.block_size == 0 || u.block_size > SMALL_MAX as u64 {
-            return bad(r, "a block size that is no size class's");
+        if u.block_size == 0 || u.block_size > SMALL_MAX as u64 || !u.block_size.is_multiple_of(8) {
+            return bad(r, "a block size beyond the small classes'");
         }
-        // A page spans at most 4 slots of 64 KiB.
-        if u.pages == 0 || u.bytes > u.pages.saturating_mul(256 << 10) {
-            return bad(r, "pages that span no bytes, or more than pages can");
+        // A page spans at most 4 slots of 64 KiB, and no more pages than
+        // slots fit below 2^47 (so that no sum of rows overflows).
+        if u.pages == 0 || u.pages > MAX_PAGES || u.bytes > u.pages * (256 << 10) {
+            return bad(r, "no pages, more than an address space holds, or more bytes than they span");
         }
         if u.in_use.saturating_add(u.uncollected).saturating_add(u.stranded) > u.bytes {
             return bad(r, "more bytes in use, uncollected and stranded than the pages span");
@@ -278,7 +288,11 @@ pub(crate) use writer::{beat, enable, publish};
 
 #[cfg(not(loom))]
 mod writer {
-    use super::{FILE_LEN, PERIOD_MS, Words, table_words};
+    use core::ptr::NonNull;
+
+    use super::{FILE_LEN, MAX_ROWS, PERIOD_MS, Row, Words, table_words};
+    use crate::alloc::engine::arena::ClassUsage;
+    use crate::alloc::engine::size_class::CLASSES;
     use crate::alloc::engine::types::State;
     use crate::os::memfd::{MemFile, process_id};
     use crate::os::thread::fork_generation;
@@ -289,7 +303,10 @@ mod writer {
     /// The earliest time (ms) of the next publication.
     static NEXT: AtomicU64 = AtomicU64::new(0);
 
-    /// The file, and whose it is.
+    const NO_USAGE: ClassUsage =
+        ClassUsage { block_size: 0, pages: 0, bytes: 0, in_use: 0, uncollected: 0, stranded: 0 };
+
+    /// The file, whose it is, and where a publication gathers its rows.
     struct Writer {
         file: Option<MemFile>,
         /// Making it failed: not tried again in this process.
@@ -298,17 +315,31 @@ mod writer {
         /// (`os::thread::fork_generation`: a pid may come back).
         pid: u32,
         forks: u64,
+        /// Every row of a publication, gathered before the table is
+        /// written (so that the seqlock's odd window is a copy, not the
+        /// walk of every arena): a private mapping of `MAX_ROWS` rows,
+        /// made at the first publication, touched as far as rows go.
+        rows: Option<NonNull<Row>>,
+        /// One arena's classes (here, not on the stack of the thread
+        /// whose refill publishes: 4 KiB).
+        scratch: [ClassUsage; CLASSES],
     }
 
+    // SAFETY: the writer is reached only under `TABLE`'s lock; its file and
+    // private mapping are process-wide resources.
+    unsafe impl Send for Writer {}
+
     /// Taken only under the lifecycle's work lock, which `fork()` holds.
-    static TABLE: SpinLock<Writer> = SpinLock::new(Writer { file: None, failed: false, pid: 0, forks: 0 });
+    static TABLE: SpinLock<Writer> =
+        SpinLock::new(Writer { file: None, failed: false, pid: 0, forks: 0, rows: None, scratch: [NO_USAGE; CLASSES] });
 
     /// Has the process publish (the facade's start-up).
     pub(crate) fn enable() {
         ON.store(true, Ordering::Relaxed);
     }
 
-    /// A refill's look: publishes if the process does and a period has
+    /// A refill's look (one of a heap's refills in 64, every refill of
+    /// the per-CPU caches): publishes if the process does and a period has
     /// passed since it last did, unless another thread does the
     /// lifecycle's work now (it is not this thread's).
     #[inline]
@@ -321,12 +352,16 @@ mod writer {
     #[cold]
     #[inline(never)]
     fn beat_slow(state: &State) {
-        let now = crate::os::monotonic_ms();
-        if now < NEXT.load(Ordering::Relaxed) {
+        if crate::os::monotonic_ms() < NEXT.load(Ordering::Relaxed) {
             return;
         }
         if let Some(_work) = state.life.work.try_lock() {
-            publish(state, now);
+            // Again under the lock: a thread that published while this one
+            // waited for it moved `NEXT` on.
+            let now = crate::os::monotonic_ms();
+            if now >= NEXT.load(Ordering::Relaxed) {
+                publish(state, now);
+            }
         }
     }
 
@@ -337,13 +372,15 @@ mod writer {
             return;
         }
         NEXT.store(now + PERIOD_MS, Ordering::Relaxed);
-        let mut t = TABLE.lock();
+        let mut g = TABLE.lock();
+        let t = &mut *g;
         let (pid, forks) = (process_id(), fork_generation());
         if t.pid != pid || t.forks != forks {
             // A new process, or a forked child: the parent's file is not
             // ours. Its mapping is not here (`MADV_DONTFORK`) and its
-            // descriptor is left alone: the handle goes (it closes nothing).
-            *t = Writer { file: None, failed: false, pid, forks };
+            // descriptor is left alone: the handle goes (it closes
+            // nothing). The private rows were copied by the fork: kept.
+            (t.file, t.failed, t.pid, t.forks) = (None, false, pid, forks);
         }
         if t.file.is_none() && !t.failed {
             match MemFile::create(c"numaweave-classes", FILE_LEN) {
@@ -358,26 +395,40 @@ mod writer {
             }
         }
         let Some(f) = &t.file else { return };
-        Words(words(f)).publish(now, |row| {
-            for n in state.nodes().iter() {
-                if let Some(a) = state.arena(n) {
-                    for u in a.class_usage().iter().filter(|u| u.pages > 0) {
-                        row(n, u);
+        if t.rows.is_none() {
+            t.rows = crate::os::mem::map(MAX_ROWS * size_of::<Row>()).ok().map(NonNull::cast);
+        }
+        let Some(rows) = t.rows else { return };
+        // SAFETY: a private mapping of `MAX_ROWS` rows (page-aligned, so
+        // aligned for `Row`), never unmapped, used only under `TABLE`'s
+        // lock, which we hold; zero-filled, and a zero `Row` is a valid one.
+        let rows = unsafe { core::slice::from_raw_parts_mut(rows.as_ptr(), MAX_ROWS) };
+        let mut n = 0;
+        for node in state.nodes().iter() {
+            if let Some(a) = state.arena(node) {
+                a.class_usage_into(&mut t.scratch);
+                for u in t.scratch.iter().filter(|u| u.pages > 0) {
+                    if n < MAX_ROWS {
+                        rows[n] = Row { node, usage: *u };
+                        n += 1;
                     }
                 }
+            }
+        }
+        Words(words(f)).publish(now, |row| {
+            for r in &rows[..n] {
+                row(r.node, &r.usage);
             }
         });
     }
 
-    fn words(f: &MemFile) -> &'static [crate::sync::AtomicU64] {
+    fn words(f: &MemFile) -> &'static [AtomicU64] {
         // SAFETY: the file's mapping is `FILE_LEN` bytes, page-aligned (so
         // aligned for u64), and lives as long as the process that made it
         // (never unmapped; a forked child has no such mapping and forgets
         // the handle before it would use it, above); every access to it is
         // atomic.
-        unsafe {
-            core::slice::from_raw_parts(f.ptr.as_ptr().cast::<crate::sync::AtomicU64>(), table_words(super::MAX_ROWS))
-        }
+        unsafe { core::slice::from_raw_parts(f.ptr.as_ptr().cast::<AtomicU64>(), table_words(MAX_ROWS)) }
     }
 }
 
@@ -440,10 +491,12 @@ mod tests {
         for (word, v, reason) in [
             (H_ROWS, MAX_ROWS as u64 + 1, "more rows than the table holds"),
             (row(0), MAX_NODES as u64, "a node beyond the allocator's nodes"),
-            (row(1), 0, "a block size that is no size class's"),
-            (row(1), SMALL_MAX as u64 + 1, "a block size that is no size class's"),
-            (row(2), 0, "pages that span no bytes, or more than pages can"),
-            (row(3), 3 * (256 << 10) + 1, "pages that span no bytes, or more than pages can"),
+            (row(1), 0, "a block size beyond the small classes'"),
+            (row(1), SMALL_MAX as u64 + 8, "a block size beyond the small classes'"),
+            (row(1), 100, "a block size beyond the small classes'"),
+            (row(2), 0, "no pages, more than an address space holds, or more bytes than they span"),
+            (row(2), 1 << 50, "no pages, more than an address space holds, or more bytes than they span"),
+            (row(3), 3 * (256 << 10) + 1, "no pages, more than an address space holds, or more bytes than they span"),
             (row(4), 3 * 65536, "more bytes in use, uncollected and stranded than the pages span"),
             (row(6), u64::MAX, "more bytes in use, uncollected and stranded than the pages span"),
         ] {
