@@ -326,3 +326,33 @@ pub fn errno_name(errno: i32) -> &'static str {
         _ => "E?",
     }
 }
+
+/// Why a table another process published (`numaweave numastat PID`'s
+/// reading of `slab::published` and `stats::class_table`) could not be
+/// read from its file: the file, or its bytes (`B`, the table's own
+/// error).
+///
+/// ```
+/// use numaweave::error::ReadError;
+/// let e: ReadError<&str> = ReadError::Bad("not a table");
+/// assert_eq!(e.to_string(), "not a table");
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ReadError<B> {
+    /// The file could not be read.
+    Io(std::io::Error),
+    /// Its bytes are not a table.
+    Bad(B),
+}
+
+impl<B: fmt::Display> fmt::Display for ReadError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Io(e) => e.fmt(f),
+            ReadError::Bad(b) => b.fmt(f),
+        }
+    }
+}
+
+impl<B: fmt::Debug + fmt::Display> std::error::Error for ReadError<B> {}

@@ -54,6 +54,17 @@ static A: Counting = Counting(NumaAlloc::new());
 
 const SEQ: usize = 2;
 
+/// `f`'s result, and the most bytes it had live at once (its thread's
+/// allocations counted; the caller holds `COUNTERS`).
+fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    COUNTING.set(true);
+    let r = f();
+    COUNTING.set(false);
+    (r, PEAK.load(Ordering::Relaxed) - before)
+}
+
 fn put(t: &mut [u8], word: usize, v: u64) {
     t[word * 8..word * 8 + 8].copy_from_slice(&v.to_le_bytes());
 }
@@ -132,12 +143,7 @@ fn any_bytes_parse_to_a_bounded_table_or_a_typed_error() {
             damage(&mut r, &mut t);
         }
         let seq = if t.len() > 24 { get(&t, SEQ) } else { 0 };
-        let before = LIVE.load(Ordering::Relaxed);
-        PEAK.store(before, Ordering::Relaxed);
-        COUNTING.set(true);
-        let got = published::parse(&t, seq);
-        COUNTING.set(false);
-        let peak = PEAK.load(Ordering::Relaxed) - before;
+        let (got, peak) = counted(|| published::parse(&t, seq));
         assert!(peak <= t.len(), "round {round}: {peak} bytes allocated for a file of {}", t.len());
         match got {
             Ok(table) => {
@@ -244,12 +250,7 @@ fn any_bytes_parse_to_a_sound_class_table_or_a_typed_error() {
             }
         }
         let seq = if t.len() > 24 { get(&t, SEQ) } else { 0 };
-        let before = LIVE.load(Ordering::Relaxed);
-        PEAK.store(before, Ordering::Relaxed);
-        COUNTING.set(true);
-        let got = ct::parse(&t, seq);
-        COUNTING.set(false);
-        let peak = PEAK.load(Ordering::Relaxed) - before;
+        let (got, peak) = counted(|| ct::parse(&t, seq));
         assert!(peak <= t.len(), "round {round}: {peak} bytes allocated for a file of {}", t.len());
         match got {
             Ok(table) => {

@@ -79,12 +79,37 @@ pub(crate) fn process_id() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
-/// Reads the file at `path` (another process's memory file, through
-/// `/proc/PID/fd`): up to `len + 1` bytes from its start (so that a file
-/// longer than `len` shows), then the little-endian `u64` at word
-/// `seq_word` again, which a seqlock's reader compares with the copy's
-/// (0 if the file is too short to hold it).
-pub(crate) fn read_seqlocked(path: &std::path::Path, len: usize, seq_word: usize) -> std::io::Result<(Vec<u8>, u64)> {
+/// Reads a table another process publishes in the file at `path`
+/// (through `/proc/PID/fd`): the whole file (up to `len + 1` bytes, so
+/// that a longer file shows), then the `u64` at word `seq_word` again, and
+/// `parse` of both; read again from the start, ten times a millisecond
+/// apart, while `parse` says the table was `changing` (a seqlock's writer
+/// was at work).
+pub(crate) fn read_table<T, B>(
+    path: &std::path::Path,
+    len: usize,
+    seq_word: usize,
+    parse: impl Fn(&[u8], u64) -> Result<T, B>,
+    changing: impl Fn(&B) -> bool,
+) -> Result<T, crate::error::ReadError<B>> {
+    use crate::error::ReadError;
+    let mut tries = 1;
+    loop {
+        let (bytes, seq) = read_seqlocked(path, len, seq_word).map_err(ReadError::Io)?;
+        match parse(&bytes, seq) {
+            Err(b) if changing(&b) && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            r => return r.map_err(ReadError::Bad),
+        }
+    }
+}
+
+/// The file at `path`: up to `len + 1` bytes from its start, then the
+/// little-endian `u64` at word `seq_word` again, which a seqlock's reader
+/// compares with the copy's (0 if the file is too short to hold it).
+fn read_seqlocked(path: &std::path::Path, len: usize, seq_word: usize) -> std::io::Result<(Vec<u8>, u64)> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::File::open(path)?;
     let mut bytes = vec![0u8; len + 1];

@@ -253,42 +253,15 @@ fn decode(word: impl Fn(usize) -> u64, slots: usize, seq_after: u64) -> Result<T
     Ok(Table { pid, chunks, unlisted: word(H_UNLISTED) })
 }
 
-/// Why a table file could not be read.
-#[derive(Debug)]
-pub enum ReadError {
-    /// Opening or reading it failed.
-    Io(std::io::Error),
-    /// Its bytes are no table ([`BadTable::Changing`]: a writer changed it
-    /// under every one of a few reads).
-    Bad(BadTable),
-}
-
-impl core::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            ReadError::Io(e) => e.fmt(f),
-            ReadError::Bad(b) => b.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for ReadError {}
+/// Why a table could not be read from a file.
+pub type ReadError = crate::error::ReadError<BadTable>;
 
 /// Reads the table in the file at `path` (another process's, through
 /// `/proc/PID/fd/N`): at most one byte more than [`FILE_LEN`] is read,
 /// then the `seq` word again; read again (a few times) while a writer is
 /// changing it.
 pub fn read_file(path: &std::path::Path) -> Result<Table, ReadError> {
-    for _ in 0..10 {
-        // Each pass opens and reads the file whole again (one byte more
-        // than a table: a longer file is no table).
-        let (bytes, seq) = crate::os::memfd::read_seqlocked(path, FILE_LEN, H_SEQ).map_err(ReadError::Io)?;
-        match parse(&bytes, seq) {
-            Err(BadTable::Changing) => continue,
-            r => return r.map_err(ReadError::Bad),
-        }
-    }
-    Err(ReadError::Bad(BadTable::Changing))
+    crate::os::memfd::read_table(path, FILE_LEN, H_SEQ, parse, |b| *b == BadTable::Changing)
 }
 
 /// Reads a table from its live words (an in-process reader; the model's,

@@ -195,25 +195,7 @@ fn decode(word: impl Fn(usize) -> u64, max_rows: usize, seq_after: u64) -> Resul
 }
 
 /// Why a table could not be read from a file.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ReadError {
-    /// The file could not be read.
-    Io(std::io::Error),
-    /// Its bytes are not a table.
-    Bad(BadClassTable),
-}
-
-impl core::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            ReadError::Io(e) => e.fmt(f),
-            ReadError::Bad(b) => b.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for ReadError {}
+pub type ReadError = crate::error::ReadError<BadClassTable>;
 
 /// Reads the table in the file at `path` (another process's, through
 /// `/proc/PID/fd`): the whole file, then its `seq` again, tried ten times
@@ -227,14 +209,7 @@ impl std::error::Error for ReadError {}
 /// # Ok::<(), numaweave::stats::class_table::ReadError>(())
 /// ```
 pub fn read_file(path: &std::path::Path) -> Result<ClassTable, ReadError> {
-    for _ in 0..10 {
-        let (bytes, seq) = crate::os::memfd::read_seqlocked(path, FILE_LEN, H_SEQ).map_err(ReadError::Io)?;
-        match parse(&bytes, seq) {
-            Err(BadClassTable::Changing) => std::thread::sleep(std::time::Duration::from_millis(1)),
-            r => return r.map_err(ReadError::Bad),
-        }
-    }
-    Err(ReadError::Bad(BadClassTable::Changing))
+    crate::os::memfd::read_table(path, FILE_LEN, H_SEQ, parse, |b| *b == BadClassTable::Changing)
 }
 
 /// Reads a table from words shared with its writer (this process's):
