@@ -203,10 +203,13 @@ fn partly_used_pages_round(mut on: impl FnMut(*mut u8, Option<usize>) -> bool, w
         })
         .count();
     // A hardened build purges no free block (its poison is what a use
-    // after free is found by): every such OS page stays.
-    let want = if cfg!(feature = "hardened") { 0 } else { under_free.len() };
+    // after free is found by): every such OS page stays. (Under
+    // `NUMAWEAVE_CHECK=full` its red zones make blocks larger than asked,
+    // and a block may cover no whole OS page.)
+    let hardened = cfg!(feature = "hardened");
+    let want = if hardened { 0 } else { under_free.len() };
     assert!(
-        !under_free.is_empty() && purged == want,
+        (hardened || !under_free.is_empty()) && purged == want,
         "{what}: {purged} of the {} OS pages under free blocks only were given back (want {want})",
         under_free.len()
     );
