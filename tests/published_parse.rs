@@ -204,7 +204,7 @@ fn a_file_read_again_is_read_from_its_start() {
 #[test]
 fn any_bytes_parse_to_a_sound_class_table_or_a_typed_error() {
     use numaweave::stats::ClassUsage;
-    use numaweave::stats::class_table::{self as ct, BadClassTable, MAX_ROWS, Words};
+    use numaweave::stats::class_table::{self as ct, BadClassTable, MAX_ROWS, Row, Words};
     let _g = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
     let seed = std::env::var("PARSE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_c1a5);
     println!("PARSE_SEED={seed}");
@@ -215,17 +215,18 @@ fn any_bytes_parse_to_a_sound_class_table_or_a_typed_error() {
             (0..ct::FILE_LEN / 8).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
         Words(&words).init(4242);
         let rows = r.below(if round % 10 == 0 { MAX_ROWS as u64 } else { 40 }) as usize;
-        Words(&words).publish(round, |row| {
-            for i in 0..rows {
+        let rows: Vec<Row> = (0..rows)
+            .map(|i| {
                 let bs = 16 * (r.below(1000) + 1);
                 let pages = r.below(100) + 1;
                 let bytes = pages * 65536;
                 let in_use = r.below(bytes / 2);
-                let u =
+                let usage =
                     ClassUsage { block_size: bs, pages, bytes, in_use, uncollected: 0, stranded: r.below(bytes / 2) };
-                row(i % 64, &u);
-            }
-        });
+                Row { node: i % 64, usage }
+            })
+            .collect();
+        Words(&words).publish(round, &rows);
         let mut t: Vec<u8> = words.iter().flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes()).collect();
         if round % 3 != 0 {
             // Whole-table damage: words set at random (the row count among

@@ -325,24 +325,30 @@ fn numastat(pid: u32) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The process's published table of slab chunks
-/// (`numaweave::slab::published`), found among its open files: a memory
-/// file of that name whose table says it is this process's (a forked
-/// child may still hold its parent's). A table that is not one (another
-/// process wrote it; nothing of it is trusted) is reported and skipped.
-fn published_table(pid: u32) -> Option<published::Table> {
-    let wanted = format!("/memfd:{}", published::FILE_NAME);
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+/// A table the process publishes in a memory file named `name` (the slab
+/// layer's chunks, the allocator's classes), found among its open files:
+/// the first that `read` takes and whose `pid_of` says it is this
+/// process's (a forked child may still hold its parent's). A file that is
+/// not a table (another process wrote it; nothing of it is trusted) is
+/// reported and skipped.
+fn published_file<T, E: std::fmt::Display>(
+    pid: u32,
+    name: &str,
+    read: impl Fn(&std::path::Path) -> Result<T, E>,
+    pid_of: impl Fn(&T) -> u32,
+) -> std::io::Result<Option<T>> {
+    let wanted = format!("/memfd:{name}");
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
         if !std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with(&wanted)) {
             continue;
         }
-        match published::read_file(&e.path()) {
-            Ok(t) if t.pid == pid => return Some(t),
+        match read(&e.path()) {
+            Ok(t) if pid_of(&t) == pid => return Ok(Some(t)),
             Ok(_) => {}
             Err(err) => eprintln!("numaweave: {}: {err}", e.path().display()),
         }
     }
-    None
+    Ok(None)
 }
 
 /// One cache's pages: bytes on each kernel node, and of those, bytes on
@@ -388,7 +394,7 @@ fn cache_usage(pid: u32, t: &published::Table) -> BTreeMap<String, CacheRow> {
 }
 
 fn caches(pid: u32) {
-    let Some(t) = published_table(pid) else { return };
+    let Ok(Some(t)) = published_file(pid, published::FILE_NAME, published::read_file, |t| t.pid) else { return };
     let by = cache_usage(pid, &t);
     let nodes: std::collections::BTreeSet<usize> = by.values().flat_map(|r| r.by_node.keys().copied()).collect();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
@@ -412,29 +418,11 @@ fn caches(pid: u32) {
     }
 }
 
-/// The process's published class table (`NUMAWEAVE_PUBLISH=1`), found
-/// as the slab table is: a memory file of that name whose table says it is
-/// this process's.
-fn class_table_of(pid: u32) -> Result<Option<class_table::ClassTable>, std::io::Error> {
-    let wanted = format!("/memfd:{}", class_table::FILE_NAME);
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
-        if !std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with(&wanted)) {
-            continue;
-        }
-        match class_table::read_file(&e.path()) {
-            Ok(t) if t.pid == pid => return Ok(Some(t)),
-            Ok(_) => {}
-            Err(err) => eprintln!("numaweave: {}: {err}", e.path().display()),
-        }
-    }
-    Ok(None)
-}
-
 /// The size classes' pages per node, as the process last published them:
 /// what each class spans, holds in use, waits to collect, and strands
 /// (free blocks only that class can use until its pages empty).
 fn classes(pid: u32) {
-    let t = match class_table_of(pid) {
+    let t = match published_file(pid, class_table::FILE_NAME, class_table::read_file, |t| t.pid) {
         Ok(Some(t)) => t,
         Ok(None) => {
             // (A forked child shows none until its first publication.)
@@ -449,39 +437,27 @@ fn classes(pid: u32) {
     let age = numaweave::os::monotonic_ms().saturating_sub(t.published_ms);
     let kib = |b: u64| b as f64 / 1024.0;
     println!("\nSize classes (in KiB) for PID {pid}, published {age} ms ago (at most every {} ms)", t.period_ms);
+    let line =
+        |node: &dyn std::fmt::Display, block: &dyn std::fmt::Display, pages: &dyn std::fmt::Display, b: [f64; 4]| {
+            println!("{node:>4} {block:>10} {pages:>8} {:>12.1} {:>12.1} {:>12.1} {:>12.1}", b[0], b[1], b[2], b[3]);
+        };
     println!(
         "{:>4} {:>10} {:>8} {:>12} {:>12} {:>12} {:>12}",
         "Node", "Block", "Pages", "Spanned", "In use", "Uncollected", "Stranded"
     );
-    let mut rows = t.rows.clone();
+    let mut rows = t.rows;
     rows.sort_by_key(|r| (r.node, r.usage.block_size));
-    let mut sum = [0u64; 4];
+    let (mut pages, mut sum) = (0, [0u64; 4]);
     for r in &rows {
         let u = &r.usage;
-        println!(
-            "{:>4} {:>10} {:>8} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
-            r.node,
-            u.block_size,
-            u.pages,
-            kib(u.bytes),
-            kib(u.in_use),
-            kib(u.uncollected),
-            kib(u.stranded)
-        );
-        for (s, v) in sum.iter_mut().zip([u.bytes, u.in_use, u.uncollected, u.stranded]) {
+        let b = [u.bytes, u.in_use, u.uncollected, u.stranded];
+        line(&r.node, &u.block_size, &u.pages, b.map(kib));
+        pages += u.pages;
+        for (s, v) in sum.iter_mut().zip(b) {
             *s += v;
         }
     }
-    println!(
-        "{:>4} {:>10} {:>8} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
-        "",
-        "Total",
-        rows.iter().map(|r| r.usage.pages).sum::<u64>(),
-        kib(sum[0]),
-        kib(sum[1]),
-        kib(sum[2]),
-        kib(sum[3])
-    );
+    line(&"", &"Total", &pages, sum.map(kib));
 }
 
 #[cfg(test)]

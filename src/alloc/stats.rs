@@ -217,10 +217,14 @@ impl Stats {
 /// The size classes' pages on `node`'s arena, indexed by class (all zero
 /// where the node has none).
 pub(crate) fn class_usage(state: &State, node: usize) -> [ClassUsage; CLASSES] {
-    let mut u: [ClassUsage; CLASSES] =
-        core::array::from_fn(|c| ClassUsage { block_size: class_size(c) as u64, ..ClassUsage::default() });
-    if let Some(a) = state.arena(node) {
-        a.class_usage_into(&mut u);
+    let mut u = [ClassUsage::default(); CLASSES];
+    match state.arena(node) {
+        Some(a) => a.class_usage_into(&mut u),
+        None => {
+            for (c, x) in u.iter_mut().enumerate() {
+                x.block_size = class_size(c) as u64;
+            }
+        }
     }
     u
 }

@@ -234,25 +234,20 @@ impl Words<'_> {
         w[H_MAGIC].store(MAGIC, Ordering::Release);
     }
 
-    /// Rewrites the table at `now` (ms) with the rows `each` gives (it is
-    /// handed a function to call with each row; rows past the table's are
-    /// dropped), as one `sync::seqlock` write.
-    pub fn publish(&self, now: u64, each: impl FnOnce(&mut dyn FnMut(usize, &ClassUsage))) {
+    /// Rewrites the table at `now` (ms) with `rows` (those past the
+    /// table's room dropped), as one `sync::seqlock` write.
+    pub fn publish(&self, now: u64, rows: &[Row]) {
         let w = self.0;
-        let max = (w.len() - HEADER_WORDS) / WORDS;
+        let rows = &rows[..rows.len().min((w.len() - HEADER_WORDS) / WORDS)];
         seqlock::write(w, H_SEQ, || {
-            let mut n = 0;
-            each(&mut |node, u| {
-                if n < max {
-                    let row = &w[HEADER_WORDS + n * WORDS..][..WORDS];
-                    let v = [node as u64, u.block_size, u.pages, u.bytes, u.in_use, u.uncollected, u.stranded, 0];
-                    for (x, v) in row.iter().zip(v) {
-                        x.store(v, Ordering::Relaxed);
-                    }
-                    n += 1;
+            for (words, r) in w[HEADER_WORDS..].chunks_exact(WORDS).zip(rows) {
+                let u = &r.usage;
+                let v = [r.node as u64, u.block_size, u.pages, u.bytes, u.in_use, u.uncollected, u.stranded, 0];
+                for (x, v) in words.iter().zip(v) {
+                    x.store(v, Ordering::Relaxed);
                 }
-            });
-            w[H_ROWS].store(n as u64, Ordering::Relaxed);
+            }
+            w[H_ROWS].store(rows.len() as u64, Ordering::Relaxed);
             w[H_AT].store(now, Ordering::Relaxed);
         });
     }
@@ -390,11 +385,7 @@ mod writer {
                 }
             }
         }
-        Words(words(f)).publish(now, |row| {
-            for r in &rows[..n] {
-                row(r.node, &r.usage);
-            }
-        });
+        Words(words(f)).publish(now, &rows[..n]);
     }
 
     fn words(f: &MemFile) -> &'static [AtomicU64] {
@@ -415,14 +406,10 @@ mod tests {
         ClassUsage { block_size, pages, bytes: pages * 65536, in_use, uncollected: 0, stranded }
     }
 
-    fn table(rows: &[(usize, ClassUsage)]) -> Vec<AtomicU64> {
+    fn table(rows: &[Row]) -> Vec<AtomicU64> {
         let w: Vec<AtomicU64> = (0..table_words(MAX_ROWS)).map(|_| AtomicU64::new(0)).collect();
         Words(&w).init(42);
-        Words(&w).publish(1234, |row| {
-            for (n, u) in rows {
-                row(*n, u);
-            }
-        });
+        Words(&w).publish(1234, rows);
         w
     }
 
@@ -434,14 +421,17 @@ mod tests {
     /// and a second publication replaces the first whole.
     #[test]
     fn a_table_reads_back_as_published() {
-        let rows = [(0, usage(64, 3, 1000, 500)), (1, usage(3072, 101, 3_225_600, 3_072_000))];
+        let rows = [
+            Row { node: 0, usage: usage(64, 3, 1000, 500) },
+            Row { node: 1, usage: usage(3072, 101, 3_225_600, 3_072_000) },
+        ];
         let w = table(&rows);
         let seq = w[H_SEQ].load(Ordering::Relaxed);
         let t = parse(&bytes(&w), seq).unwrap();
         assert_eq!((t.pid, t.published_ms, t.period_ms), (42, 1234, PERIOD_MS));
-        assert_eq!(t.rows, rows.map(|(node, usage)| Row { node, usage }));
+        assert_eq!(t.rows, rows);
         assert_eq!(read_words(&w).unwrap(), t);
-        Words(&w).publish(2000, |row| row(0, &usage(128, 1, 128, 0)));
+        Words(&w).publish(2000, &[Row { node: 0, usage: usage(128, 1, 128, 0) }]);
         let t = read_words(&w).unwrap();
         assert_eq!((t.rows.len(), t.rows[0].usage.block_size, t.published_ms), (1, 128, 2000));
     }
@@ -449,7 +439,7 @@ mod tests {
     /// A file that is not a whole, quiet, sound table is a typed error.
     #[test]
     fn bad_tables_are_refused() {
-        let w = table(&[(0, usage(64, 3, 1000, 500))]);
+        let w = table(&[Row { node: 0, usage: usage(64, 3, 1000, 500) }]);
         let (b, seq) = (bytes(&w), w[H_SEQ].load(Ordering::Relaxed));
         assert_eq!(parse(&b[..8], seq), Err(BadClassTable::Size { len: 8 }));
         assert_eq!(parse(&b, seq + 2), Err(BadClassTable::Changing));
