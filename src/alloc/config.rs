@@ -3,12 +3,14 @@
 //! settings go to the state, the default placement to `placement.rs`.
 
 use super::engine::lifecycle::published;
+use super::engine::state::UpperStart;
 use super::engine::types::{Mode, Settings, State};
 use super::placement::{self, PolicyGuard};
 use crate::error::Result;
 use crate::os::file;
 use crate::os::mem::Huge;
 use crate::policy::{Policy, SizeRules};
+use crate::topology::Topology;
 
 /// Allocator configuration, `const` so it can sit in the `#[global_allocator]`
 /// static. Environment variables, read once at start-up, override it:
@@ -301,12 +303,17 @@ pub(crate) fn start(config: &Config) -> &'static State {
     let config = if file::env_has_prefix(b"NUMAWEAVE_") { config.apply_env() } else { *config };
     // The default placement is set inside the state's start-up, so that
     // whoever sees the state sees it too.
-    State::get(&config.core, &|topology| {
-        if config.publish {
+    State::get(&config.core, &config)
+}
+
+impl UpperStart for Config {
+    #[unsafe(link_section = ".text.sorted.numaweave")]
+    fn start(&self, topology: &Topology) {
+        if self.publish {
             published::enable();
         }
-        placement::set_default(config.default, config.policies, config.cpu_cache, topology)
-    })
+        placement::set_default(self.default, self.policies, self.cpu_cache, topology)
+    }
 }
 
 /// The process's allocator, started with the defaults if need be (for the

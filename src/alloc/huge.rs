@@ -40,6 +40,7 @@ fn map_len(offset: usize, size: usize) -> Option<usize> {
 /// ([`map_or_reclaim`](super::engine::arena::map_or_reclaim)), and with
 /// per-CPU caches once more after they and their homes gave back what
 /// they hold (`lifecycle::cpu_reclaim`).
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn reserve(state: &State, total: usize, align: usize, offset: usize) -> Option<NonNull<u8>> {
     let guard = super::engine::arena::guard_len();
     let (align, offset) = if align <= SEGMENT_SIZE { (SEGMENT_SIZE, 0) } else { (align, offset) };

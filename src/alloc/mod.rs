@@ -127,6 +127,7 @@ fn first_heap(state: &'static State) -> Option<*mut Heap> {
 /// at exit (`NUMAWEAVE_SHOW_STATS`). Both may allocate: the thread can.
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn first_use(state: &'static State) {
     if state.settle() {
         placement::show_default(state);

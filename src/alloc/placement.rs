@@ -436,6 +436,7 @@ fn rule_active(size: usize, il: *const ThreadInterleaver) -> Active {
 ///
 /// # Safety
 /// `h` is the calling thread's heap, just made or adopted.
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn bind_heap(h: *mut Heap, adopted: bool) {
     THREAD.with(|t| {
         // SAFETY: the calling thread's heap, which only this thread uses

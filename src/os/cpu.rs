@@ -28,6 +28,7 @@ pub fn getcpu() -> Result<(usize, usize)> {
 /// else through glibc's `sched_getcpu` (the vDSO: no system call). `None`
 /// when the kernel cannot tell.
 #[inline]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn current_cpu() -> Option<usize> {
     if let Some(c) = super::rseq::registration().and_then(|r| r.cpu()) {
         return Some(c);

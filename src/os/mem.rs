@@ -386,6 +386,7 @@ impl AddressRange {
 
     /// Claims the next span for `len` bytes starting where `start + offset`
     /// is a multiple of `align`: its start.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     fn claim(&self, len: usize, align: usize, offset: usize) -> Option<usize> {
         let mut cur = self.next.load(Ordering::Relaxed);
         loop {
@@ -424,6 +425,7 @@ impl AddressRange {
     }
 
     /// [`map_aligned_at`], placed in the range if it can be.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub fn map_aligned_at(&self, len: usize, align: usize, offset: usize, charge: Charge) -> Result<NonNull<u8>> {
         let len = check_len(len)?;
         if !align.is_power_of_two() {

@@ -132,6 +132,7 @@ pub fn kernel_version() -> (u32, u32) {
 
 /// A monotonic clock in milliseconds, cheap enough for slow paths
 /// (`CLOCK_MONOTONIC_COARSE`, a vDSO read: no system call).
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn monotonic_ms() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid `timespec` to fill; the clock id exists on Linux.

@@ -81,7 +81,9 @@
 //!                                                                making (which fork holds): never half made
 //!             alloc/engine/heap/cpu.rs CACHE    InitCell  -      the per-CPU caches: as DEFAULT
 //!             alloc/stats.rs ONCE               Once      -      registers the statistics' printer at exit
-//!             os/thread.rs INSTALLED            Once      -      installs the one pthread_atfork pair
+//!             os/thread.rs INSTALLED            atomic    -      installs the one pthread_atfork pair: a once of
+//!                                                                its own (std's `Once` lies far from the
+//!                                                                start-up's code, a page of text more per process)
 //!             os/mod.rs PAGE                    ReadOnce  -      the page size: a racy read-once atomic, no lock
 //!             os/mem.rs MODE                    ReadOnce  -      the THP mode: as PAGE
 //!             os/mod.rs VERSION                 ReadOnce  -      the kernel's version: as PAGE
@@ -95,8 +97,7 @@
 //!                                                                checks the fork generation first)
 //! ```
 
-use std::sync::Once;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -162,12 +163,21 @@ const RANKS: usize = 3;
 /// Per rank, the `prepare` and `release` handlers (`fn()` as `usize`, 0 for
 /// none).
 static HANDLERS: [[AtomicUsize; 2]; RANKS] = [const { [AtomicUsize::new(0), AtomicUsize::new(0)] }; RANKS];
-static INSTALLED: Once = Once::new();
+/// Whether the `pthread_atfork` pair is installed: `NOT_INSTALLED`,
+/// `INSTALLING` (a thread is in `install`) or `INSTALLED_DONE` (and
+/// `INSTALL_ERR` says how it went).
+static INSTALLED: AtomicU32 = AtomicU32::new(NOT_INSTALLED);
+/// `pthread_atfork`'s answer, read once `INSTALLED` is `INSTALLED_DONE`.
+static INSTALL_ERR: AtomicI32 = AtomicI32::new(0);
+const NOT_INSTALLED: u32 = 0;
+const INSTALLING: u32 = 1;
+const INSTALLED_DONE: u32 = 2;
 
 /// Registers `prepare` to run before `fork()` and `release` after it (in
 /// the parent and in the child), at `rank` among the other layers' (see
 /// [`ForkRank`]), whenever the layers register. A rank registered again
 /// keeps its first handlers.
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub fn at_fork(rank: ForkRank, prepare: fn(), release: fn()) -> Result<()> {
     install()?;
     let [p, q] = &HANDLERS[rank as usize];
@@ -178,17 +188,28 @@ pub fn at_fork(rank: ForkRank, prepare: fn(), release: fn()) -> Result<()> {
     Ok(())
 }
 
-/// Installs the one `pthread_atfork` pair, once.
+/// Installs the one `pthread_atfork` pair, once; every caller gets its
+/// outcome. A caller that finds another thread installing waits for it (a
+/// call of glibc's at most: two layers' first uses at once).
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn install() -> Result<()> {
-    let mut r = 0;
-    INSTALLED.call_once(|| {
-        // SAFETY: the handlers are plain `extern "C" fn()`s.
-        r = unsafe { libc::pthread_atfork(Some(run_prepare), Some(run_parent), Some(run_child)) };
-    });
-    if r != 0 {
-        return Err(Error::Os { call: "pthread_atfork", errno: r });
+    loop {
+        match INSTALLED.compare_exchange(NOT_INSTALLED, INSTALLING, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => {
+                // SAFETY: the handlers are plain `extern "C" fn()`s.
+                let r = unsafe { libc::pthread_atfork(Some(run_prepare), Some(run_parent), Some(run_child)) };
+                INSTALL_ERR.store(r, Ordering::Relaxed);
+                INSTALLED.store(INSTALLED_DONE, Ordering::Release);
+                break;
+            }
+            Err(INSTALLED_DONE) => break,
+            Err(_) => std::thread::yield_now(),
+        }
     }
-    Ok(())
+    match INSTALL_ERR.load(Ordering::Relaxed) {
+        0 => Ok(()),
+        r => Err(Error::Os { call: "pthread_atfork", errno: r }),
+    }
 }
 
 /// Bumped first thing in the child of every `fork()` (once the handlers

@@ -15,14 +15,22 @@ use crate::os::{file, thread};
 use crate::sync::{AtomicBool, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, Topology};
 
+/// The part of the state's start-up that belongs to the layers above the
+/// core (the default placement): run once inside it, after the topology is
+/// known and before any other thread can see the state. A trait, not a
+/// closure, so that its code can be placed with the rest of the start-up
+/// (a closure takes no `link_section`).
+pub(crate) trait UpperStart {
+    /// Sets the layers' part of the configuration up for `topology`.
+    fn start(&self, topology: &Topology);
+}
+
 impl State {
     /// The state, set up by the first caller with `config`; `upper` runs
-    /// once inside that set-up, after the topology is known and before any
-    /// other thread can see the state (the layers above set their part of
-    /// the configuration there: the default placement).
+    /// once inside that set-up ([`UpperStart`]).
     #[cold]
     #[unsafe(link_section = ".text.sorted.numaweave")]
-    pub(crate) fn get(config: &Settings, upper: &dyn Fn(&Topology)) -> &'static State {
+    pub(crate) fn get(config: &Settings, upper: &dyn UpperStart) -> &'static State {
         match STATE.get() {
             Some(s) => s,
             // SAFETY: `init` writes every field (its last lines check the
@@ -36,7 +44,7 @@ impl State {
     /// arenas), pages every program kept in its RSS.
     #[cold]
     #[unsafe(link_section = ".text.sorted.numaweave")]
-    fn init(config: Settings, upper: &dyn Fn(&Topology), slot: &mut MaybeUninit<State>) {
+    fn init(config: Settings, upper: &dyn UpperStart, slot: &mut MaybeUninit<State>) {
         // A child forked while another thread holds one of the allocator's
         // locks would wait on it forever: hold them all across fork(). (The
         // handlers only take and release the core's spin locks; the layers
@@ -75,7 +83,7 @@ impl State {
                 home[n] = h as u8;
             }
         }
-        upper(topology);
+        upper.start(topology);
         // Without it exited threads' heaps wait for adoption only when a
         // thread of the same node exits cleanly; nothing breaks.
         let exit_key = match thread::ExitKey::new(lifecycle::thread_exit) {

@@ -138,15 +138,15 @@ impl MemoryPerformance {
 
 impl Topology {
     /// This topology's memory performance tables: the machine's (read on
-    /// first use) or what a synthetic topology was given.
-    pub(crate) fn perf(&self) -> &MemoryPerformance {
+    /// first use) or what a synthetic topology was given; `None` for a
+    /// synthetic topology given none. (Not a static of empty tables: its
+    /// 24 KiB of read-only data pushed the start-up's strings into another
+    /// 64 KiB of the library, which every process then kept resident.)
+    pub(crate) fn perf(&self) -> Option<&MemoryPerformance> {
         match &self.perf {
-            Some(p) => p,
-            None if self.is_synthetic() => {
-                static NONE: MemoryPerformance = MemoryPerformance::unknown();
-                &NONE
-            }
-            None => machine_perf(self),
+            Some(p) => Some(p),
+            None if self.is_synthetic() => None,
+            None => Some(machine_perf(self)),
         }
     }
 
@@ -159,27 +159,27 @@ impl Topology {
     /// assert_eq!(Topology::synthetic(2).build().unwrap().perf_source(), PerfSource::Unknown);
     /// ```
     pub fn perf_source(&self) -> PerfSource {
-        self.perf().source
+        self.perf().map_or(PerfSource::Unknown, |p| p.source)
     }
 
     /// The bandwidth (MB/s) a thread on `initiator` sees to memory on
     /// `target`, where known.
     pub fn bandwidth(&self, initiator: usize, target: usize) -> Option<u32> {
-        let v = *self.perf().bandwidth.get(initiator)?.get(target)?;
+        let v = *self.perf()?.bandwidth.get(initiator)?.get(target)?;
         (v != 0).then_some(v)
     }
 
     /// The latency (ns) a thread on `initiator` sees to memory on `target`,
     /// where known.
     pub fn latency(&self, initiator: usize, target: usize) -> Option<u32> {
-        let v = *self.perf().latency.get(initiator)?.get(target)?;
+        let v = *self.perf()?.latency.get(initiator)?.get(target)?;
         (v != 0).then_some(u32::from(v))
     }
 
     /// The kernel's memory tier of `node`, 1 the top (fastest), where the
     /// kernel has tiers (`/sys/devices/virtual/memory_tiering`).
     pub fn memory_tier(&self, node: usize) -> Option<u8> {
-        self.perf().tier.get(node).copied().filter(|&t| t != 0)
+        self.perf()?.tier.get(node).copied().filter(|&t| t != 0)
     }
 
     /// The memory nodes below the top tier: by the kernel's tiers where it
@@ -199,8 +199,9 @@ impl Topology {
             return out;
         }
         for n in self.memory_only_nodes().iter() {
+            // (Nothing known of the bandwidths: every figure 0.)
             let slower = self.cpu_nodes().iter().all(|i| {
-                let (own, there) = (p.bandwidth[i][i], p.bandwidth[i][n]);
+                let (own, there) = p.map_or((0, 0), |p| (p.bandwidth[i][i], p.bandwidth[i][n]));
                 own == 0 || there == 0 || there < own
             });
             if slower {
@@ -228,22 +229,25 @@ impl Topology {
 
     /// The kernel's weighted-interleave weight of `node` (Linux 6.9+).
     pub fn kernel_interleave_weight(&self, node: usize) -> Option<u8> {
-        self.perf().kernel_weight.get(node).copied().filter(|&w| w != 0)
+        self.perf()?.kernel_weight.get(node).copied().filter(|&w| w != 0)
     }
 
     /// Whether the kernel derives its weights itself
     /// (`weighted_interleave/auto`, Linux 6.16+), where it says.
     pub fn kernel_weights_auto(&self) -> Option<bool> {
-        self.perf().kernel_auto
+        self.perf()?.kernel_auto
     }
 
     /// The bandwidth and latency matrices as text (the topology's display
     /// and `numaweave topology`), one row per CPU node; empty when nothing
     /// is known.
     pub(crate) fn write_perf(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let p = self.perf();
-        if p.source != PerfSource::Unknown {
-            writeln!(f, "memory performance from {}: bandwidth GB/s / latency ns, initiator -> target", p.source)?;
+        if self.perf_source() != PerfSource::Unknown {
+            writeln!(
+                f,
+                "memory performance from {}: bandwidth GB/s / latency ns, initiator -> target",
+                self.perf_source()
+            )?;
             write!(f, "{:>9}", "")?;
             for tgt in self.memory_nodes().iter() {
                 write!(f, " {:>11}", format!("node {tgt}"))?;
@@ -276,7 +280,7 @@ impl Topology {
             for n in nodes.iter() {
                 write!(f, " {n}:{}", self.kernel_interleave_weight(n).unwrap_or(0))?;
             }
-            match p.kernel_auto {
+            match self.kernel_weights_auto() {
                 Some(true) => writeln!(f, " (auto, from bandwidth)")?,
                 Some(false) => writeln!(f, " (set by hand)")?,
                 None => writeln!(f)?,

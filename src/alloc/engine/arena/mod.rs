@@ -66,6 +66,7 @@ impl Arena {
     ///
     /// # Safety
     /// `heap` is a live heap its exiting thread gives up, on no list.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) unsafe fn park_orphan(&self, heap: *mut Heap) {
         let mut g = self.inner.lock();
         // SAFETY: `heap` is a live heap its exiting thread gives up, on no list (the caller's
@@ -588,6 +589,7 @@ static NEXT_COLOUR: AtomicUsize = AtomicUsize::new(0);
 /// Writes a fresh page descriptor for `class` owned by `heap`. Under the
 /// arena's lock, with the slots' taking: the walk of the arena's pages
 /// (`usage.rs`) reads the descriptors of taken slots under that lock.
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn init_page((seg, first, slots): (*mut SmallSegment, usize, usize), class: usize, heap: *mut Heap) -> NonNull<Page> {
     let bs = class_size(class);
     let colour = if coloured(class) { NEXT_COLOUR.fetch_add(23, Ordering::Relaxed) % COLOURS * 64 } else { 0 };

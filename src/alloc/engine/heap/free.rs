@@ -67,6 +67,7 @@ impl Heap {
     ///
     /// # Safety
     /// `heap` must be the calling thread's heap (or an orphan being adopted).
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) unsafe fn gather_remote(heap: *mut Heap) {
         // SAFETY: pages on `remote_pages` are this heap's; see `Page`'s Linked impl
         // for why each is on the stack at most once.
@@ -197,6 +198,7 @@ impl Heap {
 /// caches) at every flush.
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 fn orphan_freed(arm: bool) {
     let Some(state) = State::try_get() else { return };
     if !arm {
@@ -217,6 +219,7 @@ fn orphan_freed(arm: bool) {
 /// A block of another heap's page: push it on the page's `thread_free`; the
 /// first push onto an empty list also queues the page on its heap, once.
 #[cold]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(super) unsafe fn free_remote(page: *mut Page, block: *mut Block) {
     // SAFETY: the caller's word, as `push_remote` asks.
     unsafe { push_remote(page, block, true) }

@@ -27,6 +27,7 @@ pub(crate) const CACHING: bool = !HARDENED;
 /// its peak RSS fell from 27 to 17 and 13 MiB (tcmalloc's: 17): blocks
 /// freed are reused before pages are touched. Little enough that an idle
 /// class's blocks are not missed while they wait for `expire_kept`.
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) const fn cache_room(class: usize) -> u32 {
     let n = (512 * 1024 / size_class::class_size(class)) as u32;
     if n < 8 {
@@ -103,6 +104,7 @@ impl Heap {
     ///
     /// # Safety
     /// As [`take_into_cache`](Self::take_into_cache); the cache is direct.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(super) unsafe fn serve_from(heap: *mut Heap, class: usize, page: *mut Page) -> *mut u8 {
         // SAFETY: `heap` is the calling thread's and owns `page`, of `class` with free
         // blocks; the class's cache is empty and direct (the caller's word): what
@@ -135,6 +137,7 @@ impl Heap {
     /// # Safety
     /// `heap` is the calling thread's heap and owns `page`; the cache is
     /// empty.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(super) unsafe fn take_into_cache(heap: *mut Heap, class: usize, page: *mut Page) {
         // SAFETY: `heap` is the calling thread's and owns `page`; the cache is empty (the
         // caller's word): these fields are ours alone. `used` counts the page's blocks off
@@ -298,6 +301,7 @@ impl Heap {
     /// # Safety
     /// `heap` is the calling thread's heap (or its exiting owner's); `page`
     /// is null or a live page of the heap of `class`.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(super) unsafe fn set_cache_src(heap: *mut Heap, class: usize, page: *mut Page) {
         // SAFETY: as in `set_direct`: owner-only fields of the heap's live
         // pages (a referenced page is never given back).

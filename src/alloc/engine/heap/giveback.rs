@@ -154,6 +154,7 @@ impl Heap {
     ///
     /// [`carve`]: super::pop::carve
     #[cold]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(super) unsafe fn purge_free_blocks(page: *mut Page) {
         if HARDENED {
             // A hardened build keeps freed blocks' contents (the poison

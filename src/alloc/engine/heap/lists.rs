@@ -239,6 +239,7 @@ impl Heap {
     ///
     /// # Safety
     /// `page` is a live page this heap owns; the caller is the heap's owner.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(super) unsafe fn unlink(&mut self, page: *mut Page) {
         // SAFETY: owner-only list fields of pages this heap owns (the
         // contract). A page off every list has null links and is not a head.

@@ -59,6 +59,7 @@ impl Heap {
     ///
     /// # Safety
     /// `heap` is the calling thread's heap (or its exiting owner's).
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) unsafe fn end_loan(heap: *mut Heap) {
         // SAFETY: `heap` is the calling thread's heap (or its exiting owner's: the caller's
         // word), so its loan, slots and counters are ours; the lent page is live while lent.

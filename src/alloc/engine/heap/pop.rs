@@ -434,6 +434,7 @@ impl Heap {
 /// first, their memory faulted in again as the links are written), else
 /// from its untouched tail. Touching memory as late as possible keeps RSS
 /// low.
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(super) unsafe fn carve(page: *mut Page) {
     // SAFETY: owner-only fields of the caller's page; the blocks linked are
     // free ones of the page (masked by a purge, or never carved).

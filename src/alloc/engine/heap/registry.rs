@@ -35,6 +35,7 @@ impl Heap {
     /// statistics; `None` when the OS refuses the memory for its
     /// descriptor.
     #[cold]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) fn make(state: &State, node: usize, owner: u64) -> Option<*mut Heap> {
         // On a page of its own: the fields every heap touches fill its
         // first two pages, and the free caches after them are touched class
@@ -139,6 +140,7 @@ pub(crate) fn for_each_heap(state: &State, mut f: impl FnMut(HeapView)) {
 
 impl HeapCounters {
     /// Allocations of every class.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
     pub(crate) fn allocs_total(&self) -> u64 {
         self.allocs.iter().fold(0u64, |s, a| s.wrapping_add(a.load(Ordering::Relaxed)))
     }

@@ -311,6 +311,7 @@ pub(crate) unsafe fn trim_heap(heap: *mut Heap) {
 /// grows more.
 #[cold]
 #[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe fn untouched_back(heap: *mut Heap) {
     // SAFETY: the calling thread's heap, between operations (after a refill).
     unsafe {

@@ -198,6 +198,7 @@ pub(crate) fn cpu_reclaim(state: &State) {
 /// thread adopts it meanwhile: one that starts now adopts another or makes
 /// one), collected outside the lock, and let go. The caller holds
 /// `Lifecycle::work`.
+#[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) fn reclaim_orphans(state: &State, now: u64, kept: bool) {
     let delay = state.config.purge_delay_ms;
     // Heaps whose kept blocks waited out the delay by now.
