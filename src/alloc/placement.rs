@@ -565,7 +565,7 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     }
     if !default().policies {
         // SAFETY: the caller's heap.
-        return unsafe { lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state }) };
+        return unsafe { refill_any(heap, class, state, &mut AnyPage { t: None, state }) };
     }
     // SAFETY: the caller's heap.
     let t = unsafe { policy_of(heap) };
@@ -581,21 +581,56 @@ pub(crate) unsafe fn refill(heap: *mut Heap, class: usize) -> *mut u8 {
     // that installed it.
     unsafe {
         if !il.is_null() {
-            return lifecycle::refill(heap, class, state, &mut Rotation { t, il: &*il, class });
+            return refill_rotation(heap, class, state, &mut Rotation { t, il: &*il, class });
         }
         if t.local.get() && !t.mixed.get() {
             // `Local` with every page of the heap on the node it last
             // took a page for: nothing to choose, any page serves.
             let track = state.mode == Mode::PerNode;
-            return lifecycle::refill(heap, class, state, &mut AnyPage { t: track.then_some(t), state });
+            return refill_any(heap, class, state, &mut AnyPage { t: track.then_some(t), state });
         }
         let active = t.active(state);
         if matches!(active, Active::Local) && state.mode != Mode::PerNode {
             // One arena: `Local` has nothing to choose.
-            return lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state });
+            return refill_any(heap, class, state, &mut AnyPage { t: None, state });
         }
-        lifecycle::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None })
+        refill_by_policy(heap, class, state, &mut ByPolicy { t, state, active, here: None })
     }
+}
+
+/// The lifecycle's refill (`lifecycle::refill`) under the default
+/// placement, any page of the heap: in the section of the code every
+/// program runs (`.text.sorted.numaweave`), where the instances for the
+/// rotation and the other policies, which only programs with such a
+/// policy run, are not (each took 2 KiB of it).
+///
+/// # Safety
+/// `heap` is the calling thread's heap.
+#[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
+unsafe fn refill_any(heap: *mut Heap, class: usize, state: &State, p: &mut AnyPage<'_>) -> *mut u8 {
+    // SAFETY: the caller's heap.
+    unsafe { lifecycle::refill(heap, class, state, p) }
+}
+
+/// [`refill_any`] under an interleave's rotation.
+///
+/// # Safety
+/// `heap` is the calling thread's heap.
+#[inline(never)]
+unsafe fn refill_rotation(heap: *mut Heap, class: usize, state: &State, p: &mut Rotation<'_>) -> *mut u8 {
+    // SAFETY: the caller's heap.
+    unsafe { lifecycle::refill(heap, class, state, p) }
+}
+
+/// [`refill_any`] under the thread's other policies.
+///
+/// # Safety
+/// `heap` is the calling thread's heap.
+#[inline(never)]
+unsafe fn refill_by_policy(heap: *mut Heap, class: usize, state: &State, p: &mut ByPolicy<'_>) -> *mut u8 {
+    // SAFETY: the caller's heap.
+    unsafe { lifecycle::refill(heap, class, state, p) }
 }
 
 /// [`refill`] under rules by size: the rule of the class's block size
@@ -613,11 +648,11 @@ unsafe fn refill_by_size(heap: *mut Heap, class: usize, state: &'static State, t
     unsafe {
         match rule_active(class_size(class), t.il.get()) {
             Active::Interleave(il) if class >= super::engine::size_class::PAGE_CLASS => (*il).alloc_class(heap, class),
-            Active::Interleave(il) => lifecycle::refill(heap, class, state, &mut Rotation { t, il: &*il, class }),
+            Active::Interleave(il) => refill_rotation(heap, class, state, &mut Rotation { t, il: &*il, class }),
             Active::Local if state.mode != Mode::PerNode => {
-                lifecycle::refill(heap, class, state, &mut AnyPage { t: None, state })
+                refill_any(heap, class, state, &mut AnyPage { t: None, state })
             }
-            active => lifecycle::refill(heap, class, state, &mut ByPolicy { t, state, active, here: None }),
+            active => refill_by_policy(heap, class, state, &mut ByPolicy { t, state, active, here: None }),
         }
     }
 }

@@ -80,6 +80,8 @@
 //! (none)      alloc/placement.rs DEFAULT        InitCell  -      the default placement, made only inside STATE's
 //!                                                                making (which fork holds): never half made
 //!             alloc/engine/heap/cpu.rs CACHE    InitCell  -      the per-CPU caches: as DEFAULT
+//!             alloc/engine/state.rs SYSFS       InitCell  -      the allocator's topology under
+//!                                                                NUMAWEAVE_TOPOLOGY=hwloc: as DEFAULT
 //!             alloc/stats.rs ONCE               Once      -      registers the statistics' printer at exit
 //!             os/thread.rs INSTALLED            atomic    -      installs the one pthread_atfork pair: a once of
 //!                                                                its own (std's `Once` lies far from the

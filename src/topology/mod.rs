@@ -131,6 +131,69 @@ pub(crate) fn global_release_after_fork() {
 }
 
 impl Topology {
+    /// [`empty`](Self::empty)'s value written field by field over `self`:
+    /// no 6 KiB temporary on the stack.
+    #[unsafe(link_section = ".text.sorted.numaweave")]
+    fn clear(&mut self, source: Source) {
+        self.source = source;
+        self.online = NodeSet::new();
+        self.with_cpus = NodeSet::new();
+        self.with_memory = NodeSet::new();
+        self.allowed = NodeSet::new();
+        self.distance = [[0; MAX_NODES]; MAX_NODES];
+        self.memory = [0; MAX_NODES];
+        self.physical = core::array::from_fn(|i| i as u8);
+        self.cpu_node = [NO_NODE; MAX_CPUS];
+        self.ignored_nodes = 0;
+        self.ignored_cpus = 0;
+        self.perf = None;
+    }
+
+    /// An empty topology (as [`empty`](Self::empty)) written into `slot`
+    /// field by field, returned initialised.
+    #[cfg(not(loom))]
+    #[unsafe(link_section = ".text.sorted.numaweave")]
+    fn empty_in(slot: &mut core::mem::MaybeUninit<Topology>, source: Source) -> &mut Topology {
+        let s = slot.as_mut_ptr();
+        // SAFETY: each write fills one field of the slot in place (nothing
+        // was there to drop); together every field (the pattern below lists
+        // them), so the slot is initialised when it is returned.
+        unsafe {
+            (&raw mut (*s).source).write(source);
+            (&raw mut (*s).online).write(NodeSet::new());
+            (&raw mut (*s).with_cpus).write(NodeSet::new());
+            (&raw mut (*s).with_memory).write(NodeSet::new());
+            (&raw mut (*s).allowed).write(NodeSet::new());
+            (&raw mut (*s).distance).write([[0; MAX_NODES]; MAX_NODES]);
+            (&raw mut (*s).memory).write([0; MAX_NODES]);
+            (&raw mut (*s).physical).write(core::array::from_fn(|i| i as u8));
+            (&raw mut (*s).cpu_node).write([NO_NODE; MAX_CPUS]);
+            (&raw mut (*s).ignored_nodes).write(0);
+            (&raw mut (*s).ignored_cpus).write(0);
+            (&raw mut (*s).perf).write(None);
+        }
+        // The fields written above, by name: a field added to `Topology`
+        // fails to compile here until it is written too.
+        let _: fn(&Topology) = |t| {
+            let Topology {
+                source: _,
+                online: _,
+                with_cpus: _,
+                with_memory: _,
+                allowed: _,
+                distance: _,
+                memory: _,
+                physical: _,
+                cpu_node: _,
+                ignored_nodes: _,
+                ignored_cpus: _,
+                perf: _,
+            } = t;
+        };
+        // SAFETY: every field was written above.
+        unsafe { slot.assume_init_mut() }
+    }
+
     fn empty(source: Source) -> Self {
         Self {
             source,
@@ -160,6 +223,10 @@ impl Topology {
     /// for `NUMAWEAVE_TOPOLOGY`). Never fails: if discovery itself fails, the
     /// result is a single node 0 with every CPU, reported once on stderr.
     pub fn global() -> &'static Topology {
+        // SAFETY: `from_env_in` leaves the slot initialised.
+        #[cfg(not(loom))]
+        return unsafe { GLOBAL.get_or_init_in_place(from_env_in) };
+        #[cfg(loom)]
         GLOBAL.get_or_init(from_env)
     }
 
@@ -400,29 +467,44 @@ impl Iterator for NodeOrder {
     }
 }
 
-/// Builds the process topology as `NUMAWEAVE_TOPOLOGY` asks.
+/// Builds the process topology as `NUMAWEAVE_TOPOLOGY` asks, into `slot`.
+/// Without the variable, in place: start-up's stack pages stay in every
+/// program's RSS, and each copy of a topology on the way took 6 KiB of them.
+#[cfg(not(loom))]
 #[unsafe(link_section = ".text.sorted.numaweave")]
+fn from_env_in(slot: &mut core::mem::MaybeUninit<Topology>) {
+    let t = Topology::empty_in(slot, Source::Sysfs);
+    match crate::os::file::env(c"NUMAWEAVE_TOPOLOGY") {
+        None => real_topology_into(t),
+        Some(spec) => *t = from_spec(spec),
+    }
+}
+
+/// [`from_env_in`] as a value (the loom build's `OnceLock`).
+#[cfg(loom)]
 fn from_env() -> Topology {
-    // Each way out its own function, so that the common one's stack frame
-    // holds one topology, not one per branch (start-up's stack pages stay
-    // in every program's RSS).
     match crate::os::file::env(c"NUMAWEAVE_TOPOLOGY") {
         None => real_topology(),
         Some(spec) => from_spec(spec),
     }
 }
 
-/// This machine's topology, or one node if discovery fails.
-#[inline(never)]
+/// This machine's topology, or one node if discovery fails, into `t` (an
+/// empty one).
 #[unsafe(link_section = ".text.sorted.numaweave")]
-fn real_topology() -> Topology {
-    match Topology::detect() {
-        Ok(t) => t,
-        Err(e) => {
-            crate::os::file::report(format_args!("numaweave: topology discovery failed ({e}); assuming one node"));
-            sysfs::single_node_fallback()
-        }
+fn real_topology_into(t: &mut Topology) {
+    if let Err(e) = sysfs::detect_into(t) {
+        crate::os::file::report(format_args!("numaweave: topology discovery failed ({e}); assuming one node"));
+        sysfs::single_node_fallback_into(t);
     }
+}
+
+/// [`real_topology_into`] as a value.
+#[inline(never)]
+fn real_topology() -> Topology {
+    let mut t = Topology::empty(Source::Sysfs);
+    real_topology_into(&mut t);
+    t
 }
 
 /// The topology `NUMAWEAVE_TOPOLOGY` asks for.

@@ -19,20 +19,26 @@ fn node_file(n: usize, leaf: &str) -> PathBuf {
     p
 }
 
+/// This machine's topology, filled into `t` (an empty one, `Source::Sysfs`:
+/// filled in place, so that the process's start-up keeps no copy of its
+/// 6 KiB on the stack); on an error `t` is left part filled.
 #[unsafe(link_section = ".text.sorted.numaweave")]
-pub(super) fn detect() -> Result<Topology> {
+pub(super) fn detect_into(t: &mut Topology) -> Result<()> {
     // 4 KiB holds any list file below MAX_CPUS and one node's distance row.
     let mut buf = [0u8; 4096];
     let online = match file::read_str(c"/sys/devices/system/node/online", &mut buf) {
         Ok(s) => s,
-        Err(Error::Os { errno: libc::ENOENT, .. }) => return Ok(single_node_fallback()),
+        Err(Error::Os { errno: libc::ENOENT, .. }) => {
+            single_node_fallback_into(t);
+            return Ok(());
+        }
         Err(e) => return Err(e),
     };
     let (online, ignored) = NodeSet::parse_list(online)?;
     if online.is_empty() {
         return Err(Error::InvalidTopology { reason: "sysfs lists no online node" });
     }
-    let mut t = Topology::empty(Source::Sysfs);
+    debug_assert!(matches!(t.source, Source::Sysfs) && t.online.is_empty(), "detect_into fills an empty topology");
     t.online = online;
     t.ignored_nodes = ignored as u16;
     t.with_cpus = read_set(c"/sys/devices/system/node/has_cpu", &mut buf)?.unwrap_or(online);
@@ -42,7 +48,7 @@ pub(super) fn detect() -> Result<Topology> {
     t.with_memory = t.with_memory.intersection(&online);
 
     for n in online.iter() {
-        read_distances(&mut t, n, &mut buf)?;
+        read_distances(t, n, &mut buf)?;
         t.memory[n] = read_node_memory(n, &mut buf)?;
         let p = node_file(n, "cpulist");
         let (cpus, dropped) = super::CpuSet::parse_list(file::read_str(p.as_cstr(), &mut buf)?)?;
@@ -64,6 +70,13 @@ pub(super) fn detect() -> Result<Topology> {
         // leave the allocator without a node.
         t.allowed = t.with_memory;
     }
+    Ok(())
+}
+
+/// [`detect_into`] as a value.
+pub(super) fn detect() -> Result<Topology> {
+    let mut t = Topology::empty(Source::Sysfs);
+    detect_into(&mut t)?;
     Ok(t)
 }
 
@@ -71,6 +84,14 @@ pub(super) fn detect() -> Result<Topology> {
 /// without NUMA and for failed discovery.
 pub(super) fn single_node_fallback() -> Topology {
     let mut t = Topology::empty(Source::NoNuma);
+    single_node_fallback_into(&mut t);
+    t
+}
+
+/// [`single_node_fallback`] written over `t`, whatever it held.
+#[unsafe(link_section = ".text.sorted.numaweave")]
+pub(super) fn single_node_fallback_into(t: &mut Topology) {
+    t.clear(Source::NoNuma);
     let mut buf = [0u8; 4096];
     t.online = NodeSet::single(0);
     t.with_cpus = t.online;
@@ -92,7 +113,6 @@ pub(super) fn single_node_fallback() -> Topology {
     if let Ok(s) = file::read_str(c"/proc/meminfo", &mut buf) {
         t.memory[0] = meminfo_kb(s, "MemTotal:").unwrap_or(0) * 1024;
     }
-    t
 }
 
 #[unsafe(link_section = ".text.sorted.numaweave")]

@@ -12,7 +12,7 @@ use super::lifecycle;
 use super::types::{Arena, ExitHook, Lifecycle, MetaChunk, Mode, STATE, Settings, State};
 use crate::hardened::{self, HARDENED};
 use crate::os::{file, thread};
-use crate::sync::{AtomicBool, Ordering, SpinLock};
+use crate::sync::{AtomicBool, InitCell, Ordering, SpinLock};
 use crate::topology::{MAX_NODES, Topology};
 
 /// The part of the state's start-up that belongs to the layers above the
@@ -57,13 +57,9 @@ impl State {
             hardened::set_fast_bound(super::size_class::SMALL_MAX);
         }
         let s = slot.as_mut_ptr();
-        // SAFETY: writes the field in place (nothing was there to drop); the
-        // reference taken after it points at that initialised field, which
-        // nothing writes again.
-        let topology: &Topology = unsafe {
-            (&raw mut (*s).topology).write(allocator_topology());
-            &(*s).topology
-        };
+        let topology: &'static Topology = allocator_topology();
+        // SAFETY: writes the field in place (nothing was there to drop).
+        unsafe { (&raw mut (*s).topology).write(topology) };
         let mem_nodes = topology.allowed_nodes().intersection(&topology.memory_nodes());
         let mode = match config.mode {
             Mode::Auto if mem_nodes.len() > 1 => Mode::PerNode,
@@ -227,15 +223,21 @@ fn fork_release() {
     }
 }
 
-/// The topology as the allocator sees it: `NUMAWEAVE_TOPOLOGY` honoured
-/// except `hwloc`, which allocates and so cannot serve the allocator's own
-/// start-up.
-fn allocator_topology() -> Topology {
+/// The topology as the allocator sees it: the process's
+/// ([`Topology::global`]: `NUMAWEAVE_TOPOLOGY` honoured), but under `hwloc`,
+/// which allocates and so cannot serve the allocator's own start-up, one of
+/// its own read from sysfs. A reference, not a copy in the state: a copy
+/// took 6 KiB more of every process's memory, and as much of its stack.
+fn allocator_topology() -> &'static Topology {
     if file::env(c"NUMAWEAVE_TOPOLOGY").is_some_and(|v| v.trim_ascii() == "hwloc") {
-        return sysfs_topology();
+        return SYSFS.get_or_init(sysfs_topology);
     }
-    Topology::global().clone()
+    Topology::global()
 }
+
+/// The allocator's topology under `NUMAWEAVE_TOPOLOGY=hwloc` (see
+/// [`allocator_topology`]): made only inside the state's making.
+static SYSFS: InitCell<Topology> = InitCell::new();
 
 /// Out of line: its own topology value stays off `State::init`'s stack.
 #[cold]

@@ -671,7 +671,7 @@ pub(crate) struct State {
     pub(crate) config: Settings,
     /// The mode after resolving `Auto`.
     pub(crate) mode: Mode,
-    pub(crate) topology: Topology,
+    pub(crate) topology: &'static Topology,
     /// More than one node with memory (and per-node mode): fallbacks are checked.
     pub(crate) multi_node: bool,
     pub(crate) arenas: [Arena; MAX_NODES],

@@ -77,9 +77,12 @@ enum Beat {
 /// quiet), and after it served, what the heartbeat asked (arm; a quiet
 /// class's slot left empty). What the facade's slow paths call.
 ///
+/// Inlined into one function per placement, so that the default's alone
+/// is placed with the code every program runs (`placement::refill_any`).
+///
 /// # Safety
 /// `heap` is the calling thread's heap.
-#[unsafe(link_section = ".text.sorted.numaweave")]
+#[inline(always)]
 pub(crate) unsafe fn refill(heap: *mut Heap, class: usize, state: &State, placement: &mut impl Placement) -> *mut u8 {
     // SAFETY: the caller's heap, between operations on it (the heartbeat's)
     // and after the refill (the rest).
