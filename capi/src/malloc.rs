@@ -78,6 +78,13 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 #[inline(never)]
 #[unsafe(link_section = ".text.sorted.numaweave")]
 unsafe extern "C" fn malloc_slow(size: usize) -> *mut c_void {
+    // A thread the per-CPU caches serve first: their stack's top (the
+    // sequence's registers would cost `malloc` a stack frame).
+    // SAFETY: any size is accepted.
+    let p = unsafe { A.alloc_cpu(size) };
+    if !p.is_null() {
+        return p.cast();
+    }
     if size == 0 {
         // The fast path sends a zero size here untried: the smallest
         // block, as `malloc(1)` gives it.

@@ -178,14 +178,14 @@ impl NumaAlloc {
     /// online, with memory, allowed to this process).
     pub fn on_node(&self, node: usize) -> Result<NodeHandle> {
         let state = self.state();
-        Policy::Preferred(node).validate(&state.topology)?;
+        Policy::Preferred(node).validate(state.topology)?;
         Ok(NodeHandle { source: Arc::new(Source { state, target: Target::Node(node) }), node })
     }
 
     /// A handle interleaving blocks as `policy` says, with its own cursor.
     pub fn interleave(&self, policy: Interleave) -> Result<InterleaveHandle> {
         let state = self.state();
-        Policy::Interleave(policy).validate(&state.topology)?;
+        Policy::Interleave(policy).validate(state.topology)?;
         super::placement::register_fork_handlers();
         let il = SharedInterleaver::boxed(&policy, state);
         Ok(InterleaveHandle { source: Arc::new(Source { state, target: Target::Interleave(il) }) })

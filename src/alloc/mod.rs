@@ -219,7 +219,7 @@ impl NumaAlloc {
     /// ```
     pub fn alloc_on(&self, layout: Layout, node: usize) -> Result<NonNull<u8>> {
         let state = self.state();
-        crate::policy::Policy::Preferred(node).validate(&state.topology)?;
+        crate::policy::Policy::Preferred(node).validate(state.topology)?;
         let (size, align) = (layout.size(), layout.align());
         if align > MAX_ALIGN || size > isize::MAX as usize / 2 {
             return Err(Error::LayoutTooLarge { size, align });
@@ -320,6 +320,18 @@ impl NumaAlloc {
         // SAFETY: `pop_fast` only asks that `class_of` take sizes 1 to SMALL_MAX, as
         // `class_of_malloc_small` does; any `size` is fine here.
         unsafe { self.pop_fast(size, |s| size_class::class_of_malloc_small(s)) }
+    }
+
+    /// C's `malloc` after [`alloc_fast`](Self::alloc_fast) missed: a block
+    /// from the per-CPU caches for a thread they serve, else null.
+    ///
+    /// # Safety
+    /// None beyond `GlobalAlloc::alloc`'s: any `size` is accepted.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn alloc_cpu(&self, size: usize) -> *mut u8 {
+        // SAFETY: any size is accepted.
+        unsafe { placement::cpu_pop_malloc(size) }
     }
 
     /// [`alloc_fast`](Self::alloc_fast) for C++'s plain `new`: the block

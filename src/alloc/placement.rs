@@ -458,7 +458,7 @@ pub(crate) fn show_default(state: &State) {
     let d = default();
     let off = if d.policies { "" } else { " (policies off)" };
     file::write_stderr(format_args!("numaweave: policy {}{off}\n", d.rules));
-    if let Some(w) = default_interleave().and_then(|i| i.auto_weights_by_node(&state.topology)) {
+    if let Some(w) = default_interleave().and_then(|i| i.auto_weights_by_node(state.topology)) {
         file::write_stderr(format_args!("numaweave: {w}\n"));
     }
     if let Some(c) = cpu::get() {
@@ -521,6 +521,51 @@ pub(crate) unsafe fn cpu_alloc(class: usize) -> *mut u8 {
     }
     // SAFETY: as above.
     unsafe { lifecycle::cpu_refill(state, class) }
+}
+
+/// C's `malloc` after its fast path missed, for a thread the per-CPU
+/// caches serve (its slot holds `CPU_NO_HEAP`) and a size they hold: the
+/// top of its CPU's stack of the class, else null (not such a thread or
+/// size, or the stack empty: the caller's slow path refills, through
+/// [`cpu_alloc`]). First in `malloc`'s slow path, inline: before, every
+/// such allocation went through the slow path's checks and `cpu_alloc`'s
+/// call.
+///
+/// # Safety
+/// None: any `size` is accepted.
+#[inline(always)]
+pub(crate) unsafe fn cpu_pop_malloc(size: usize) -> *mut u8 {
+    // (Hardened builds have no caches.) A size of 0 wraps past the bound.
+    if crate::hardened::HARDENED
+        || size.wrapping_sub(1) >= cpu::MAX_BLOCK
+        || heap::current_or_none() != heap::cpu_no_heap()
+    {
+        return ptr::null_mut();
+    }
+    // SAFETY: 1 to MAX_BLOCK bytes, a class the caches hold (their classes
+    // are those of the sizes to MAX_BLOCK); a thread whose slot holds
+    // `CPU_NO_HEAP` is one they serve, so they exist.
+    let p = unsafe { cpu::pop(super::engine::size_class::class_of_malloc_small(size)) };
+    if !p.is_null() && State::try_get().is_some_and(|s| s.life.pending()) {
+        // SAFETY: the caches served this allocation: the thread has no heap.
+        return unsafe { cpu_beat_then(p) };
+    }
+    p
+}
+
+/// [`cpu_pop_malloc`]'s block `p`, after the lifecycle's beat (work is
+/// waiting): out of line, reached by a tail call.
+///
+/// # Safety
+/// The calling thread has no heap between operations (the caches served).
+#[cold]
+#[inline(never)]
+unsafe fn cpu_beat_then(p: *mut u8) -> *mut u8 {
+    if let Some(state) = State::try_get() {
+        // SAFETY: the caller's word.
+        unsafe { lifecycle::cpu_beat(state) };
+    }
+    p
 }
 
 /// Whether the per-CPU caches serve `class` for the calling thread, whose
@@ -812,7 +857,7 @@ fn lower_tier_map(state: &State) -> &'static [u8; MAX_NODES] {
     // Held across fork() from now on, so that no child inherits it half made.
     register_fork_handlers();
     LOWER_TIER.get_or_init(|| {
-        let t = &state.topology;
+        let t = state.topology;
         let mut map = [u8::MAX; MAX_NODES];
         for n in t.nodes().iter() {
             // Among the lower-tier nodes the allocator places on.
@@ -869,7 +914,7 @@ pub(crate) fn with_policy_in(state: &'static State, policy: Policy) -> Result<Po
     if !default().policies {
         return Err(crate::Error::InvalidPolicy { reason: "memory policies are switched off (NUMAWEAVE_POLICY=none)" });
     }
-    policy.validate(&state.topology)?;
+    policy.validate(state.topology)?;
     let il = match &policy {
         Policy::Interleave(i) => {
             let b = Box::<ThreadInterleaver>::new_uninit();

@@ -199,7 +199,7 @@ impl Stats {
             orphan_heaps,
             synthetic: state.topology.is_synthetic(),
             thp_bytes,
-            auto_weights: super::placement::default_interleave().and_then(|i| i.auto_weights_by_node(&state.topology)),
+            auto_weights: super::placement::default_interleave().and_then(|i| i.auto_weights_by_node(state.topology)),
             cpu_cached,
         }
     }

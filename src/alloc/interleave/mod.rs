@@ -102,7 +102,7 @@ impl ThreadInterleaver {
     /// and holds nothing that needs dropping.
     pub(crate) unsafe fn write(at: *mut ThreadInterleaver, i: &Interleave, state: &'static State) {
         let huge = regions_huge(i, state);
-        let topology = &state.topology;
+        let topology = state.topology;
         let node = if i.has_auto_weights() { topology.current_node() } else { 0 };
         let (placed, pages) = cursors_for(i, topology, node);
         let auto = i.has_auto_weights().then(|| AutoState {
@@ -531,7 +531,7 @@ impl SharedInterleaver {
     pub(crate) fn boxed(i: &Interleave, state: &State) -> Box<Self> {
         let huge = regions_huge(i, state);
         // `weights=auto`: the weights of the node of the thread making it.
-        let (placed, _) = i.weights_for(&state.topology, state.topology.current_node());
+        let (placed, _) = i.weights_for(state.topology, state.topology.current_node());
         let il = Box::new(Self { cursor: Cursor::new(&placed), space: SharedSpace::new(turn_align(i, huge), huge) });
         il.space.list_for_fork();
         il
