@@ -1,8 +1,9 @@
 /* The C library's own resident pages, as a program that preloads it keeps
  * them: start-up, the malloc family on small, large and huge blocks, a
- * thread that allocates and exits (its heap adopted, its blocks freed
- * remotely), then the sum of `Rss:` over the mappings of the file named
- * in argv[1] (a path's last component), in KiB, on stdout.
+ * thread that allocates and exits (its blocks then freed remotely), then
+ * the sum of `Rss:` over the mappings of the file named in argv[1] (a
+ * path's last component), in KiB, on stdout. Every block escapes
+ * (`keep`): a compiler may delete a malloc whose only use is its free.
  *
  * The kernel maps a file's pages in 64 KiB windows around each fault
  * (fault-around), so a function run once costs its window: the code a
@@ -16,10 +17,14 @@
 
 static void *kept[64];
 
+/* Makes `p` escape, so that its allocation and writes stay. */
+static void keep(void *p) { __asm__ volatile("" : : "r"(p) : "memory"); }
+
 static void *worker(void *arg) {
     (void)arg;
     for (int i = 0; i < 64; i++) kept[i] = malloc(16 + 40 * i);
     void *p = malloc(100);
+    keep(p);
     free(p);
     return NULL;
 }
@@ -27,10 +32,12 @@ static void *worker(void *arg) {
 int main(int argc, char **argv) {
     if (argc != 2) return 2;
     void *small[256];
-    for (int i = 0; i < 256; i++) small[i] = malloc(8 + (i * 37) % 3000);
+    for (int i = 0; i < 256; i++) keep(small[i] = malloc(8 + (i * 37) % 3000));
     for (int i = 0; i < 256; i += 2) small[i] = realloc(small[i], 5000);
     void *big = calloc(1, 300 * 1024), *huge = malloc(8 << 20);
+    keep(big);
     memset(huge, 1, 1 << 20);
+    keep(huge);
     pthread_t t;
     if (pthread_create(&t, NULL, worker, NULL) || pthread_join(t, NULL)) return 2;
     for (int i = 0; i < 64; i++) free(kept[i]);

@@ -4,7 +4,8 @@
 //!
 //! The allocator needs the first two before it has a heap: neither
 //! allocates through it (glibc keeps the first 32 keys' values inside the
-//! thread descriptor, and its `pthread_atfork` list is glibc's own memory).
+//! thread descriptor, and the first entries of its `pthread_atfork` list
+//! in its own memory, where this crate's one pair goes).
 //!
 //! # Lock table
 //!
@@ -195,6 +196,21 @@ pub fn at_fork(rank: ForkRank, prepare: fn(), release: fn()) -> Result<()> {
 /// call of glibc's at most: two layers' first uses at once).
 #[unsafe(link_section = ".text.sorted.numaweave")]
 fn install() -> Result<()> {
+    // Done: a load, no read-modify-write (`fork_generation` calls this on
+    // paths that run again and again, from every thread).
+    if INSTALLED.load(Ordering::Acquire) != INSTALLED_DONE {
+        install_slow();
+    }
+    match INSTALL_ERR.load(Ordering::Relaxed) {
+        0 => Ok(()),
+        r => Err(Error::Os { call: "pthread_atfork", errno: r }),
+    }
+}
+
+/// [`install`] before it is done: one thread installs, the others wait.
+#[cold]
+#[unsafe(link_section = ".text.sorted.numaweave")]
+fn install_slow() {
     loop {
         match INSTALLED.compare_exchange(NOT_INSTALLED, INSTALLING, Ordering::Acquire, Ordering::Acquire) {
             Ok(_) => {
@@ -207,10 +223,6 @@ fn install() -> Result<()> {
             Err(INSTALLED_DONE) => break,
             Err(_) => std::thread::yield_now(),
         }
-    }
-    match INSTALL_ERR.load(Ordering::Relaxed) {
-        0 => Ok(()),
-        r => Err(Error::Os { call: "pthread_atfork", errno: r }),
     }
 }
 
