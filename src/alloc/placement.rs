@@ -509,18 +509,32 @@ fn this_thread_policy() -> &'static ThreadPolicy {
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub(crate) unsafe fn cpu_alloc(class: usize) -> *mut u8 {
     // SAFETY: a class the caches serve (the caller's word).
-    let p = unsafe { cpu::pop(class) };
-    let Some(state) = State::try_get() else { return p };
+    let p = unsafe { cpu_pop(class) };
     if !p.is_null() {
-        if state.life.pending() {
-            // SAFETY: the caches served this allocation: the thread's heap,
-            // if it has one, is between operations.
-            unsafe { lifecycle::cpu_beat(state) };
-        }
         return p;
     }
+    let Some(state) = State::try_get() else { return p };
     // SAFETY: as above.
     unsafe { lifecycle::cpu_refill(state, class) }
+}
+
+/// The top of the calling CPU's stack of `class`, null when it is empty;
+/// a block served beats the lifecycle while it has work waiting (by a
+/// tail call: the callers keep no frame for it). What [`cpu_alloc`] and
+/// [`cpu_pop_malloc`] share.
+///
+/// # Safety
+/// [`cpu::serves`]`(class)`.
+#[inline(always)]
+unsafe fn cpu_pop(class: usize) -> *mut u8 {
+    // SAFETY: a class the caches serve (the caller's word).
+    let p = unsafe { cpu::pop(class) };
+    if !p.is_null() && State::try_get().is_some_and(|s| s.life.pending()) {
+        // SAFETY: the caches served this allocation: the thread's heap, if
+        // it has one, is between operations.
+        return unsafe { cpu_beat_then(p) };
+    }
+    p
 }
 
 /// C's `malloc` after its fast path missed, for a thread the per-CPU
@@ -545,19 +559,15 @@ pub(crate) unsafe fn cpu_pop_malloc(size: usize) -> *mut u8 {
     // SAFETY: 1 to MAX_BLOCK bytes, a class the caches hold (their classes
     // are those of the sizes to MAX_BLOCK); a thread whose slot holds
     // `CPU_NO_HEAP` is one they serve, so they exist.
-    let p = unsafe { cpu::pop(super::engine::size_class::class_of_malloc_small(size)) };
-    if !p.is_null() && State::try_get().is_some_and(|s| s.life.pending()) {
-        // SAFETY: the caches served this allocation: the thread has no heap.
-        return unsafe { cpu_beat_then(p) };
-    }
-    p
+    unsafe { cpu_pop(super::engine::size_class::class_of_malloc_small(size)) }
 }
 
-/// [`cpu_pop_malloc`]'s block `p`, after the lifecycle's beat (work is
-/// waiting): out of line, reached by a tail call.
+/// [`cpu_pop`]'s block `p`, after the lifecycle's beat (work is waiting):
+/// out of line, reached by a tail call.
 ///
 /// # Safety
-/// The calling thread has no heap between operations (the caches served).
+/// The calling thread's heap, if it has one, is between operations (the
+/// caches served).
 #[cold]
 #[inline(never)]
 unsafe fn cpu_beat_then(p: *mut u8) -> *mut u8 {

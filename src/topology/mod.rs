@@ -131,27 +131,23 @@ pub(crate) fn global_release_after_fork() {
 }
 
 impl Topology {
-    /// [`empty`](Self::empty)'s value written field by field over `self`:
-    /// no 6 KiB temporary on the stack.
+    /// [`empty`](Self::empty)'s value written over `self`, in place: no 6
+    /// KiB temporary on the stack.
     #[unsafe(link_section = ".text.sorted.numaweave")]
     fn clear(&mut self, source: Source) {
-        self.source = source;
-        self.online = NodeSet::new();
-        self.with_cpus = NodeSet::new();
-        self.with_memory = NodeSet::new();
-        self.allowed = NodeSet::new();
-        self.distance = [[0; MAX_NODES]; MAX_NODES];
-        self.memory = [0; MAX_NODES];
-        self.physical = core::array::from_fn(|i| i as u8);
-        self.cpu_node = [NO_NODE; MAX_CPUS];
-        self.ignored_nodes = 0;
-        self.ignored_cpus = 0;
-        self.perf = None;
+        let slot = core::ptr::from_mut(self).cast::<core::mem::MaybeUninit<Topology>>();
+        // SAFETY: `self` is valid, so dropping it in place is sound (its one
+        // owned field, `perf`, is let go); nothing reads it before
+        // `empty_in`, which cannot fail, writes every field again.
+        unsafe {
+            core::ptr::drop_in_place(self);
+            Topology::empty_in(&mut *slot, source);
+        }
     }
 
-    /// An empty topology (as [`empty`](Self::empty)) written into `slot`
-    /// field by field, returned initialised.
-    #[cfg(not(loom))]
+    /// An empty topology written into `slot` field by field, returned
+    /// initialised: the one list of an empty topology's fields ([`empty`](Self::empty)
+    /// and [`clear`](Self::clear) are made with it).
     #[unsafe(link_section = ".text.sorted.numaweave")]
     fn empty_in(slot: &mut core::mem::MaybeUninit<Topology>, source: Source) -> &mut Topology {
         let s = slot.as_mut_ptr();
@@ -195,20 +191,10 @@ impl Topology {
     }
 
     fn empty(source: Source) -> Self {
-        Self {
-            source,
-            online: NodeSet::new(),
-            with_cpus: NodeSet::new(),
-            with_memory: NodeSet::new(),
-            allowed: NodeSet::new(),
-            distance: [[0; MAX_NODES]; MAX_NODES],
-            memory: [0; MAX_NODES],
-            physical: core::array::from_fn(|i| i as u8),
-            cpu_node: [NO_NODE; MAX_CPUS],
-            ignored_nodes: 0,
-            ignored_cpus: 0,
-            perf: None,
-        }
+        let mut t = core::mem::MaybeUninit::uninit();
+        Topology::empty_in(&mut t, source);
+        // SAFETY: `empty_in` initialised it.
+        unsafe { t.assume_init() }
     }
 
     /// The machine's topology, read from sysfs and procfs now (no environment
