@@ -378,11 +378,11 @@ impl NumaAlloc {
     }
 
     /// The C library's `malloc` slow path, after [`alloc_fast`](Self::alloc_fast)
-    /// found nothing: straight to the refill of the class's page when the
-    /// size is small and the thread has a heap (what `alloc` would do after
-    /// the same failed pop), else the general slow path. Null on failure.
-    /// Not for a zero size (which `alloc_fast` does not pop: a refill
-    /// would find the page of the smallest class untried).
+    /// found nothing: for a small size, straight to the refill of the
+    /// thread's page of the class, or of its CPU's stack when the per-CPU
+    /// caches serve it (popped first: [`alloc_cpu`](Self::alloc_cpu)), as
+    /// `alloc` would after the same failed pop; else the general slow path.
+    /// Null on failure. Not for a zero size (`alloc_fast` does not pop it).
     ///
     /// # Safety
     /// As `GlobalAlloc::alloc` with `size` bytes aligned to
@@ -407,7 +407,7 @@ impl NumaAlloc {
             }
             if heap == heap::cpu_no_heap() && heap::cpu::serves(class) {
                 // SAFETY: a class the per-CPU caches serve.
-                return unsafe { placement::cpu_alloc(class) };
+                return unsafe { placement::cpu_alloc_refill(class) };
             }
         }
         // SAFETY: `size` is not 0 and fits a `Layout` aligned to `malloc_align(size)` (the

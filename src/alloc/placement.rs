@@ -513,8 +513,23 @@ pub(crate) unsafe fn cpu_alloc(class: usize) -> *mut u8 {
     if !p.is_null() {
         return p;
     }
-    let Some(state) = State::try_get() else { return p };
     // SAFETY: as above.
+    unsafe { cpu_alloc_refill(class) }
+}
+
+/// [`cpu_alloc`] past its pop, for a caller whose own pop of the calling
+/// CPU's stack of `class` just found it empty (`malloc`'s slow path, after
+/// [`cpu_pop_malloc`]): a refill of the stack, not a second pop of it. A
+/// block another thread pushed meanwhile is no harm: the refill serves
+/// from its batch and the stack keeps what it has room for.
+///
+/// # Safety
+/// [`cpu::serves`]`(class)`.
+#[inline(never)]
+#[unsafe(link_section = ".text.sorted.numaweave")]
+pub(crate) unsafe fn cpu_alloc_refill(class: usize) -> *mut u8 {
+    let Some(state) = State::try_get() else { return ptr::null_mut() };
+    // SAFETY: a class the caches serve (the caller's word).
     unsafe { lifecycle::cpu_refill(state, class) }
 }
 
