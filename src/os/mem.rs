@@ -837,7 +837,8 @@ pub fn page_frame(addr: *const u8) -> Result<Option<u64>> {
 /// ```
 #[derive(Debug)]
 pub struct Mapping {
-    ptr: NonNull<u8>,
+    /// (Read in place by the per-CPU stacks' sequences, `os/rseq.rs`.)
+    pub(super) ptr: NonNull<u8>,
     len: usize,
 }
 

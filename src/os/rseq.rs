@@ -307,34 +307,44 @@ fn fence_registered() -> Result<()> {
 /// at `$list` bytes into the row, rows indexed by the area's `$field`: the
 /// frame every sequence shares, around `$body` (which addresses the stack
 /// through `{c}` and must end with its one committing store). From 20:
-/// `$reset` (the outputs a restart must clear), `rseq_cs` pointed at the
-/// descriptor (23). The critical section, 21 to 22: leave (for 22, every
-/// output as `$reset` left it) if the thread's `cpu_id` is negative (its
-/// registration failed or was undone: the kernel restarts nothing for it,
-/// and its `mm_cid` may be stale or 0), if the row index is past the rows
-/// (never, for a registered thread, but past `MAX_CPUS` possible CPUs:
-/// a CPU is below the possible ones) or if the row is closed (its first word not 0,
+/// `$reset` (the outputs a restart must clear), `{t}` = the area's offset
+/// from the thread pointer, `rseq_cs` pointed at the descriptor (23). The
+/// critical section, 21 to 22: leave (for 22, every output as `$reset`
+/// left it) if the thread's `cpu_id` is negative (its registration failed
+/// or was undone: the kernel restarts nothing for it, and its `mm_cid` may
+/// be stale or 0), if the row index is past the rows (never, for a
+/// registered thread, but past `MAX_CPUS` possible CPUs: a CPU is below
+/// the possible ones) or if the row is closed (its first word not 0,
 /// `drain_row`); else `{c}` = the stack (`base + index * row_bytes +
 /// list`, inside the mapping). The descriptor goes to `__rseq_cs`, the
 /// abort handler (24, after glibc's signature inside a `ud1`) to
 /// `__rseq_failure`: it jumps back to 20 (the kernel clears `rseq_cs` when
 /// it aborts). `$operands`: the body's own.
+///
+/// The stacks' geometry (rows, row bytes, the mapping's base, the area's
+/// offset) is read from `$stacks` in place (`{s}`, fields by `offset_of!`),
+/// not each passed in a register: a push then needs seven registers, not
+/// ten, which the caller-saved ones hold, and a free that pushes saves
+/// none of the callee-saved ones. `{t}` holds the offset until the body
+/// takes it as scratch; a restart loads it again (no input is written, so
+/// a restart finds every one as it was).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 macro_rules! row_sequence {
     ($stacks:expr, $list:expr, $field:expr, reset = $reset:literal, body = [$($body:literal),* $(,)?], $($operands:tt)*) => {
         core::arch::asm!(
             "20:",
             $reset,
-            "lea {t}, [rip + 23f]",
-            "mov qword ptr fs:[{off} + {cs}], {t}",
+            "mov {t}, qword ptr [{s} + {o_off}]",
+            "lea {c}, [rip + 23f]",
+            "mov qword ptr fs:[{t} + {cs}], {c}",
             "21:",
-            "cmp dword ptr fs:[{off} + {cpu_id}], 0",
+            "cmp dword ptr fs:[{t} + {cpu_id}], 0",
             "jl 22f",
-            "mov {c:e}, dword ptr fs:[{off} + {field}]",
-            "cmp {c}, {rows}",
+            "mov {c:e}, dword ptr fs:[{t} + {field}]",
+            "cmp {c}, qword ptr [{s} + {o_rows}]",
             "jae 22f",
-            "imul {c}, {row_bytes}",
-            "add {c}, {base}",
+            "imul {c}, qword ptr [{s} + {o_row_bytes}]",
+            "add {c}, qword ptr [{s} + {o_base}]",
             "cmp qword ptr [{c}], 0",
             "jne 22f",
             "add {c}, {list}",
@@ -354,11 +364,12 @@ macro_rules! row_sequence {
             ".popsection",
             t = out(reg) _,
             c = out(reg) _,
-            off = in(reg) $stacks.reg.offset,
-            rows = in(reg) $stacks.rows,
-            row_bytes = in(reg) $stacks.row_bytes,
-            base = in(reg) $stacks.map.as_ptr() as usize,
+            s = in(reg) core::ptr::from_ref::<CpuStacks>($stacks),
             list = in(reg) $list,
+            o_off = const core::mem::offset_of!(CpuStacks, reg) + core::mem::offset_of!(Registration, offset),
+            o_rows = const core::mem::offset_of!(CpuStacks, rows),
+            o_row_bytes = const core::mem::offset_of!(CpuStacks, row_bytes),
+            o_base = const core::mem::offset_of!(CpuStacks, map) + core::mem::offset_of!(Mapping, ptr),
             cs = const RSEQ_CS,
             cpu_id = const CPU_ID,
             field = const $field,
@@ -474,6 +485,15 @@ impl CpuStacks {
         HEAD + list * (self.cap + 1) * 8
     }
 
+    /// Where stack `list` lies in a row: what the unchecked forms
+    /// ([`pop_on_cpu_unchecked`](Self::pop_on_cpu_unchecked),
+    /// [`push_upto_on_cpu_unchecked`](Self::push_upto_on_cpu_unchecked))
+    /// take, so that a caller with a table of them spends one load on it,
+    /// not a multiplication. Panics if `list` is past the lists.
+    pub fn list_offset(&self, list: usize) -> usize {
+        self.list_off(list)
+    }
+
     /// Takes the top pointer of stack `list` of the CPU the calling thread
     /// runs on; `None` when that stack is empty (or its row closed).
     #[inline]
@@ -513,11 +533,45 @@ impl CpuStacks {
         NonNull::new(self.pop_at::<CPU_ID>(self.list_off(list)) as *mut u8)
     }
 
+    /// [`pop_on_cpu`](Self::pop_on_cpu) of the stack at `offset`, as
+    /// [`push_upto_on_cpu_unchecked`](Self::push_upto_on_cpu_unchecked).
+    ///
+    /// # Safety
+    /// `offset` is a [`list_offset`](Self::list_offset) of these stacks.
+    #[inline(always)]
+    pub unsafe fn pop_on_cpu_unchecked(&self, offset: usize) -> Option<NonNull<u8>> {
+        debug_assert!(self.is_list_offset(offset), "a pop outside the stacks");
+        NonNull::new(self.pop_at::<CPU_ID>(offset) as *mut u8)
+    }
+
     /// [`push_upto`](Self::push_upto) on the row of the CPU the thread runs
     /// on whatever the index, as [`pop_on_cpu`](Self::pop_on_cpu).
     #[inline(always)]
     pub fn push_upto_on_cpu(&self, list: usize, p: NonNull<u8>, cap: usize) -> bool {
         self.push_at::<CPU_ID>(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap))
+    }
+
+    /// [`push_upto_on_cpu`](Self::push_upto_on_cpu) onto the stack at
+    /// `offset` ([`list_offset`](Self::list_offset)) without a check of it
+    /// or of `cap`, for a caller whose lists and depths are the stacks' own
+    /// by construction (the per-CPU caches' free): no bound test, no panic
+    /// path and no clamp on the way, so a free that pushes makes no call
+    /// and keeps no register of its caller's.
+    ///
+    /// # Safety
+    /// `offset` is a [`list_offset`](Self::list_offset) of these stacks and
+    /// `cap` at most their room ([`cap`](Self::cap)): the sequence then
+    /// writes inside that stack.
+    #[inline(always)]
+    pub unsafe fn push_upto_on_cpu_unchecked(&self, offset: usize, p: NonNull<u8>, cap: usize) -> bool {
+        debug_assert!(self.is_list_offset(offset) && cap <= self.cap, "a push outside the stacks");
+        self.push_at::<CPU_ID>(offset, p.as_ptr() as usize, cap)
+    }
+
+    /// Whether `offset` is one of [`list_offset`](Self::list_offset)'s.
+    fn is_list_offset(&self, offset: usize) -> bool {
+        let stride = (self.cap + 1) * 8;
+        offset >= HEAD && (offset - HEAD).is_multiple_of(stride) && (offset - HEAD) / stride < self.lists
     }
 
     /// [`push_upto_on_cpu`](Self::push_upto_on_cpu) only while the thread
@@ -605,7 +659,7 @@ impl CpuStacks {
         unsafe {
             push_sequence!(
                 self, list_off, CPU_ID,
-                check = ["cmp dword ptr fs:[{off} + {cpu_id}], {row:e}", "jne 22f"],
+                check = ["cmp dword ptr fs:[{t} + {cpu_id}], {row:e}", "jne 22f"],
                 ok = out(reg) ok,
                 cap = in(reg) cap,
                 p = in(reg) p,

@@ -104,6 +104,28 @@ fn a_stack_fills_and_empties_in_order() {
             assert_eq!(stacks.pop(1), None);
             assert_eq!(stacks.pop(0), None);
             assert_eq!(stacks.pop(2), Some(p(77)));
+            // The unchecked forms (the per-CPU caches' free and pop) work on
+            // the same stacks as the checked `_on_cpu` ones (the CPU's row,
+            // which the index's may not be): held to a depth, in order, the
+            // last list's stack the row's last (its room is the row's end).
+            let (l0, l1, l2) = (stacks.list_offset(0), stacks.list_offset(1), stacks.list_offset(2));
+            // SAFETY: offsets of these stacks, depths at most the room of 16.
+            unsafe {
+                for k in 1..=4 {
+                    assert!(stacks.push_upto_on_cpu_unchecked(l2, p(k), 4));
+                }
+                assert!(!stacks.push_upto_on_cpu_unchecked(l2, p(5), 4), "held to its depth");
+                assert!(stacks.push_upto_on_cpu_unchecked(l2, p(5), 16));
+                assert_eq!(stacks.pop_on_cpu(2), Some(p(5)));
+                assert_eq!(stacks.pop_on_cpu_unchecked(l2), Some(p(4)));
+                assert!(stacks.push_upto_on_cpu(0, p(40), 16));
+                assert_eq!(stacks.pop_on_cpu_unchecked(l0), Some(p(40)));
+                for k in (1..=3).rev() {
+                    assert_eq!(stacks.pop_on_cpu_unchecked(l2), Some(p(k)));
+                }
+                assert_eq!(stacks.pop_on_cpu_unchecked(l2), None);
+                assert_eq!(stacks.pop_on_cpu_unchecked(l1), None);
+            }
         });
     });
 }

@@ -53,6 +53,9 @@ pub(crate) struct CpuCache {
     classes: usize,
     /// Each cached class's depth.
     depth: [u8; CLASSES],
+    /// Each cached class's stack in a row (`CpuStacks::list_offset`):
+    /// what the pop and the free's push take, one load.
+    offset: [u32; CLASSES],
     /// Whether the topology has more than one memory node (a free then
     /// checks the block's node against the thread's, in per-node mode).
     multi: bool,
@@ -143,7 +146,12 @@ pub(crate) fn init(multi: bool) {
     }
     match CpuStacks::with_index(reg, Index::Cpu, classes, DEPTH) {
         Ok(stacks) => {
-            CACHE.get_or_init(|| CpuCache { stacks, classes, depth, multi });
+            // (A row is `classes` stacks of `DEPTH + 1` words: 37 KiB.)
+            let mut offset = [0u32; CLASSES];
+            for (c, o) in offset.iter_mut().enumerate().take(classes) {
+                *o = u32::try_from(stacks.list_offset(c)).expect("a row of under 4 GiB");
+            }
+            CACHE.get_or_init(|| CpuCache { stacks, classes, depth, offset, multi });
         }
         Err(e) => crate::os::file::report(format_args!("numaweave: per-CPU caches: {e}; per-thread caches")),
     }
@@ -179,7 +187,14 @@ pub(crate) fn serves_thread() -> bool {
 #[inline(always)]
 pub(crate) unsafe fn pop(class: usize) -> *mut u8 {
     match get() {
-        Some(c) => c.stacks.pop_on_cpu(class).map_or(ptr::null_mut(), NonNull::as_ptr),
+        Some(c) => {
+            debug_assert!(class < c.classes, "a class the caches do not hold");
+            // SAFETY: `class < c.classes` (the caller's word), below
+            // `CLASSES`: its entry is the `list_offset` of the class's stack
+            // (`init` made the stacks one list a class).
+            unsafe { c.stacks.pop_on_cpu_unchecked(*c.offset.get_unchecked(class) as usize) }
+                .map_or(ptr::null_mut(), NonNull::as_ptr)
+        }
         None => ptr::null_mut(),
     }
 }
@@ -235,6 +250,34 @@ fn row_node(state: &State, row: usize) -> usize {
     match state.topology.node_of_cpu(row) {
         Some(n) => state.home_arena(n).node,
         None => state.current_arena().node,
+    }
+}
+
+/// [`free`]'s common case, taken where it needs no call: one memory
+/// node, the block's class cached and its page's owner served, and the
+/// calling CPU's stack of the class with room. False in every other case,
+/// which [`free`] then decides (trying the push again, once a batch).
+///
+/// # Safety
+/// As [`free`].
+#[inline(always)]
+pub(crate) unsafe fn push_free(page: *mut Page, p: *mut u8) -> bool {
+    let Some(c) = get() else { return false };
+    // SAFETY: as in `free`: the page's fixed facts, and its owner, a live heap.
+    let (class, owner) = unsafe { (usize::from((*page).info.class), (*page).info.heap.load(Ordering::Relaxed)) };
+    // SAFETY: as above.
+    if c.multi || class >= c.classes || !unsafe { (*owner).cpu_served.load(Ordering::Relaxed) } {
+        return false;
+    }
+    debug_assert!(c.classes <= CLASSES && usize::from(c.depth[class]) <= DEPTH);
+    // SAFETY: `class < c.classes`, at most `CLASSES`, the tables' length:
+    // its offset is the `list_offset` of the class's stack (`init` made the
+    // stacks one list a class) and its depth at most `DEPTH`, the stacks'
+    // room (`depth_of`); `p` is not null (a live block).
+    unsafe {
+        let depth = usize::from(*c.depth.get_unchecked(class));
+        let offset = *c.offset.get_unchecked(class) as usize;
+        c.stacks.push_upto_on_cpu_unchecked(offset, NonNull::new_unchecked(p), depth)
     }
 }
 
