@@ -169,10 +169,11 @@ pub(crate) struct Page {
     pub(crate) used: OwnerCount,
     /// Blocks carved from the page so far (owner only).
     pub(crate) carved: OwnerCount,
-    /// Unlinked from its heap's class list because it had no free block.
+    /// Unlinked from its heap's class list (no free block); on the heap's
+    /// pending list (`heap.rs`); its uncarved tail given back, for good.
     pub(crate) in_full: bool,
-    /// On the owning heap's pending list (see `heap.rs`).
     pub(crate) pending: bool,
+    pub(crate) tail_clean: bool,
     /// `used` when its free blocks were last purged, `u32::MAX` once it
     /// serves again (`Heap::purge_free_blocks`: owner only).
     pub(crate) purged_used: u32,
@@ -253,6 +254,7 @@ impl Page {
             carved: OwnerCount::new(0),
             in_full: false,
             pending: false,
+            tail_clean: false,
             purged_used: u32::MAX,
             prev: ptr::null_mut(),
             next: ptr::null_mut(),
@@ -292,16 +294,14 @@ pub(crate) struct SmallSegment {
     /// Free slots the purge delay gave back (their `freed_at` says when):
     /// taken again soon after, they tell the arena its delay is too short.
     pub(crate) purged_slots: u64,
-    /// When (ms, monotonic) its first dirty slot is due to be purged (0:
-    /// none waiting), with a purge delay. Under the arena lock.
+    /// When its first dirty slot is due to be purged (monotonic ms, 0: none; arena lock).
     pub(crate) purge_at: u64,
     /// For each slot of a page, the page's first slot.
     pub(crate) slot_page: [u8; SLOTS],
     pub(crate) pages: [Page; SLOTS],
-    /// For each slot of a page, where its owner's frees go (see
-    /// `segment::sink_of`); set when a heap takes the page, changed by its owner
-    /// (`segment::set_sink`) while other threads may read it to free a block
-    /// (relaxed: either value sends them to the page's remote list).
+    /// Where each slot's owner's frees go (`segment::sink_of`, `set_sink`):
+    /// set when a heap takes the page, changed by its owner while others
+    /// read it to free a block (relaxed: either sends them to the remote list).
     pub(crate) slot_sink: [AtomicPtr<Page>; SLOTS],
     /// When each dirty slot was freed (ms, monotonic), with a purge delay;
     /// for a slot of `purged_slots`, when it was purged.

@@ -178,12 +178,18 @@ impl Heap {
             let cap = (*page).info.capacity as usize;
             let carved = (*page).carved.get() as usize;
             let decommit = |from: usize, to: usize| {
+                #[cfg(test)]
+                DECOMMITS.with(|n| n.set(n.get() + u64::from(from < to)));
                 from < to
                     && crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(from as *mut u8), to - from).is_ok()
             };
+            // The uncarved tail, from its first whole OS page: given back
+            // once (it is not written after: `tail_clean`).
+            let tail = (start + carved * bs).next_multiple_of(os_page).min(span.end);
             if cap > MASKED_BLOCKS || span.len() / os_page > 64 {
-                let tail = start + carved * bs;
-                decommit(tail.next_multiple_of(os_page), span.end);
+                if !(*page).tail_clean {
+                    (*page).tail_clean = decommit(tail, span.end) || tail == span.end;
+                }
                 return;
             }
             // The free blocks: listed, masked before, never carved.
@@ -222,8 +228,13 @@ impl Heap {
                     }
                 }
             }
+            // (A tail given back before holds no memory.)
+            if (*page).tail_clean {
+                let first = (tail - span.start) / os_page;
+                gone &= if first >= 64 { u64::MAX } else { (1u64 << first) - 1 };
+            }
             // In runs: one `madvise` for each.
-            let (mut k, mut given) = (0, 0u64);
+            let (mut k, mut given, mut all) = (0, 0u64, true);
             while k < 64 {
                 if gone & (1 << k) == 0 {
                     k += 1;
@@ -233,9 +244,14 @@ impl Heap {
                 if decommit(span.start + k * os_page, span.start + (k + run) * os_page) {
                     let in_run = if run == 64 { u64::MAX } else { ((1u64 << run) - 1) << k };
                     given += u64::from((fresh & in_run).count_ones()) * os_page as u64;
+                } else {
+                    all = false;
                 }
                 k += run;
             }
+            // (Every OS page from `tail` on is gone: only never-carved
+            // blocks and the bytes past the last one lie there.)
+            (*page).tail_clean |= all;
             if let Some(state) = State::try_get() {
                 let arena = &state.arenas[usize::from((*page).info.node)];
                 arena.counters.purged.fetch_add(given, Ordering::Relaxed);
@@ -258,6 +274,12 @@ impl Heap {
             (*page).purged_free.set(masked | moved);
         }
     }
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// The ranges [`Heap::purge_free_blocks`] gave back on this thread.
+    pub(crate) static DECOMMITS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
 }
 
 /// Pages of at most this many blocks are purged block by block (a bit
