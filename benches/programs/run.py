@@ -5,7 +5,7 @@
                                     [--repeat N] [--only NAME,...] [--out DIR]
 
 Runs allocation-heavy programs from Debian's packages, and small C and C++
-programs of ours (workload classes, four of them the patterns of public
+programs of ours (workload classes, six of them the patterns of public
 allocator benchmarks), under glibc's malloc, jemalloc
 (libjemalloc2), mimalloc (libmimalloc2.0), tcmalloc (libtcmalloc-minimal4)
 and numaweave, each through LD_PRELOAD, repeats interleaved (every
@@ -180,7 +180,8 @@ def programs(work: Path, quick: bool, bins: Path):
         ("churn+realloc", [str(bins / "churn"), "5000000" if quick else "20000000"]),
         # Public allocator benchmarks' patterns, written from their
         # descriptions (see each file): Larson's server, glibc's
-        # bench-malloc-simple and bench-malloc-thread, OLogN's alloc-test.
+        # bench-malloc-simple and bench-malloc-thread, OLogN's alloc-test,
+        # rpmalloc's benchmark, mimalloc-bench's mleak.
         # Larson as mimalloc-bench runs it (5,000 blocks a thread, 100
         # rounds of them a generation), and with short generations (a
         # thread's start and exit every 10,000 replacements).
@@ -190,6 +191,11 @@ def programs(work: Path, quick: bool, bins: Path):
         ("new/delete, 1 thread", [str(bins / "mixed"), "1", "6000000" if quick else "60000000"]),
         ("new/delete, 2 threads", [str(bins / "mixed"), "2", "6000000" if quick else "60000000"]),
         ("per-thread sizes", [str(bins / "perthread"), "2", "2000000" if quick else "20000000"]),
+        # mimalloc-bench's rptest (rpmalloc's pattern: sizes to 16,000
+        # bytes, batches handed between threads) and mleak (threads that
+        # each leave one block behind, freed by a later one).
+        ("rptest", [str(bins / "rptest"), "2", "2000" if quick else "20000"]),
+        ("mleak", [str(bins / "mleak"), "10" if quick else "30"]),
     ]
     if quick:
         real = [p for p in real if p[0] in ("lua", "sqlite3", "jq")]
@@ -324,7 +330,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="numaweave-programs-"))
     bins = work / "bin"
     bins.mkdir()
-    for c in ("large", "threads", "xthread", "churn", "larson", "simple", "perthread"):
+    for c in ("large", "threads", "xthread", "churn", "larson", "simple", "perthread", "rptest", "mleak"):
         sh(["gcc", "-O2", str(HERE / f"{c}.c"), "-o", str(bins / c), "-lpthread"])
     sh(["g++", "-O2", str(HERE / "mixed.cc"), "-o", str(bins / "mixed"), "-lpthread"])
     inputs(work, a.quick)
