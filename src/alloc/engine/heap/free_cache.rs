@@ -161,7 +161,11 @@ impl Heap {
             (*page).free = ptr::null_mut();
             (*cache).used.set(if n < room { room - n } else { 1 });
             (*page).used.add(n);
-            if (*page).carved.get() == (*page).info.capacity && masked == 0 {
+            // A page with remote frees waiting stays listed, so that a
+            // refill takes them (`refill_from`): full and off the list, no
+            // refill would look at it, and its remote frees would not
+            // queue it again while its `thread_free` holds any.
+            if (*page).carved.get() == (*page).info.capacity && masked == 0 && !(*page).pending {
                 (*heap).unlink(page);
                 (*page).in_full = true;
             }
