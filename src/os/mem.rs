@@ -837,10 +837,13 @@ pub fn page_frame(addr: *const u8) -> Result<Option<u64>> {
 /// ```
 #[derive(Debug)]
 pub struct Mapping {
-    /// (Read in place by the per-CPU stacks' sequences, `os/rseq.rs`.)
-    pub(super) ptr: NonNull<u8>,
+    ptr: NonNull<u8>,
     len: usize,
 }
+
+/// Where a [`Mapping`]'s start lies in it: what the per-CPU stacks'
+/// sequences read in place (`os/rseq.rs`), the field itself kept private.
+pub(super) const MAPPING_PTR: usize = core::mem::offset_of!(Mapping, ptr);
 
 // SAFETY: a Mapping is an owned range of address space; the raw pointer carries
 // no thread affinity.

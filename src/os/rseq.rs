@@ -268,8 +268,9 @@ pub struct CpuStacks {
 // `&mut self`; the mapping itself is `Send + Sync`.
 unsafe impl Send for CpuStacks {}
 // SAFETY: as for `Send`: a shared `CpuStacks` writes its rows only through
-// the sequences (`pop`, `push`, `push_upto`, their `_on_cpu` forms and
-// `push_upto_on_row`, each on the row of the CPU it runs on) and
+// the sequences (`pop`, `push`, `push_upto`, their `_on_cpu` and
+// `_on_cpu_unchecked` forms and `push_upto_on_row`, each on the row of the
+// CPU it runs on) and
 // `drain_row` (a closed, fenced row),
 // which never let two threads write one row at once; `len` only reads a
 // count, a word the sequences store whole, so it reads a value one of them
@@ -369,7 +370,7 @@ macro_rules! row_sequence {
             o_off = const core::mem::offset_of!(CpuStacks, reg) + core::mem::offset_of!(Registration, offset),
             o_rows = const core::mem::offset_of!(CpuStacks, rows),
             o_row_bytes = const core::mem::offset_of!(CpuStacks, row_bytes),
-            o_base = const core::mem::offset_of!(CpuStacks, map) + core::mem::offset_of!(Mapping, ptr),
+            o_base = const core::mem::offset_of!(CpuStacks, map) + super::mem::MAPPING_PTR,
             cs = const RSEQ_CS,
             cpu_id = const CPU_ID,
             field = const $field,
@@ -499,9 +500,12 @@ impl CpuStacks {
     #[inline]
     pub fn pop(&self, list: usize) -> Option<NonNull<u8>> {
         let list_off = self.list_off(list);
-        let v = match self.index {
-            Index::Cpu => self.pop_at::<CPU_ID>(list_off),
-            Index::ConcurrencyId => self.pop_at::<MM_CID>(list_off),
+        // SAFETY: `list_off` is `list`'s offset (`list_off` checked it).
+        let v = unsafe {
+            match self.index {
+                Index::Cpu => self.pop_at::<CPU_ID>(list_off),
+                Index::ConcurrencyId => self.pop_at::<MM_CID>(list_off),
+            }
         };
         NonNull::new(v as *mut u8)
     }
@@ -519,9 +523,13 @@ impl CpuStacks {
     pub fn push_upto(&self, list: usize, p: NonNull<u8>, cap: usize) -> bool {
         let list_off = self.list_off(list);
         let cap = cap.min(self.cap);
-        match self.index {
-            Index::Cpu => self.push_at::<CPU_ID>(list_off, p.as_ptr() as usize, cap),
-            Index::ConcurrencyId => self.push_at::<MM_CID>(list_off, p.as_ptr() as usize, cap),
+        // SAFETY: `list_off` is `list`'s offset (`list_off` checked it), `cap`
+        // clamped to the room.
+        unsafe {
+            match self.index {
+                Index::Cpu => self.push_at::<CPU_ID>(list_off, p.as_ptr() as usize, cap),
+                Index::ConcurrencyId => self.push_at::<MM_CID>(list_off, p.as_ptr() as usize, cap),
+            }
         }
     }
 
@@ -530,7 +538,8 @@ impl CpuStacks {
     /// node's blocks): no match on the index on the way.
     #[inline(always)]
     pub fn pop_on_cpu(&self, list: usize) -> Option<NonNull<u8>> {
-        NonNull::new(self.pop_at::<CPU_ID>(self.list_off(list)) as *mut u8)
+        // SAFETY: `list`'s offset (`list_off` checked it).
+        NonNull::new(unsafe { self.pop_at::<CPU_ID>(self.list_off(list)) } as *mut u8)
     }
 
     /// [`pop_on_cpu`](Self::pop_on_cpu) of the stack at `offset`, as
@@ -541,14 +550,16 @@ impl CpuStacks {
     #[inline(always)]
     pub unsafe fn pop_on_cpu_unchecked(&self, offset: usize) -> Option<NonNull<u8>> {
         debug_assert!(self.is_list_offset(offset), "a pop outside the stacks");
-        NonNull::new(self.pop_at::<CPU_ID>(offset) as *mut u8)
+        // SAFETY: a list's offset (the caller's word).
+        NonNull::new(unsafe { self.pop_at::<CPU_ID>(offset) } as *mut u8)
     }
 
     /// [`push_upto`](Self::push_upto) on the row of the CPU the thread runs
     /// on whatever the index, as [`pop_on_cpu`](Self::pop_on_cpu).
     #[inline(always)]
     pub fn push_upto_on_cpu(&self, list: usize, p: NonNull<u8>, cap: usize) -> bool {
-        self.push_at::<CPU_ID>(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap))
+        // SAFETY: `list`'s offset (`list_off` checked it), `cap` clamped.
+        unsafe { self.push_at::<CPU_ID>(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap)) }
     }
 
     /// [`push_upto_on_cpu`](Self::push_upto_on_cpu) onto the stack at
@@ -565,7 +576,8 @@ impl CpuStacks {
     #[inline(always)]
     pub unsafe fn push_upto_on_cpu_unchecked(&self, offset: usize, p: NonNull<u8>, cap: usize) -> bool {
         debug_assert!(self.is_list_offset(offset) && cap <= self.cap, "a push outside the stacks");
-        self.push_at::<CPU_ID>(offset, p.as_ptr() as usize, cap)
+        // SAFETY: a list's offset and a depth within the room (the caller's word).
+        unsafe { self.push_at::<CPU_ID>(offset, p.as_ptr() as usize, cap) }
     }
 
     /// Whether `offset` is one of [`list_offset`](Self::list_offset)'s.
@@ -581,16 +593,22 @@ impl CpuStacks {
     /// for that CPU's row) and the push never puts `p` on another row.
     #[inline(always)]
     pub fn push_upto_on_row(&self, row: usize, list: usize, p: NonNull<u8>, cap: usize) -> bool {
-        self.push_on_row_at(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap), row)
+        // SAFETY: `list`'s offset (`list_off` checked it), `cap` clamped.
+        unsafe { self.push_on_row_at(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap), row) }
     }
 
+    /// The pop's sequence on stack `list_off` of the row `FIELD` names.
+    ///
+    /// # Safety
+    /// `list_off` is a [`list_offset`](Self::list_offset) of these stacks.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     #[inline(always)]
-    fn pop_at<const FIELD: usize>(&self, list_off: usize) -> usize {
+    unsafe fn pop_at<const FIELD: usize>(&self, list_off: usize) -> usize {
         let v: usize;
         // SAFETY: a restartable sequence on the calling thread's row (the
-        // frame `row_sequence!` describes; `list_off + (cap + 1) * 8 <=
-        // row_bytes`, so the stack is inside the mapping). The body loads the
+        // frame `row_sequence!` describes; `list_off` is a list's offset, the
+        // caller's word, so `list_off + (cap + 1) * 8 <= row_bytes` and the
+        // stack is inside the mapping). The body loads the
         // stack's count `top` (0..=cap; leaves with `v` = 0 if it is 0) and
         // its top slot (1-based: slot k at 8 * k); only its last
         // instruction, the store of `top - 1`, changes memory: the commit.
@@ -621,15 +639,22 @@ impl CpuStacks {
         v
     }
 
+    /// The push's sequence onto stack `list_off` of the row `FIELD` names,
+    /// held to `cap` pointers.
+    ///
+    /// # Safety
+    /// `list_off` is a [`list_offset`](Self::list_offset) of these stacks
+    /// and `cap` at most their room ([`cap`](Self::cap)).
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     #[inline(always)]
-    fn push_at<const FIELD: usize>(&self, list_off: usize, p: usize, cap: usize) -> bool {
+    unsafe fn push_at<const FIELD: usize>(&self, list_off: usize, p: usize, cap: usize) -> bool {
         let ok: usize;
         // SAFETY: a restartable sequence on the calling thread's row, as in
-        // `pop_at`: between the row index's read and the commit no other
-        // thread works on the row and no drainer took it. The body checks
-        // `top < cap` (`cap <= self.cap`, the stack's room: the caller
-        // clamped it), writes `p` to slot `top + 1` (above the stack's top:
+        // `pop_at` (`list_off` a list's offset, the caller's word): between
+        // the row index's read and the commit no other thread works on the
+        // row and no drainer took it. The body checks `top < cap` (`cap <=
+        // self.cap`, the stack's room: the caller's word, so slot `top + 1`
+        // is inside the stack), writes `p` to slot `top + 1` (above the stack's top:
         // no one reads it until the commit), sets `ok` (a register: a
         // restart zeroes it again), and commits with the store of `top + 1`.
         // An abort after the slot's write leaves a value above `top`, which
@@ -646,11 +671,16 @@ impl CpuStacks {
         ok != 0
     }
 
+    /// [`push_at`](Self::push_at)'s sequence, committed only on row `row`.
+    ///
+    /// # Safety
+    /// As [`push_at`](Self::push_at).
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     #[inline(always)]
-    fn push_on_row_at(&self, list_off: usize, p: usize, cap: usize, row: usize) -> bool {
+    unsafe fn push_on_row_at(&self, list_off: usize, p: usize, cap: usize, row: usize) -> bool {
         let ok: usize;
-        // SAFETY: `push_at`'s sequence (`push_sequence!`) on the row
+        // SAFETY: `push_at`'s sequence (`push_sequence!`, the caller's word on
+        // `list_off` and `cap`) on the row
         // `cpu_id` names, with one test first: `cpu_id` read again inside the critical section equals
         // `row` (else it leaves with `ok` = 0, nothing written). A thread
         // moved after that read is moved to the abort handler before the
@@ -670,17 +700,17 @@ impl CpuStacks {
     }
 
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    fn push_on_row_at(&self, _: usize, _: usize, _: usize, _: usize) -> bool {
+    unsafe fn push_on_row_at(&self, _: usize, _: usize, _: usize, _: usize) -> bool {
         unreachable!("no registration off x86-64 Linux")
     }
 
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    fn pop_at<const FIELD: usize>(&self, _: usize) -> usize {
+    unsafe fn pop_at<const FIELD: usize>(&self, _: usize) -> usize {
         unreachable!("no registration off x86-64 Linux")
     }
 
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    fn push_at<const FIELD: usize>(&self, _: usize, _: usize, _: usize) -> bool {
+    unsafe fn push_at<const FIELD: usize>(&self, _: usize, _: usize, _: usize) -> bool {
         unreachable!("no registration off x86-64 Linux")
     }
 

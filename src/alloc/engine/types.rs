@@ -169,13 +169,13 @@ pub(crate) struct Page {
     pub(crate) used: OwnerCount,
     /// Blocks carved from the page so far (owner only).
     pub(crate) carved: OwnerCount,
-    /// Unlinked from its heap's class list (no free block); on the heap's
-    /// pending list (`heap.rs`); its uncarved tail given back, for good.
+    /// Unlinked from its heap's class list because it had no free block.
     pub(crate) in_full: bool,
+    /// On the owning heap's pending list (see `heap.rs`).
     pub(crate) pending: bool,
+    /// Its uncarved tail given back, for good (`Heap::purge_free_blocks`).
     pub(crate) tail_clean: bool,
-    /// `used` when its free blocks were last purged, `u32::MAX` once it
-    /// serves again (`Heap::purge_free_blocks`: owner only).
+    /// `used` at its last purge of free blocks, `u32::MAX` once it serves again (owner only).
     pub(crate) purged_used: u32,
     /// Links in the owning heap's class list (owner only).
     pub(crate) prev: *mut Page,

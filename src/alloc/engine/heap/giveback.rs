@@ -131,10 +131,10 @@ impl Heap {
         }
     }
 
-    /// Gives back to the OS the memory of `page`'s free blocks and of its
+    /// Gives back to the OS the memory of `page`'s free blocks, once until
+    /// the page serves again or more of its blocks are freed, and of its
     /// uncarved tail (which a page made of a free page's slots may hold
-    /// resident from an earlier class), once until the page serves again
-    /// or more of its blocks are freed:
+    /// resident from an earlier class), once for the page's life:
     /// a page that random frees left partly used, of a class the program
     /// no longer asks for, does not keep its free blocks resident. Their
     /// memory reads as zeroes when handed out again, faulted in on the
