@@ -4,7 +4,7 @@
  * slots' blocks (a prime stride through the table), frees the batches
  * other threads handed it, then fills some 31-99 slots with new blocks
  * (freeing what is there) of 8 to 16,000 bytes, small sizes the most
- * likely (a falling linear distribution), a third of those under 4 KiB
+ * likely (a falling linear distribution), two thirds of those under 4 KiB
  * asked with 8- or 16-byte alignment, every OS page of a block written;
  * every second loop it also makes a batch of blocks and hands it to the
  * next thread (cross-thread frees), if that one took the last. Two
