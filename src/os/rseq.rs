@@ -479,28 +479,23 @@ impl CpuStacks {
         self.reg.cpu().filter(|&c| c < self.rows)
     }
 
-    /// The offset of stack `list`'s count in a row.
-    #[inline(always)]
-    fn list_off(&self, list: usize) -> usize {
-        assert!(list < self.lists);
-        HEAD + list * (self.cap + 1) * 8
-    }
-
-    /// Where stack `list` lies in a row: what the unchecked forms
-    /// ([`pop_on_cpu_unchecked`](Self::pop_on_cpu_unchecked),
+    /// Where stack `list` lies in a row (its count's offset): what the
+    /// unchecked forms ([`pop_on_cpu_unchecked`](Self::pop_on_cpu_unchecked),
     /// [`push_upto_on_cpu_unchecked`](Self::push_upto_on_cpu_unchecked))
     /// take, so that a caller with a table of them spends one load on it,
     /// not a multiplication. Panics if `list` is past the lists.
+    #[inline(always)]
     pub fn list_offset(&self, list: usize) -> usize {
-        self.list_off(list)
+        assert!(list < self.lists);
+        HEAD + list * (self.cap + 1) * 8
     }
 
     /// Takes the top pointer of stack `list` of the CPU the calling thread
     /// runs on; `None` when that stack is empty (or its row closed).
     #[inline]
     pub fn pop(&self, list: usize) -> Option<NonNull<u8>> {
-        let list_off = self.list_off(list);
-        // SAFETY: `list_off` is `list`'s offset (`list_off` checked it).
+        let list_off = self.list_offset(list);
+        // SAFETY: `list_off` is `list`'s offset (`list_offset` checked it).
         let v = unsafe {
             match self.index {
                 Index::Cpu => self.pop_at::<CPU_ID>(list_off),
@@ -521,9 +516,9 @@ impl CpuStacks {
     /// the stacks' room): lists of one set may keep different depths.
     #[inline]
     pub fn push_upto(&self, list: usize, p: NonNull<u8>, cap: usize) -> bool {
-        let list_off = self.list_off(list);
+        let list_off = self.list_offset(list);
         let cap = cap.min(self.cap);
-        // SAFETY: `list_off` is `list`'s offset (`list_off` checked it), `cap`
+        // SAFETY: `list_off` is `list`'s offset (`list_offset` checked it), `cap`
         // clamped to the room.
         unsafe {
             match self.index {
@@ -538,8 +533,8 @@ impl CpuStacks {
     /// node's blocks): no match on the index on the way.
     #[inline(always)]
     pub fn pop_on_cpu(&self, list: usize) -> Option<NonNull<u8>> {
-        // SAFETY: `list`'s offset (`list_off` checked it).
-        NonNull::new(unsafe { self.pop_at::<CPU_ID>(self.list_off(list)) } as *mut u8)
+        // SAFETY: `list`'s offset (`list_offset` checked it).
+        NonNull::new(unsafe { self.pop_at::<CPU_ID>(self.list_offset(list)) } as *mut u8)
     }
 
     /// [`pop_on_cpu`](Self::pop_on_cpu) of the stack at `offset`, as
@@ -558,8 +553,8 @@ impl CpuStacks {
     /// on whatever the index, as [`pop_on_cpu`](Self::pop_on_cpu).
     #[inline(always)]
     pub fn push_upto_on_cpu(&self, list: usize, p: NonNull<u8>, cap: usize) -> bool {
-        // SAFETY: `list`'s offset (`list_off` checked it), `cap` clamped.
-        unsafe { self.push_at::<CPU_ID>(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap)) }
+        // SAFETY: `list`'s offset (`list_offset` checked it), `cap` clamped.
+        unsafe { self.push_at::<CPU_ID>(self.list_offset(list), p.as_ptr() as usize, cap.min(self.cap)) }
     }
 
     /// [`push_upto_on_cpu`](Self::push_upto_on_cpu) onto the stack at
@@ -593,8 +588,8 @@ impl CpuStacks {
     /// for that CPU's row) and the push never puts `p` on another row.
     #[inline(always)]
     pub fn push_upto_on_row(&self, row: usize, list: usize, p: NonNull<u8>, cap: usize) -> bool {
-        // SAFETY: `list`'s offset (`list_off` checked it), `cap` clamped.
-        unsafe { self.push_on_row_at(self.list_off(list), p.as_ptr() as usize, cap.min(self.cap), row) }
+        // SAFETY: `list`'s offset (`list_offset` checked it), `cap` clamped.
+        unsafe { self.push_on_row_at(self.list_offset(list), p.as_ptr() as usize, cap.min(self.cap), row) }
     }
 
     /// The pop's sequence on stack `list_off` of the row `FIELD` names.
@@ -732,7 +727,7 @@ impl CpuStacks {
         // read atomically (the sequences' stores to it are single aligned
         // 8-byte moves).
         let top = unsafe {
-            AtomicUsize::from_ptr(self.map.as_ptr().add(row * self.row_bytes + self.list_off(list)).cast())
+            AtomicUsize::from_ptr(self.map.as_ptr().add(row * self.row_bytes + self.list_offset(list)).cast())
                 .load(Ordering::Relaxed)
         };
         top.min(self.cap)
@@ -793,7 +788,7 @@ impl CpuStacks {
             // SAFETY: inside the mapping (row < rows, the list's words within
             // the row); no other thread works on it (the caller's word).
             unsafe {
-                let s = self.map.as_ptr().add(row * self.row_bytes + self.list_off(list)).cast::<usize>();
+                let s = self.map.as_ptr().add(row * self.row_bytes + self.list_offset(list)).cast::<usize>();
                 let top = AtomicUsize::from_ptr(s).load(Ordering::Relaxed);
                 debug_assert!(top <= self.cap, "a stack's count past its room");
                 for k in 1..=top.min(self.cap) {

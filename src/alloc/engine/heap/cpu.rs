@@ -125,6 +125,46 @@ impl CpuCache {
     fn batch(&self, class: usize) -> usize {
         usize::from(self.depth[class]).div_ceil(2)
     }
+
+    /// The class of `page`'s blocks if the caches take their frees: a
+    /// cached class, of a page whose owner they serve (the homes' and those
+    /// of threads they serve; not the nodes' shared and cold heaps', nor
+    /// those of threads with a policy of their own or no row, whose blocks
+    /// go home to their pages).
+    ///
+    /// # Safety
+    /// `page` is the descriptor of a live block's page.
+    #[inline(always)]
+    unsafe fn class_taken(&self, page: *mut Page) -> Option<usize> {
+        // SAFETY: a live block's page descriptor (the caller's word), whose
+        // owner is fixed while the block is live and is a live heap (heaps
+        // are never freed).
+        unsafe {
+            let (class, owner) = (usize::from((*page).info.class), (*page).info.heap.load(Ordering::Relaxed));
+            (class < self.classes && (*owner).cpu_served.load(Ordering::Relaxed)).then_some(class)
+        }
+    }
+
+    /// Pushes `p` onto the calling CPU's stack of `class`, held to the
+    /// class's depth; false when it is full (or its row closed). The
+    /// stack's offset from a table: no bound test, no multiplication, no
+    /// call on the way (what a free's push is, `push_free`).
+    ///
+    /// # Safety
+    /// `class < self.classes`.
+    #[inline(always)]
+    unsafe fn push_here(&self, class: usize, p: NonNull<u8>) -> bool {
+        debug_assert!(class < self.classes && self.classes <= CLASSES && usize::from(self.depth[class]) <= DEPTH);
+        // SAFETY: `class < self.classes` (the caller's word), at most
+        // `CLASSES`, the tables' length: its offset is the `list_offset` of
+        // the class's stack (`init` made the stacks one list a class) and
+        // its depth at most `DEPTH`, the stacks' room (`depth_of`).
+        unsafe {
+            let depth = usize::from(*self.depth.get_unchecked(class));
+            let offset = *self.offset.get_unchecked(class) as usize;
+            self.stacks.push_upto_on_cpu_unchecked(offset, p, depth)
+        }
+    }
 }
 
 /// Makes the caches if glibc registered rseq (and the fence can be
@@ -263,22 +303,9 @@ fn row_node(state: &State, row: usize) -> usize {
 #[inline(always)]
 pub(crate) unsafe fn push_free(page: *mut Page, p: *mut u8) -> bool {
     let Some(c) = get() else { return false };
-    // SAFETY: as in `free`: the page's fixed facts, and its owner, a live heap.
-    let (class, owner) = unsafe { (usize::from((*page).info.class), (*page).info.heap.load(Ordering::Relaxed)) };
-    // SAFETY: as above.
-    if c.multi || class >= c.classes || !unsafe { (*owner).cpu_served.load(Ordering::Relaxed) } {
-        return false;
-    }
-    debug_assert!(c.classes <= CLASSES && usize::from(c.depth[class]) <= DEPTH);
-    // SAFETY: `class < c.classes`, at most `CLASSES`, the tables' length:
-    // its offset is the `list_offset` of the class's stack (`init` made the
-    // stacks one list a class) and its depth at most `DEPTH`, the stacks'
-    // room (`depth_of`); `p` is not null (a live block).
-    unsafe {
-        let depth = usize::from(*c.depth.get_unchecked(class));
-        let offset = *c.offset.get_unchecked(class) as usize;
-        c.stacks.push_upto_on_cpu_unchecked(offset, NonNull::new_unchecked(p), depth)
-    }
+    // SAFETY: a live block's page (the caller's word); a class `class_taken`
+    // gave is below `c.classes`; `p` is not null (a live block).
+    unsafe { !c.multi && c.class_taken(page).is_some_and(|class| c.push_here(class, NonNull::new_unchecked(p))) }
 }
 
 /// Frees `p`, a live block of `page`, into the calling CPU's stack if the
@@ -291,22 +318,13 @@ pub(crate) unsafe fn push_free(page: *mut Page, p: *mut u8) -> bool {
 #[inline(always)]
 pub(crate) unsafe fn free(page: *mut Page, p: *mut u8) -> bool {
     let Some(c) = get() else { return false };
-    // SAFETY: a live block's page descriptor (the caller's word), whose
-    // owner is fixed while the block is live (heaps are never freed).
-    let (class, owner) = unsafe { (usize::from((*page).info.class), (*page).info.heap.load(Ordering::Relaxed)) };
-    // Only blocks of pages whose owner the caches serve: the homes' and
-    // those of threads the caches serve (not the nodes' shared and cold
-    // heaps', nor those of threads with a policy of their own or no row,
-    // whose blocks go home to their pages).
-    // SAFETY: a live heap (see above).
-    if class >= c.classes || !unsafe { (*owner).cpu_served.load(Ordering::Relaxed) } {
-        return false;
-    }
+    // SAFETY: a live block's page (the caller's word).
+    let Some(class) = (unsafe { c.class_taken(page) }) else { return false };
     // SAFETY: `p` is not null (a live block).
     let p = unsafe { NonNull::new_unchecked(p) };
-    let depth = usize::from(c.depth[class]);
     if !c.multi {
-        return c.stacks.push_upto_on_cpu(class, p, depth) || flush_and_push(c, class, p, None);
+        // SAFETY: `class_taken` gave a class below `c.classes`.
+        return unsafe { c.push_here(class, p) } || flush_and_push(c, class, p, None);
     }
     // With an arena per node, onto the row of a CPU of the block's node
     // alone: the row chosen, the push checks the thread still runs there.
@@ -315,7 +333,7 @@ pub(crate) unsafe fn free(page: *mut Page, p: *mut u8) -> bool {
     if !on_node(row, unsafe { usize::from((*page).info.node) }) {
         return false;
     }
-    c.stacks.push_upto_on_row(row, class, p, depth) || flush_and_push(c, class, p, Some(row))
+    c.stacks.push_upto_on_row(row, class, p, usize::from(c.depth[class])) || flush_and_push(c, class, p, Some(row))
 }
 
 /// Whether row `row` holds `node`'s blocks, where the allocator has an
