@@ -258,7 +258,11 @@ static void phases(int count) {
 
 /* ---- churn: short-lived threads, 8 at a time, each allocating about 1 MiB
  * in mixed sizes and freeing 7/8 of it; the other 1/8 is freed by a thread
- * of the next batch. */
+ * of the next batch. Resident memory between two batches swings with how
+ * the batch's threads overlapped (10-25% under every allocator), so beside
+ * the two samples after 1,000 threads and at the end it prints the median
+ * of the samples after each batch over threads 501-1,000 and over the last
+ * 500: a growth shows in those, one batch's overlap does not. */
 
 enum { BATCH = 8, HANDED = 64 };
 struct churn_arg {
@@ -290,11 +294,25 @@ static void *churn_thread(void *arg) {
     return NULL;
 }
 
+static int cmp_size(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_mib(size_t *v, int n) {
+    if (n == 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_size);
+    return (n % 2 ? (double)v[n / 2] : ((double)v[n / 2 - 1] + (double)v[n / 2]) / 2) / MIB;
+}
+
 static void churn(long threads) {
     void *handed[2][BATCH][HANDED];
     memset(handed, 0, sizeof handed);
     struct churn_arg args[BATCH];
     long started = 0, batches = 0;
+    enum { WINDOW = 500 / BATCH + 1 };
+    size_t early[WINDOW], late[WINDOW];
+    int n_early = 0, n_late = 0, late_at = 0;
     while (started < threads) {
         pthread_t t[BATCH];
         int b = (int)(batches & 1);
@@ -306,9 +324,19 @@ static void churn(long threads) {
         for (int i = 0; i < BATCH; i++) pthread_join(t[i], NULL);
         started += BATCH;
         batches++;
-        if (started == 1000) printf("rss_after_1000_mib %.1f\n", held() / MIB);
+        size_t h = held();
+        if (started == 1000) printf("rss_after_1000_mib %.1f\n", h / MIB);
+        if (started > 500 && started <= 1000 && n_early < WINDOW) early[n_early++] = h;
+        if (started > threads - 500) {
+            late[late_at] = h; /* a ring: threads need not be a multiple of BATCH */
+            late_at = (late_at + 1) % WINDOW;
+            if (n_late < WINDOW) n_late++;
+        }
     }
     printf("rss_at_end_mib %.1f\nthreads %ld\n", held() / MIB, started);
+    double e = median_mib(early, n_early), l = median_mib(late, n_late);
+    printf("rss_median_501_1000_mib %.1f\nrss_median_last_500_mib %.1f\n", e, l);
+    if (e > 0) printf("rss_median_growth %.2f\n", l / e);
     for (int b = 0; b < 2; b++)
         for (int i = 0; i < BATCH; i++)
             for (int j = 0; j < HANDED; j++) free(handed[b][i][j]);

@@ -18,7 +18,8 @@ writes it to OUT/memory.md (OUT: target/memory).
   malloc_trim(0) where the allocator has its own;
 - churn: short-lived threads, 8 at a time, ~1 MiB in mixed sizes each, 1/8
   of it freed by a thread of the next batch: resident after 1,000 and at
-  the end (100,000; --quick 10,000);
+  the end (100,000; --quick 10,000), and the median after a batch over
+  the last 500 threads over that over threads 501-1,000;
 - perthread: 1,000 and 10,000 threads each holding 64 blocks of
   16 B-2 KiB: resident per thread;
 - steady: a loop that builds a document (200,000 small blocks and a
@@ -200,6 +201,8 @@ def main():
         ("phases: after malloc_trim(0) (MiB)", "phases", "trimmed_rss_mib", "{:.1f}"),
         (f"churn: resident after 1,000 threads (MiB)", "churn", "rss_after_1000_mib", "{:.1f}"),
         (f"churn: resident after {churn_n:,} threads (MiB)", "churn", "rss_at_end_mib", "{:.1f}"),
+        ("churn: median resident after a batch, last 500 threads / threads 501-1,000", "churn",
+         "rss_median_growth", "{:.2f}"),
         ("1,000 threads holding 64 blocks: resident per thread (KiB)", "perthread1000", "rss_kib_per_thread",
          "{:.0f}"),
         ("10,000 threads holding 64 blocks: resident per thread (KiB)", "perthread10000", "rss_kib_per_thread",
