@@ -18,8 +18,8 @@ writes it to OUT/memory.md (OUT: target/memory).
   malloc_trim(0) where the allocator has its own;
 - churn: short-lived threads, 8 at a time, ~1 MiB in mixed sizes each, 1/8
   of it freed by a thread of the next batch: resident after 1,000 and at
-  the end (100,000; --quick 10,000), and the median after a batch over
-  the last 500 threads over that over threads 501-1,000;
+  the end (100,000; --quick 10,000), and the ratio of the median resident
+  after a batch over the last 500 threads to that over threads 501-1,000;
 - perthread: 1,000 and 10,000 threads each holding 64 blocks of
   16 B-2 KiB: resident per thread;
 - steady: a loop that builds a document (200,000 small blocks and a
