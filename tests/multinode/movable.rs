@@ -1,7 +1,11 @@
-//! Pins on a node whose memory is movable (feature `io-uring`): the guest's
-//! memory-only node onlined into `ZONE_MOVABLE`, as CXL expanders usually
-//! are. It changes the guest for good, so it runs only in a guest of its
-//! own (`NUMAWEAVE_VM_MOVABLE=1`, set by `.ci/vm-tests`).
+//! Pins on a node whose memory is movable (feature `io-uring`): memory of
+//! the guest's memory-only node in `ZONE_MOVABLE`, as CXL expanders' memory
+//! usually is. `.ci/vm-tests` gives the node a DIMM that the kernel onlines
+//! movable at boot (`.ci/qemu-movable`, `memhp_default_state`); in a guest
+//! without one the test offlines blocks of the node's boot memory and
+//! onlines them movable, which works only where the kernel holds no
+//! unmovable page in a block. It changes the guest for good, so it runs
+//! only in a guest of its own (`NUMAWEAVE_VM_MOVABLE=1`).
 
 use super::*;
 
@@ -42,10 +46,14 @@ pub(super) fn uring_pins_moved_off_a_movable_node_are_refused_or_counted(t: &Top
     }
     let m = g.cpu_nodes; // the first memory-only node, as the topology and the kernel number it
     let phys = t.physical_node(m);
-    let blocks = online_movable(phys);
+    let at_boot = zones::node_zones(phys).unwrap().expect("the node in /proc/zoneinfo");
+    let blocks = if at_boot.movable > 0 { 0 } else { online_movable(phys) };
     let z = zones::node_zones(phys).unwrap().expect("the node in /proc/zoneinfo");
-    println!("\n  node {m}: {blocks} memory blocks onlined movable; zones {z:?}");
-    assert!(blocks > 0 && z.movable > 0, "no movable memory on node {m}");
+    println!(
+        "\n  node {m}: {} MiB movable from boot, {blocks} memory blocks onlined movable now; zones {z:?}",
+        (at_boot.movable as usize * os::page_size()) >> 20
+    );
+    assert!(z.movable > 0, "no movable memory on node {m}, and no block of it could be offlined");
 
     // Fill the node's pinnable memory, as a long-lived pinned buffer of
     // another user would: a buffer as large as the node, faulted there
