@@ -194,9 +194,11 @@ impl Config {
     /// of its own). Each page waits from its own free; pages that waited it
     /// out go back to the OS (`MADV_DONTNEED`), and four empty segments per
     /// arena stay mapped; past the bound (see [`purge_threshold`](Self::purge_threshold))
-    /// memory goes back at once. An arena whose purged pages are taken again
-    /// within the delay doubles it (up to 16 times), and halves it again after
-    /// 16 delays without that. Zero: only past the threshold, at once (the
+    /// memory goes back at once. An arena doubles its delay (up to 16 times)
+    /// when pages it purged under the delay are taken again within one
+    /// delay, as many as an eighth of the threshold (four times more for
+    /// each doubling made), and halves it again after 16 delays without a
+    /// quarter of that. Zero: only past the threshold, at once (the
     /// behaviour before the delay). Default 100 ms.
     pub const fn purge_delay(mut self, delay: core::time::Duration) -> Self {
         self.core.purge_delay_ms = delay.as_millis() as u64;

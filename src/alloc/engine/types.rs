@@ -292,7 +292,8 @@ pub(crate) struct SmallSegment {
     /// Free slots whose memory is still committed (not yet purged).
     pub(crate) dirty_slots: u64,
     /// Free slots the purge delay gave back (their `freed_at` says when):
-    /// taken again soon after, they tell the arena its delay is too short.
+    /// taken again soon after, and enough of them, they tell the arena its
+    /// delay is too short (`purge::note_reuse`).
     pub(crate) purged_slots: u64,
     /// When its first dirty slot is due to be purged (monotonic ms, 0: none; arena lock).
     pub(crate) purge_at: u64,
@@ -434,22 +435,18 @@ pub(crate) struct Heap {
     /// The heap's part in the memory lifecycle (`lifecycle/`): after the
     /// fields the fast paths read.
     pub(crate) life: HeapLife,
-    /// Per class, the heap's free cache: a page descriptor of no page
-    /// (`Heap::cache_page`; its `info` names the heap and the class's
-    /// block size), whose free list holds blocks of the heap's pages of the
-    /// class on the heap's node, the most recently freed first. The owner's
-    /// frees of such blocks go here (the slots' sink, `segment::sink_of`),
-    /// and where the placement would take any such page the cache is the
-    /// class's direct page: a block freed is the next one handed out, its
-    /// line still in the CPU's cache, and a class whose pages hold few
-    /// blocks is not refilled page after page. Emptied, it is refilled
-    /// with a page's whole free list. Its `used` is the room left (length
-    /// plus room is `cache_room`; a page's list taken whole may leave a
-    /// room of one): the free that fills it gives all but the room's newest
-    /// half back to the blocks' pages (`Heap::flush_cache`), and a refill
-    /// under a policy that chooses among pages gives all of it back first.
-    /// A cached block is in use for its page, which therefore stays.
-    /// Last: 18 KiB, touched class by class (`Heap::make`).
+    /// Per class, the heap's free cache: a page descriptor of no page (`Heap::cache_page`; its
+    /// `info` names the heap and the class's block size), whose free list holds blocks of the
+    /// heap's pages of the class on the heap's node, the most recently freed first. The owner's
+    /// frees of such blocks go here (the slots' sink, `segment::sink_of`), and where the
+    /// placement would take any such page the cache is the class's direct page: a block freed
+    /// is the next one handed out, its line still in the CPU's cache, and a class whose pages
+    /// hold few blocks is not refilled page after page. Emptied, it is refilled with a page's
+    /// whole free list. Its `used` is the room left (length plus room is `cache_room`; a page's
+    /// list taken whole may leave a room of one): the free that fills it gives all but the
+    /// room's newest half back to the blocks' pages (`Heap::flush_cache`), and a refill under a
+    /// policy that chooses among pages gives all of it back first. A cached block is in use for
+    /// its page, which therefore stays. Last: 18 KiB, touched class by class (`Heap::make`).
     pub(crate) cache: [Page; CLASSES],
 }
 
@@ -505,38 +502,37 @@ pub(crate) struct ArenaInner {
     pub(crate) segments: *mut SmallSegment,
     /// Heaps of exited threads, for adoption (linked through `Heap::next_orphan`).
     pub(crate) orphans: *mut Heap,
-    /// Set when this node was found out of memory; segment requests go to
-    /// the nearest node until it counts down.
+    /// Set when this node was found out of memory; segment requests go to the nearest node
+    /// until it counts down.
     pub(crate) exhausted: u32,
-    /// Freed segment-aligned mappings (huge blocks', dead regions') kept for
-    /// reuse, newest first, linked through a header in their own first page;
-    /// their pages stay committed on this node. Their count and bytes.
+    /// Freed segment-aligned mappings (huge blocks', dead regions') kept for reuse, newest
+    /// first, linked through a header in their own first page; their pages stay committed on
+    /// this node. Their count and bytes.
     pub(crate) cached: *mut Cached,
     pub(crate) cached_count: usize,
     pub(crate) cached_bytes: usize,
-    /// The earliest time (ms, monotonic) a segment's free pages or a cached
-    /// mapping is due to go back to the OS; 0: none waiting.
+    /// The earliest time (ms, monotonic) a segment's free pages or a cached mapping is due to
+    /// go back to the OS; 0: none waiting.
     pub(crate) purge_at: u64,
-    /// The delay in force is the configured one shifted left by this: see
-    /// `purge::note_reuse`.
+    /// The delay in force is the configured one shifted left by this: see `purge::note_reuse`.
     pub(crate) delay_shift: u32,
-    /// When the shift last rose, and when purged pages were last taken back
-    /// within the delay (ms, monotonic).
+    /// When the shift last rose; when purged pages taken back within the delay last kept it up;
+    /// the bytes so taken since `early_from` (ms, monotonic; one delay at most).
     pub(crate) raised_at: u64,
     pub(crate) early_at: u64,
-    /// The bound of free memory kept committed is the configured one
-    /// shifted left by this: see `purge::note_bound_purge`.
+    pub(crate) early_bytes: u64,
+    pub(crate) early_from: u64,
+    /// The bound of free memory kept committed is the configured one shifted left by this: see
+    /// `purge::note_bound_purge`.
     pub(crate) bound_shift: u32,
-    /// When free memory last passed the bound (ms, monotonic; 0: never),
-    /// the most that was free since the bound was last looked at, and
-    /// when that was.
+    /// When free memory last passed the bound (ms, monotonic; 0: never), the most that was free
+    /// since the bound was last looked at, and when that was.
     pub(crate) bound_at: u64,
     pub(crate) dirty_peak: u64,
     pub(crate) bound_seen: u64,
-    /// What the bound's purges returned since `burst_from` (ms,
-    /// monotonic), four delays at most: one burst of frees past the bound
-    /// is purged each time it passes it again, and only the sum says how
-    /// much the program frees at a time.
+    /// What the bound's purges returned since `burst_from` (ms, monotonic), four delays at
+    /// most: one burst of frees past the bound is purged each time it passes it again, and only
+    /// the sum says how much the program frees at a time.
     pub(crate) burst: u64,
     pub(crate) burst_from: u64,
 }
@@ -584,6 +580,8 @@ impl Arena {
                 delay_shift: 0,
                 raised_at: 0,
                 early_at: 0,
+                early_bytes: 0,
+                early_from: 0,
                 bound_shift: 0,
                 bound_at: 0,
                 dirty_peak: 0,

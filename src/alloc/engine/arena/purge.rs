@@ -1,6 +1,6 @@
 //! Returning an arena's free memory to the OS: each page waits out the
 //! purge delay from its own free (the delay doubling while purged pages
-//! are asked back within it, halving again when quiet), then goes back with
+//! are asked back within it in bulk, halving again when quiet), then goes back with
 //! `MADV_DONTNEED`; wholly free segments past a few are unmapped. Run on
 //! the allocator's slow paths: there is no thread or timer of its own.
 
@@ -15,8 +15,8 @@ use crate::sync::Ordering;
 /// one (100 ms: 1.6 s; jemalloc decays over 10 s).
 const MAX_DELAY_SHIFT: u32 = 4;
 
-/// A raised delay halves after this many delays (a power of two) with no
-/// purged page taken back early.
+/// A raised delay halves after this many delays (a power of two) in which
+/// too few purged pages were taken back early to keep it ([`note_reuse`]).
 pub(super) const DELAY_DECAY: u64 = 16;
 
 /// Empty segments an arena keeps mapped past the purge delay (their pages
@@ -38,7 +38,7 @@ impl Arena {
     /// [`purge_expired`](Self::purge_expired) but telling the lifecycle.
     fn purge_due(&self, state: &State, g: &mut ArenaInner, now: u64) {
         if g.delay_shift > 0 && now >= g.early_at + delay_of(state, g) * DELAY_DECAY {
-            // Quiet for a long while: give memory back sooner again.
+            // Quiet for a long while (`note_reuse`): give memory back sooner again.
             g.delay_shift -= 1;
             g.early_at = now;
         }
@@ -288,12 +288,20 @@ pub(super) fn note_bound_purge(g: &mut ArenaInner, state: &State, now: u64, dirt
 
 /// Slots the purge delay gave back, taken again within the delay: the
 /// program's memory rests longer between uses than the delay (sqlite3's
-/// statements free tens of MiB and allocate them again 100–250 ms later,
-/// and faulted in 10,000 pages more than under glibc with 100 ms). The
-/// delay doubles, as glibc raises its mmap threshold when a freed mapping
-/// is asked again; once per purge made under the current delay, up to
-/// [`MAX_DELAY_SHIFT`] doublings, the committed bound unchanged. It comes
-/// down again in [`Arena::purge_expired`] after [`DELAY_DECAY`] quiet delays.
+/// statements once freed tens of MiB and allocated them again 100–250 ms
+/// later, and faulted in 10,000 pages more than under glibc with 100 ms).
+/// The delay doubles, as glibc raises its mmap threshold when a freed
+/// mapping is asked again, once the bytes so taken back within one delay
+/// reach [`early_need`]: an eighth of the purge threshold (1 MiB: 256
+/// faults a delay saved) at the configured delay, four times more for each
+/// doubling, as each holds twice the free memory for twice as long. A few
+/// pages taken back early are not worth it: a program that starts and ends
+/// threads all the time (`memory churn`) takes back 64–400 KiB a delay,
+/// and a delay raised 16-fold for that held 1 MiB more of its 14. Only
+/// slots purged under the delay in force count, up to [`MAX_DELAY_SHIFT`]
+/// doublings, the committed bound unchanged. The delay comes down again in
+/// [`Arena::purge_expired`] after [`DELAY_DECAY`] delays in which no delay
+/// took back a quarter of [`early_need`].
 ///
 /// # Safety
 /// `seg` is a listed segment of the arena whose lock `g` is.
@@ -308,14 +316,32 @@ pub(super) unsafe fn note_reuse(g: &mut ArenaInner, seg: *mut SmallSegment, mask
         (*seg).purged_slots &= !mask;
         let at = slots_in(purged).map(|s| (*seg).freed_at[s]).max().unwrap_or(0);
         let now = crate::os::monotonic_ms();
-        if at >= g.raised_at && now < at + delay_of(state, g) {
+        let delay = delay_of(state, g);
+        if at < g.raised_at || now >= at.saturating_add(delay) {
+            return;
+        }
+        if now >= g.early_from.saturating_add(delay) {
+            (g.early_bytes, g.early_from) = (0, now);
+        }
+        g.early_bytes += u64::from(purged.count_ones()) * SLOT_SIZE as u64;
+        let need = early_need(state, g);
+        if g.early_bytes >= need / 4 {
+            // Enough to keep the delay in force from decaying.
             g.early_at = now;
-            if g.delay_shift < MAX_DELAY_SHIFT {
-                g.delay_shift += 1;
-                g.raised_at = now;
-            }
+        }
+        if g.early_bytes >= need && g.delay_shift < MAX_DELAY_SHIFT {
+            g.delay_shift += 1;
+            g.raised_at = now;
+            (g.early_bytes, g.early_from) = (0, now);
         }
     }
+}
+
+/// The bytes of purged slots taken back within one delay that double the
+/// delay in force: an eighth of the purge threshold, times four for each
+/// doubling already made ([`note_reuse`]).
+pub(super) fn early_need(state: &State, g: &ArenaInner) -> u64 {
+    ((state.config.purge_threshold / 8).max(SLOT_SIZE) as u64) << (2 * g.delay_shift)
 }
 
 /// Now (ms, monotonic), if a purge delay is configured.

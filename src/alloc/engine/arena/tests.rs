@@ -174,32 +174,92 @@ fn a_page_freed_late_waits_its_own_delay() {
     assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + 2 * bytes);
 }
 
+/// Takes `n` pages of `class`, frees them, waits out the delay and ticks:
+/// the pages, all purged.
+fn purged_pages(state: &'static State, a: &Arena, class: usize, n: usize, delay: u64) -> Vec<*mut Page> {
+    let before = a.counters.purged.load(Ordering::Relaxed);
+    let pages: Vec<*mut Page> =
+        (0..n).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
+    for &p in &pages {
+        // SAFETY: a page of this arena with no block live and no heap.
+        unsafe { a.free_page(state, p) };
+    }
+    let in_force = purge::delay_of(state, &a.inner.lock());
+    sleep(in_force + 20);
+    a.tick_at(state, crate::os::monotonic_ms());
+    let bytes = (page_slots(class) * SLOT_SIZE) as u64;
+    assert_eq!(
+        a.counters.purged.load(Ordering::Relaxed),
+        before + n as u64 * bytes,
+        "purged after {in_force} ms (configured: {delay})"
+    );
+    pages
+}
+
+#[test]
+fn a_few_pages_taken_back_soon_after_their_purge_keep_the_delay() {
+    let Some((state, a, delay, class, bytes)) = with_delay() else { return };
+    // A thread's worth of pages, purged and taken again by the next thread
+    // at once: too few to be worth holding every free page longer.
+    let n = ((purge::early_need(state, &a.inner.lock()) - 1) / bytes) as usize;
+    assert!(n > 0, "a page of class {class} is as large as what raises the delay");
+    let mut pages = purged_pages(state, &a, class, n, delay);
+    let mut again: Vec<*mut Page> =
+        (0..n).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
+    pages.sort();
+    again.sort();
+    assert_eq!(again, pages, "the purged slots are taken again, within the delay");
+    assert_eq!(a.inner.lock().delay_shift, 0, "{n} pages taken back early do not raise the delay");
+}
+
 #[test]
 fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
     let Some((state, a, delay, class, bytes)) = with_delay() else { return };
     let purged = || a.counters.purged.load(Ordering::Relaxed);
-    let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
-    // SAFETY: a page of this arena with no block live and no heap.
-    unsafe { a.free_page(state, p) };
-    sleep(delay + 20);
-    a.tick_at(state, crate::os::monotonic_ms());
-    assert_eq!(purged(), bytes, "purged after the configured delay");
-    let q = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
-    assert_eq!(q, p, "the purged slots are taken again, within the delay");
+    // What raises the delay from the configured one, in pages.
+    let n = purge::early_need(state, &a.inner.lock()).div_ceil(bytes) as usize;
+    let mut pages = purged_pages(state, &a, class, n, delay);
+    let mut again = Vec::new();
+    for i in 0..n {
+        assert_eq!(a.inner.lock().delay_shift, 0, "{i} of {n} pages taken back: not yet");
+        again.push(a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr());
+    }
+    pages.sort();
+    again.sort();
+    assert_eq!(again, pages, "the purged slots are taken again, within the delay");
     assert_eq!(a.inner.lock().delay_shift, 1);
-    // SAFETY: as above.
-    unsafe { a.free_page(state, q) };
+    let base = purged();
+    for &p in &again {
+        // SAFETY: a page of this arena with no block live and no heap.
+        unsafe { a.free_page(state, p) };
+    }
     sleep(delay + 20);
     a.tick_at(state, crate::os::monotonic_ms());
-    assert_eq!(purged(), bytes, "the delay has doubled: still committed");
+    assert_eq!(purged(), base, "the delay has doubled: still committed");
     sleep(delay);
     a.tick_at(state, crate::os::monotonic_ms());
-    assert_eq!(purged(), 2 * bytes, "purged after the doubled delay");
-    // Taken back long after its purge: the delay was long enough.
+    assert_eq!(purged(), base + n as u64 * bytes, "purged after the doubled delay");
+    // One page taken back at once, under a quarter of what the doubled
+    // delay needs to rise again: counted, but it does not keep the delay
+    // up; the others taken back long after their purge count nothing.
+    let (early_at, need) = {
+        let g = a.inner.lock();
+        (g.early_at, purge::early_need(state, &g))
+    };
+    assert!(bytes < need / 4, "a page of {bytes} bytes, a quarter of {need}");
+    let first = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+    assert!(pages.contains(&first));
+    assert_eq!(a.inner.lock().early_bytes, bytes, "taken back within the delay");
+    assert_eq!(a.inner.lock().early_at, early_at, "too few to keep the delay up");
     sleep(2 * delay + 20);
-    let r = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
-    assert_eq!(r, p);
+    for _ in 1..n {
+        let p = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
+        assert!(pages.contains(&p) && p != first);
+    }
     assert_eq!(a.inner.lock().delay_shift, 1, "a late reuse does not raise the delay");
+    let g = a.inner.lock();
+    assert_eq!((g.early_bytes, g.early_at), (bytes, early_at), "nor counts");
+    drop(g);
     // Quiet for DELAY_DECAY doubled delays: back to the configured one.
     sleep(2 * delay * DELAY_DECAY + 20);
     a.tick_at(state, crate::os::monotonic_ms());
