@@ -48,7 +48,8 @@ pub(super) fn uring_pins_moved_off_a_movable_node_are_refused_or_counted(t: &Top
     let phys = t.physical_node(m);
     let at_boot = zones::node_zones(phys).unwrap().expect("the node in /proc/zoneinfo");
     let blocks = if at_boot.movable > 0 { 0 } else { online_movable(phys) };
-    let z = zones::node_zones(phys).unwrap().expect("the node in /proc/zoneinfo");
+    // Read the zones again only where blocks were onlined: they changed.
+    let z = if blocks > 0 { zones::node_zones(phys).unwrap().expect("the node in /proc/zoneinfo") } else { at_boot };
     println!(
         "\n  node {m}: {} MiB movable from boot, {blocks} memory blocks onlined movable now; zones {z:?}",
         (at_boot.movable as usize * os::page_size()) >> 20

@@ -517,11 +517,10 @@ pub(crate) struct ArenaInner {
     /// The delay in force is the configured one shifted left by this: see `purge::note_reuse`.
     pub(crate) delay_shift: u32,
     /// When the shift last rose; when purged pages taken back within the delay last kept it up;
-    /// the bytes so taken since `early_from` (ms, monotonic; one delay at most).
+    /// the bytes so taken in a window of one delay.
     pub(crate) raised_at: u64,
     pub(crate) early_at: u64,
-    pub(crate) early_bytes: u64,
-    pub(crate) early_from: u64,
+    pub(crate) early: Window,
     /// The bound of free memory kept committed is the configured one shifted left by this: see
     /// `purge::note_bound_purge`.
     pub(crate) bound_shift: u32,
@@ -530,11 +529,16 @@ pub(crate) struct ArenaInner {
     pub(crate) bound_at: u64,
     pub(crate) dirty_peak: u64,
     pub(crate) bound_seen: u64,
-    /// What the bound's purges returned since `burst_from` (ms, monotonic), four delays at
-    /// most: one burst of frees past the bound is purged each time it passes it again, and only
-    /// the sum says how much the program frees at a time.
-    pub(crate) burst: u64,
-    pub(crate) burst_from: u64,
+    /// What the bound's purges returned in a window of four delays: a burst of frees past the
+    /// bound is purged each time it passes it, and only the sum says what the program frees.
+    pub(crate) burst: Window,
+}
+
+/// Bytes summed over a window of time that restarts rather than slides (`purge.rs` has its
+/// methods): `sum` since `from` (ms, monotonic; 0: never started).
+pub(crate) struct Window {
+    pub(crate) sum: u64,
+    pub(crate) from: u64,
 }
 
 // SAFETY: the raw pointers are owned by the arena and only used under its lock.
@@ -580,14 +584,12 @@ impl Arena {
                 delay_shift: 0,
                 raised_at: 0,
                 early_at: 0,
-                early_bytes: 0,
-                early_from: 0,
+                early: Window::NEW,
                 bound_shift: 0,
                 bound_at: 0,
                 dirty_peak: 0,
                 bound_seen: 0,
-                burst: 0,
-                burst_from: 0,
+                burst: Window::NEW,
             }),
             shared: SpinLock::new(SharedHeap(ptr::null_mut())),
             cold: SpinLock::new(SharedHeap(ptr::null_mut())),

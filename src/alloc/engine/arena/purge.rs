@@ -7,7 +7,7 @@
 use core::ptr::{self, NonNull};
 
 use super::{Arena, ArenaInner, CACHED_BYTES_FACTOR, SEGMENT_SIZE, SLOT_SIZE, SmallSegment, State, slot_mask};
-use crate::alloc::engine::types::{Cached, Due};
+use crate::alloc::engine::types::{Cached, Due, Window};
 use crate::os::mem;
 use crate::sync::Ordering;
 
@@ -273,12 +273,9 @@ pub(super) fn committed_bound(state: &State, g: &ArenaInner) -> usize {
 /// program that goes quiet gives it all back.
 pub(super) fn note_bound_purge(g: &mut ArenaInner, state: &State, now: u64, dirty: u64) {
     let window = 4 * delay_of(state, g);
-    if g.burst_from == 0 || now >= g.burst_from + window {
-        (g.burst, g.burst_from) = (0, now);
-    }
-    g.burst = g.burst.saturating_add(dirty);
+    let burst = g.burst.add(now, window, dirty);
     if g.bound_at != 0 && now < g.bound_at + window {
-        while g.bound_shift < MAX_DELAY_SHIFT && (committed_bound(state, g) as u64) < g.burst.saturating_mul(2) {
+        while g.bound_shift < MAX_DELAY_SHIFT && (committed_bound(state, g) as u64) < burst.saturating_mul(2) {
             g.bound_shift += 1;
         }
         g.bound_seen = now;
@@ -320,19 +317,16 @@ pub(super) unsafe fn note_reuse(g: &mut ArenaInner, seg: *mut SmallSegment, mask
         if at < g.raised_at || now >= at.saturating_add(delay) {
             return;
         }
-        if now >= g.early_from.saturating_add(delay) {
-            (g.early_bytes, g.early_from) = (0, now);
-        }
-        g.early_bytes += u64::from(purged.count_ones()) * SLOT_SIZE as u64;
+        let early = g.early.add(now, delay, u64::from(purged.count_ones()) * SLOT_SIZE as u64);
         let need = early_need(state, g);
-        if g.early_bytes >= need / 4 {
+        if early >= need / 4 {
             // Enough to keep the delay in force from decaying.
             g.early_at = now;
         }
-        if g.early_bytes >= need && g.delay_shift < MAX_DELAY_SHIFT {
+        if early >= need && g.delay_shift < MAX_DELAY_SHIFT {
             g.delay_shift += 1;
             g.raised_at = now;
-            (g.early_bytes, g.early_from) = (0, now);
+            g.early.restart(now);
         }
     }
 }
@@ -409,4 +403,28 @@ fn unmap_unused_everywhere(state: &State) -> bool {
         }
     }
     freed > 0
+}
+
+impl Window {
+    /// Nothing summed, never started.
+    pub(crate) const NEW: Self = Self { sum: 0, from: 0 };
+
+    /// Adds `bytes` at `now` and returns the sum, starting a new window
+    /// first if this one never started or `span` ms or more have passed
+    /// since it did: a sum over at most `span` ms, counted from its first
+    /// `add`, so bytes spread thinly over a long time never add up to a
+    /// burst.
+    pub(crate) fn add(&mut self, now: u64, span: u64, bytes: u64) -> u64 {
+        if self.from == 0 || now >= self.from.saturating_add(span) {
+            self.restart(now);
+        }
+        self.sum = self.sum.saturating_add(bytes);
+        self.sum
+    }
+
+    /// Starts a new, empty window at `now`: what was summed has been
+    /// acted on.
+    pub(crate) fn restart(&mut self, now: u64) {
+        (self.sum, self.from) = (0, now);
+    }
 }

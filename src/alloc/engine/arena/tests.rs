@@ -5,7 +5,7 @@ use core::ptr;
 use super::purge::{self, DELAY_DECAY};
 use super::{Arena, State, guard_len};
 use crate::alloc::engine::size_class::{COLOURS, class_of, class_size, coloured, page_slots};
-use crate::alloc::engine::types::{Page, SEGMENT_SIZE, SLOT_SIZE};
+use crate::alloc::engine::types::{Page, SEGMENT_SIZE, SLOT_SIZE, Window};
 use crate::os::mem;
 use crate::sync::Ordering;
 
@@ -249,7 +249,7 @@ fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
     assert!(bytes < need / 4, "a page of {bytes} bytes, a quarter of {need}");
     let first = a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr();
     assert!(pages.contains(&first));
-    assert_eq!(a.inner.lock().early_bytes, bytes, "taken back within the delay");
+    assert_eq!(a.inner.lock().early.sum, bytes, "taken back within the delay");
     assert_eq!(a.inner.lock().early_at, early_at, "too few to keep the delay up");
     sleep(2 * delay + 20);
     for _ in 1..n {
@@ -258,7 +258,7 @@ fn pages_taken_back_soon_after_their_purge_lengthen_the_delay() {
     }
     assert_eq!(a.inner.lock().delay_shift, 1, "a late reuse does not raise the delay");
     let g = a.inner.lock();
-    assert_eq!((g.early_bytes, g.early_at), (bytes, early_at), "nor counts");
+    assert_eq!((g.early.sum, g.early_at), (bytes, early_at), "nor counts");
     drop(g);
     // Quiet for DELAY_DECAY doubled delays: back to the configured one.
     sleep(2 * delay * DELAY_DECAY + 20);
@@ -364,4 +364,18 @@ fn unmap_unused_gives_back_every_empty_segment_and_cached_mapping_and_nothing_el
     unsafe { a.free_page(state, live) };
     assert_eq!(a.unmap_unused(), SEGMENT_SIZE + guard_len(), "an emptied segment goes too, none kept");
     assert_eq!(a.counters.reserved.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_window_sums_bytes_for_its_span_from_its_first_add_then_starts_again() {
+    let mut w = Window::NEW;
+    assert_eq!(w.add(1_000, 100, 5), 5, "the first add starts it");
+    assert_eq!(w.add(1_099, 100, 7), 12, "within the span: summed");
+    assert_eq!(w.add(1_100, 100, 3), 3, "a span after its start: a new window");
+    assert_eq!(w.from, 1_100);
+    assert_eq!(w.add(1_150, 100, u64::MAX), u64::MAX, "saturates");
+    w.restart(1_160);
+    assert_eq!((w.sum, w.from), (0, 1_160));
+    assert_eq!(w.add(1_200, 100, 2), 2, "restarted: counts from 1,160");
+    assert_eq!(w.add(1_260, 100, 2), 2, "and ends a span after it");
 }
