@@ -455,10 +455,9 @@ impl Arena {
             None => state.config.purge_threshold,
         };
         g.dirty_peak = g.dirty_peak.max(dirty);
-        if dirty as usize > bound {
-            if let Some(now) = now {
-                purge::note_bound_purge(&mut g, state, now, dirty);
-            }
+        let purge_all =
+            dirty as usize > bound && now.is_none_or(|now| purge::note_bound_purge(&mut g, state, now, dirty));
+        if purge_all {
             self.purge(&mut g);
         } else if let Some(now) = now {
             // SAFETY: segment fields are guarded by the arena lock.

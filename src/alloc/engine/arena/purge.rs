@@ -258,29 +258,39 @@ pub(super) fn committed_bound(state: &State, g: &ArenaInner) -> usize {
     state.config.purge_threshold.saturating_mul(CACHED_BYTES_FACTOR) << g.bound_shift
 }
 
-/// Free memory passed the bound at `now`, and will go back at once: if it
-/// did within four delays before, the program frees and allocates more
-/// than the bound in a loop (a JSON service drops a 100 MB document and
-/// parses the next: every round faulted it all in again, 29,000 faults a
-/// round), and the bound doubles until it is twice the burst, up to
-/// [`MAX_DELAY_SHIFT`] doublings (1 GiB by default). The burst is what
-/// this purge and the others of the last four delays returned (`dirty`
-/// bytes each): a drop of 250 MB purged at 64 MB, again at 94 MB, and
-/// raised on the second to twice 94 MB, fell past it rounds later and was
-/// faulted in again whole. The bound comes down again once free memory
-/// stayed under half of it for [`DELAY_DECAY`] delays
-/// (`Arena::purge_expired`); the delay still returns what waits, so a
-/// program that goes quiet gives it all back.
-pub(super) fn note_bound_purge(g: &mut ArenaInner, state: &State, now: u64, dirty: u64) {
+/// Free memory (`dirty` bytes) passed the bound at `now`: whether it goes
+/// back at once. It does, unless it passed the bound within four delays
+/// before too: then the program frees and allocates more than the bound in
+/// a loop (a JSON service drops a 100 MB document and parses the next:
+/// every round faulted it all in again, 29,000 faults a round), and the
+/// bound doubles until it is twice the burst, up to [`MAX_DELAY_SHIFT`]
+/// doublings (1 GiB by default), and what is free stays for the next
+/// round, under the raised bound and the delay. The burst is what the
+/// bound's purges of the last four delays returned and what passes it now:
+/// a drop of 250 MB passes the bound at 64 MB (purged), again at 64 MB
+/// more, which raises the bound to 256 MB and stays. Purging at the raise
+/// too faulted it in again in the next round: `serde_json`'s 18 MB
+/// document parsed 5 times took 122,000–139,000 faults, 87,000–90,000
+/// kept. The bound comes down again once free memory stayed under half of
+/// it for [`DELAY_DECAY`] delays (`Arena::purge_expired`); the delay still
+/// returns what waits, so a program that goes quiet gives it all back.
+pub(super) fn note_bound_purge(g: &mut ArenaInner, state: &State, now: u64, dirty: u64) -> bool {
     let window = 4 * delay_of(state, g);
-    let burst = g.burst.add(now, window, dirty);
-    if g.bound_at != 0 && now < g.bound_at + window {
+    let recurs = g.bound_at != 0 && now < g.bound_at + window;
+    g.bound_at = now;
+    if recurs {
+        let burst = g.burst.add(now, window, 0).saturating_add(dirty);
         while g.bound_shift < MAX_DELAY_SHIFT && (committed_bound(state, g) as u64) < burst.saturating_mul(2) {
             g.bound_shift += 1;
         }
         g.bound_seen = now;
+        if dirty <= committed_bound(state, g) as u64 {
+            // Kept, not returned: not part of a later burst's sum.
+            return false;
+        }
     }
-    g.bound_at = now;
+    g.burst.add(now, window, dirty);
+    true
 }
 
 /// Slots the purge delay gave back, taken again within the delay: the
