@@ -174,11 +174,12 @@ impl Config {
 
     /// Free page memory (per arena) kept committed for reuse: past it, it is
     /// returned to the OS with `MADV_DONTNEED` at once. With a purge delay
-    /// the bound is 8 times this (free pages and freed large mappings each),
-    /// raised to twice a burst of frees past it that recurs within four
-    /// delays (at most 16 times; what is free at the raise stays), and what
-    /// stays under it goes back once it has waited out the delay. A thread's heap that takes this much in
-    /// fresh pages also purges, without waiting, the free blocks of the
+    /// the bound is 8 times this (free pages and freed large mappings each);
+    /// the pages' bound is raised to twice a burst of frees past it that
+    /// recurs within four delays (at most 16 times; what is free at the
+    /// raise stays), and what stays under a bound goes back once it has
+    /// waited out the delay. A thread's heap that takes this much in fresh
+    /// pages also purges, without waiting, the free blocks of the
     /// classes it has not refilled since it last gave back (the pages an
     /// exited thread's sizes left, once a thread that adopted its heap
     /// grows in sizes of its own).

@@ -529,8 +529,8 @@ pub(crate) struct ArenaInner {
     pub(crate) bound_at: u64,
     pub(crate) dirty_peak: u64,
     pub(crate) bound_seen: u64,
-    /// What the bound's purges returned in a window of four delays: a burst of frees past the
-    /// bound is purged each time it passes it, and only the sum says what the program frees.
+    /// What the bound's purges returned in a window of four delays (what a raise keeps is not
+    /// summed): only the sum of a burst's passes says what the program frees.
     pub(crate) burst: Window,
 }
 

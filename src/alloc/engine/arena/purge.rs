@@ -265,10 +265,12 @@ pub(super) fn committed_bound(state: &State, g: &ArenaInner) -> usize {
 /// every round faulted it all in again, 29,000 faults a round), and the
 /// bound doubles until it is twice the burst, up to [`MAX_DELAY_SHIFT`]
 /// doublings (1 GiB by default), and what is free stays for the next
-/// round, under the raised bound and the delay. The burst is what the
-/// bound's purges of the last four delays returned and what passes it now:
-/// a drop of 250 MB passes the bound at 64 MB (purged), again at 64 MB
-/// more, which raises the bound to 256 MB and stays. Purging at the raise
+/// round, under the raised bound and the delay (at the last doubling, what
+/// is past the bound still goes back). The burst is what the bound's
+/// purges of the last four delays returned and what passes it now: a drop
+/// of 250 MB passes the bound of 64 MB (purged), passes it again 64 MB
+/// later, which raises the bound to 512 MB (the first doubling past twice
+/// the 128 MB and more of the burst), and stays. Purging at the raise
 /// too faulted it in again in the next round: `serde_json`'s 18 MB
 /// document parsed 5 times took 122,000–139,000 faults, 87,000–90,000
 /// kept. The bound comes down again once free memory stayed under half of
