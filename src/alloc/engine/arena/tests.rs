@@ -185,16 +185,22 @@ fn a_page_freed_late_waits_its_own_delay() {
     assert_eq!(a.counters.purged.load(Ordering::Relaxed), purged + 2 * bytes);
 }
 
-/// Takes `n` pages of `class`, frees them, waits out the delay and ticks:
-/// the pages, all purged.
-fn purged_pages(state: &'static State, a: &Arena, class: usize, n: usize, delay: u64) -> Vec<*mut Page> {
-    let before = a.counters.purged.load(Ordering::Relaxed);
+/// Takes `n` pages of `class` and frees them all, in order: the pages.
+fn freed_pages(state: &'static State, a: &Arena, class: usize, n: usize) -> Vec<*mut Page> {
     let pages: Vec<*mut Page> =
         (0..n).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
     for &p in &pages {
-        // SAFETY: a page of this arena with no block live and no heap.
+        // SAFETY: a page of this arena, just handed out, with no block live and no heap.
         unsafe { a.free_page(state, p) };
     }
+    pages
+}
+
+/// [`freed_pages`], then waits out the delay and ticks: the pages, all
+/// purged.
+fn purged_pages(state: &'static State, a: &Arena, class: usize, n: usize, delay: u64) -> Vec<*mut Page> {
+    let before = a.counters.purged.load(Ordering::Relaxed);
+    let pages = freed_pages(state, a, class, n);
     let in_force = purge::delay_of(state, &a.inner.lock());
     sleep(in_force + 20);
     a.tick_at(state, crate::os::monotonic_ms());
@@ -285,12 +291,7 @@ fn bursts_past_the_bound_that_recur_raise_it_until_they_fit() {
     // A burst of pages a little past the bound, all freed at once.
     let n = (bound / bytes + 4) as usize;
     let burst = || {
-        let pages: Vec<*mut Page> =
-            (0..n).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
-        for p in pages {
-            // SAFETY: a page of this arena with no block live and no heap.
-            unsafe { a.free_page(state, p) };
-        }
+        freed_pages(state, &a, class, n);
     };
     burst();
     assert!(purged() > 0, "past the bound: returned at once");
@@ -313,12 +314,7 @@ fn a_burst_that_passes_the_bound_twice_on_its_way_is_purged_once_then_kept() {
     // passes the bound; when it passes it once more, the bound rises to
     // twice both together, and what is free stays.
     let n = (5 * bound / 2 / bytes) as usize;
-    let pages: Vec<*mut Page> =
-        (0..n).map(|_| a.alloc_page(state, class, ptr::null_mut(), None).unwrap().as_ptr()).collect();
-    for p in pages {
-        // SAFETY: a page of this arena with no block live and no heap.
-        unsafe { a.free_page(state, p) };
-    }
+    freed_pages(state, &a, class, n);
     let purged = a.counters.purged.load(Ordering::Relaxed);
     assert!(purged > bound && purged < bound + 2 * bytes, "{purged} bytes purged, the first pass only");
     let dirty = a.counters.dirty.load(Ordering::Relaxed);
