@@ -83,10 +83,14 @@ pub(super) fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Gues
                     back >> 10
                 );
             }
-            let (purged, served) = partly_used_pages_round(|_, g| g == Some(phys), &format!("cpu {cpu}"));
-            println!(
-                "  cpu {cpu}: {purged} OS pages under free blocks of pages in use purged, {served} on node {node} again"
-            );
+            for shape in SHAPES {
+                let (purged, served) = partly_used_pages_round(shape, |_, g| g == Some(phys), &format!("cpu {cpu}"));
+                println!(
+                    "  cpu {cpu}, {} B blocks: {purged} OS pages under free blocks of pages in use purged, {served} \
+                     on node {node} again",
+                    shape.0
+                );
+            }
         })
         .join()
         .unwrap();
@@ -131,39 +135,55 @@ pub(super) fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Gues
         let mut seen = HashSet::new();
         let _g =
             numaweave::with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Count(1)).unwrap())).unwrap();
-        let (purged, served) = partly_used_pages_round(
-            |b, g| {
-                // SAFETY: a live block of `A`'s, handed out by the round.
-                let n = unsafe { A.node_of(b) };
-                seen.insert(n);
-                g == Some(topo.physical_node(n))
-            },
-            "interleaved",
-        );
-        assert_eq!(seen.len(), nodes.len(), "the blocks handed out again are on nodes {seen:?} alone");
-        println!(
-            "  interleaved: {purged} OS pages of pages in use purged, {served} blocks on their pages' nodes again"
-        );
+        for shape in SHAPES {
+            let (purged, served) = partly_used_pages_round(
+                shape,
+                |b, g| {
+                    // SAFETY: a live block of `A`'s, handed out by the round.
+                    let n = unsafe { A.node_of(b) };
+                    seen.insert(n);
+                    g == Some(topo.physical_node(n))
+                },
+                "interleaved",
+            );
+            assert_eq!(seen.len(), nodes.len(), "the blocks handed out again are on nodes {seen:?} alone");
+            println!(
+                "  interleaved, {} B blocks: {purged} OS pages of pages in use purged, {served} blocks on their \
+                 pages' nodes again",
+                shape.0
+            );
+            seen.clear();
+        }
     })
     .join()
     .unwrap();
     Outcome::Pass
 }
 
-/// One round of block purges in pages that stay in use: 256 blocks of
-/// 4 KiB (a class of whole OS pages) written, every other one of each
-/// node's freed, a trim; the OS pages only freed blocks cover must have
-/// left memory (the purge happened; a hardened build, which purges no
-/// free block, must have kept them all), the live blocks keep their
-/// contents, and the blocks
+/// The rounds of [`partly_used_pages_round`]: (block size, blocks, one
+/// of each node's kept in so many). Blocks of 4 KiB, a class of whole OS
+/// pages whose purge masks a bit a block, every other one kept; blocks of
+/// 64 B, 64 an OS page, whose purge masks a bit an OS page, one in 128
+/// kept (Robson's pattern after a few rounds: every other OS page free).
+const SHAPES: [(usize, usize, usize); 2] = [(4096, 256, 2), (64, 4096, 128)];
+
+/// One round of block purges in pages that stay in use: `count` blocks
+/// of `size` written, all but one in `keep` of each node's freed, a trim;
+/// the OS pages only freed blocks cover must have left memory (the purge
+/// happened; a hardened build, which purges no free block, must have
+/// kept them all), the live blocks keep their contents, and the blocks
 /// handed out again (the purged ones among them) have every page where
 /// `on` says (given the block and the node of one of its pages). Returns
 /// the OS pages purged and the blocks served again.
-fn partly_used_pages_round(mut on: impl FnMut(*mut u8, Option<usize>) -> bool, what: &str) -> (usize, usize) {
-    let l = Layout::from_size_align(4096, 8).unwrap();
+fn partly_used_pages_round(
+    (size, count, keep): (usize, usize, usize),
+    mut on: impl FnMut(*mut u8, Option<usize>) -> bool,
+    what: &str,
+) -> (usize, usize) {
+    let l = Layout::from_size_align(size, 8).unwrap();
     let page = os::page_size();
     // SAFETY: a valid layout; every block is freed with it below.
-    let blocks: Vec<usize> = (0..256).map(|_| unsafe { A.alloc(l) } as usize).collect();
+    let blocks: Vec<usize> = (0..count).map(|_| unsafe { A.alloc(l) } as usize).collect();
     assert!(blocks.iter().all(|&b| b != 0), "{what}: out of memory");
     for (i, &b) in blocks.iter().enumerate() {
         // SAFETY: a live block of `l.size()` bytes.
@@ -177,21 +197,26 @@ fn partly_used_pages_round(mut on: impl FnMut(*mut u8, Option<usize>) -> bool, w
         // SAFETY: a live block of `A`'s.
         let k = seen_on.entry(unsafe { A.node_of(b as *const u8) }).or_default();
         *k += 1;
-        *k % 2 == 1
+        *k % keep == 1
     });
     for &(_, &b) in &freed {
         // SAFETY: allocated above with `l`.
         unsafe { A.dealloc(b as *mut u8, l) };
     }
     A.trim();
-    // The OS pages that freed blocks cover and no live block touches.
-    let touched = |a: usize| live.iter().any(|&(_, &b)| b < a + page && b + l.size() > a);
-    let under_free: Vec<*const u8> = freed
-        .iter()
-        .flat_map(|&(_, &b)| (b.next_multiple_of(page)..(b + l.size()) & !(page - 1)).step_by(page))
-        .filter(|&a| !touched(a))
-        .map(|a| a as *const u8)
-        .collect::<Vec<_>>();
+    // The OS pages that freed blocks cover, every byte (so no other block
+    // touches them).
+    let mut covered: std::collections::BTreeMap<usize, usize> = Default::default();
+    for &(_, &b) in &freed {
+        let mut a = b;
+        while a < b + l.size() {
+            let end = ((a & !(page - 1)) + page).min(b + l.size());
+            *covered.entry(a & !(page - 1)).or_default() += end - a;
+            a = end;
+        }
+    }
+    let under_free: Vec<*const u8> =
+        covered.iter().filter(|&(_, &n)| n == page).map(|(&a, _)| a as *const u8).collect::<Vec<_>>();
     // (`mincore`, not `move_pages`: Linux 6.1 says EFAULT of a page not
     // present where later kernels say ENOENT.)
     let purged = under_free

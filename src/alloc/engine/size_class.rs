@@ -358,6 +358,38 @@ pub const fn page_slots(c: usize) -> usize {
     }
 }
 
+/// Pages of at most this many blocks (blocks of 1 KiB and more) mask the
+/// free blocks a purge takes off their list a bit a block; the others a
+/// bit an OS page of their span (see `Page::purged_free`).
+pub(crate) const MASKED_BLOCKS: usize = 64;
+
+/// The blocks that bit `k` of a page's `purged_free` stands for on a page
+/// of more than [`MASKED_BLOCKS`]: of its first `carved`, those whose first
+/// byte (their link) lies in OS page `k` of the span, the page's first
+/// block `offset` bytes into it. A block that starts in one OS page and
+/// ends in the next belongs to the one it starts in.
+pub(crate) fn starting_in(k: usize, offset: usize, block_size: usize, carved: usize) -> core::ops::Range<usize> {
+    let os = crate::os::page_size();
+    let first = (k * os).saturating_sub(offset).div_ceil(block_size);
+    let end = ((k + 1) * os).saturating_sub(offset).div_ceil(block_size).min(carved);
+    first..end.max(first)
+}
+
+/// Free blocks a page's `purged_free` (`mask`) holds off its list: a bit
+/// each on a page of at most [`MASKED_BLOCKS`], else the blocks
+/// [`starting_in`] each OS page whose bit is set.
+pub(crate) fn masked_blocks(mask: u64, capacity: usize, offset: usize, block_size: usize, carved: usize) -> usize {
+    if capacity <= MASKED_BLOCKS {
+        return mask.count_ones() as usize;
+    }
+    let (mut n, mut rest) = (0, mask);
+    while rest != 0 {
+        n += starting_in(rest.trailing_zeros() as usize, offset, block_size, carved).len();
+        rest &= rest - 1;
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -183,7 +183,7 @@ pub(crate) struct Page {
     /// Links in the heap's list of pages whose remote frees wait (owner only).
     pub(crate) pend_prev: *mut Page,
     pub(crate) pend_next: *mut Page,
-    /// Free blocks (bit i: block i) off `free`, their links' OS pages purged.
+    /// Free blocks off `free`, their links' OS pages purged: bit i block i, or OS page i of the span on a page of over 64 blocks (`size_class::starting_in`).
     pub(crate) purged_free: OwnerMask,
     pub(crate) info: Info,
     pub(crate) remote: Remote,

@@ -10,7 +10,7 @@ use core::ptr;
 
 use super::{Heap, empty_page};
 use super::{link, next_of, page_span};
-use crate::alloc::engine::size_class::CLASSES;
+use crate::alloc::engine::size_class::{CLASSES, MASKED_BLOCKS, starting_in};
 use crate::alloc::engine::types::{Block, ClassSet, Decay, Page, State};
 use crate::hardened::HARDENED;
 use crate::sync::Ordering;
@@ -141,13 +141,16 @@ impl Heap {
     /// node its range is bound to. Not in hardened builds (the poison of
     /// `NUMAWEAVE_CHECK=full` fills a free block).
     ///
-    /// A page of at most 64 blocks (blocks of 1 KiB and more) gives back
-    /// every OS page that only free blocks, its tail and its colour's gap
-    /// cover, link pages too: a free block whose link would be lost leaves
-    /// the list for the page's `purged_free` mask, which [`carve`] links
-    /// again before the tail (lowest first). Other pages give back their
-    /// tail only: an OS page of blocks below 1 KiB holds at least four,
-    /// which random frees seldom leave all free.
+    /// Every OS page that only free blocks, the tail and the colour's gap
+    /// cover goes back, link pages too: a free block whose link would be
+    /// lost leaves the list for the page's `purged_free` mask, which
+    /// [`carve`] links again before the tail (lowest first). On a page of
+    /// at most [`MASKED_BLOCKS`] (blocks of 1 KiB and more) the mask has a
+    /// bit a block; on the others a bit an OS page, for the blocks that
+    /// start in it ([`starting_in`]): Robson's pattern (free every other
+    /// block, again each round) leaves whole OS pages of small blocks free
+    /// that random frees seldom do. Pages of more than 64 OS pages give
+    /// back their tail only.
     ///
     /// # Safety
     /// `page` is a live page of the caller's heap (or of a claimed one).
@@ -177,62 +180,34 @@ impl Heap {
             let span = page_span(page);
             let cap = (*page).info.capacity as usize;
             let carved = (*page).carved.get() as usize;
-            let decommit = |from: usize, to: usize| {
-                #[cfg(test)]
-                DECOMMITS.with(|n| n.set(n.get() + u64::from(from < to)));
-                from < to
-                    && crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(from as *mut u8), to - from).is_ok()
-            };
             // The uncarved tail, from its first whole OS page: given back
             // once (it is not written after: `tail_clean`).
             let tail = (start + carved * bs).next_multiple_of(os_page).min(span.end);
-            if cap > MASKED_BLOCKS || span.len() / os_page > 64 {
+            if span.len() / os_page > 64 {
                 if !(*page).tail_clean {
                     (*page).tail_clean = decommit(tail, span.end) || tail == span.end;
                 }
                 return;
             }
-            // The free blocks: listed, masked before, never carved.
-            let upto = |n: usize| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
-            let mut listed = 0u64;
-            let mut b = (*page).free;
-            while !b.is_null() {
-                let i = (b as usize - start) / bs;
-                debug_assert!(i < carved && (b as usize - start).is_multiple_of(bs) && listed & (1 << i) == 0);
-                listed |= 1 << i;
-                b = next_of(page, b);
-            }
-            let masked = (*page).purged_free.get();
-            debug_assert!(masked & listed == 0 && masked & !upto(carved) == 0);
-            let free = listed | masked | (upto(cap) & !upto(carved));
-            // Each OS page of the span (the gap before `start` and the
-            // bytes past the last block are no block's): given back when
-            // every block it touches is free.
-            // (`fresh`: those a listed block touches, whose memory its
-            // free left resident; the others went at an earlier purge, or
-            // are the tail and the gap, and count in no `returned`.)
-            let (mut gone, mut fresh) = (0u64, 0u64);
-            for k in 0..span.len() / os_page {
-                let (lo, hi) = (span.start + k * os_page, span.start + (k + 1) * os_page);
-                if hi <= start || lo >= start + cap * bs {
-                    gone |= 1 << k;
-                    continue;
-                }
-                let first = lo.saturating_sub(start) / bs;
-                let last = ((hi - 1 - start) / bs).min(cap - 1);
-                let touched = upto(last + 1) & !upto(first);
-                if free & touched == touched {
-                    gone |= 1 << k;
-                    if listed & touched != 0 {
-                        fresh |= 1 << k;
-                    }
-                }
-            }
+            // Each OS page of the span goes (`gone`) when every block it
+            // touches is free: listed, masked before, or never carved (the
+            // gap before `start` and the bytes past the last block are no
+            // block's). `fresh`: those a listed block touches, whose memory
+            // its free left resident; the others went at an earlier purge,
+            // or are the tail and the gap, and count in no `purged`.
+            let (mut gone, fresh) = if cap <= MASKED_BLOCKS {
+                free_pages_by_block(page, span.clone())
+            } else {
+                free_pages_by_os_page(page, span.clone())
+            };
             // (A tail given back before holds no memory.)
             if (*page).tail_clean {
                 let first = (tail - span.start) / os_page;
                 gone &= if first >= 64 { u64::MAX } else { (1u64 << first) - 1 };
             }
+            // Listed blocks whose link page goes leave the list, for the
+            // mask; before the `madvise`, which takes their links.
+            unlist_gone(page, span.start, gone);
             // In runs: one `madvise` for each.
             let (mut k, mut given, mut all) = (0, 0u64, true);
             while k < 64 {
@@ -256,23 +231,201 @@ impl Heap {
                 let arena = &state.arenas[usize::from((*page).info.node)];
                 arena.counters.purged.fetch_add(given, Ordering::Relaxed);
             }
-            // Listed blocks whose link page went leave the list; the others
-            // are linked again, lowest address first.
-            let mut head: *mut Block = core::ptr::null_mut();
+        }
+    }
+}
+
+/// Gives back `from..to` (empty: nothing); whether it went.
+///
+/// # Safety
+/// The range lies in a page's span and holds no byte anyone reads but
+/// through links the caller rewrites.
+unsafe fn decommit(from: usize, to: usize) -> bool {
+    #[cfg(test)]
+    DECOMMITS.with(|n| n.set(n.get() + u64::from(from < to)));
+    if from >= to {
+        return false;
+    }
+    // SAFETY: `from` is in a span, so not null; no one reads the range's
+    // contents again (the caller's word), so they may read as zeroes.
+    unsafe { crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(from as *mut u8), to - from) }.is_ok()
+}
+
+/// The OS pages of `span` (at most 64) that only free blocks of `page`, a
+/// page of at most [`MASKED_BLOCKS`], cover, and those of them a listed
+/// block touches (`(gone, fresh)`): a bit a block.
+///
+/// # Safety
+/// `page` is a live page of the caller's, `span` its span.
+unsafe fn free_pages_by_block(page: *mut Page, span: core::ops::Range<usize>) -> (u64, u64) {
+    let os_page = crate::os::page_size();
+    // SAFETY: owner-only fields of the caller's live page (its word); its
+    // list holds free blocks of it, each once.
+    unsafe {
+        let bs = (*page).info.block_size as usize;
+        let start = (*page).info.start as usize;
+        let cap = (*page).info.capacity as usize;
+        let carved = (*page).carved.get() as usize;
+        let upto = |n: usize| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let mut listed = 0u64;
+        let mut b = (*page).free;
+        while !b.is_null() {
+            let i = (b as usize - start) / bs;
+            debug_assert!(i < carved && (b as usize - start).is_multiple_of(bs) && listed & (1 << i) == 0);
+            listed |= 1 << i;
+            b = next_of(page, b);
+        }
+        let masked = (*page).purged_free.get();
+        debug_assert!(masked & listed == 0 && masked & !upto(carved) == 0);
+        let free = listed | masked | (upto(cap) & !upto(carved));
+        let (mut gone, mut fresh) = (0u64, 0u64);
+        for k in 0..span.len() / os_page {
+            let (lo, hi) = (span.start + k * os_page, span.start + (k + 1) * os_page);
+            if hi <= start || lo >= start + cap * bs {
+                gone |= 1 << k;
+                continue;
+            }
+            let first = lo.saturating_sub(start) / bs;
+            let last = ((hi - 1 - start) / bs).min(cap - 1);
+            let touched = upto(last + 1) & !upto(first);
+            if free & touched == touched {
+                gone |= 1 << k;
+                if listed & touched != 0 {
+                    fresh |= 1 << k;
+                }
+            }
+        }
+        (gone, fresh)
+    }
+}
+
+/// As [`free_pages_by_block`], for a page of more blocks, whose mask has
+/// a bit an OS page: counts, for each OS page, the free blocks that touch
+/// it against all the blocks that do.
+///
+/// # Safety
+/// As [`free_pages_by_block`].
+unsafe fn free_pages_by_os_page(page: *mut Page, span: core::ops::Range<usize>) -> (u64, u64) {
+    let os_page = crate::os::page_size();
+    // SAFETY: as `free_pages_by_block`.
+    unsafe {
+        let bs = (*page).info.block_size as usize;
+        let start = (*page).info.start as usize;
+        let cap = (*page).info.capacity as usize;
+        let carved = (*page).carved.get() as usize;
+        let pages = span.len() / os_page;
+        // The OS pages block `i` touches.
+        let touches = |i: usize| {
+            let at = start + i * bs - span.start;
+            at / os_page..=(at + bs - 1) / os_page
+        };
+        let mut free = [0u32; 64];
+        let mut fresh = 0u64;
+        let mut b = (*page).free;
+        let mut n = 0;
+        while !b.is_null() {
+            let i = (b as usize - start) / bs;
+            debug_assert!(i < carved && (b as usize - start).is_multiple_of(bs));
+            n += 1;
+            debug_assert!(n <= carved, "a free list longer than the blocks carved");
+            for k in touches(i) {
+                free[k] += 1;
+                fresh |= 1 << k;
+            }
+            b = next_of(page, b);
+        }
+        let (mut masked, offset) = ((*page).purged_free.get(), start - span.start);
+        while masked != 0 {
+            for i in starting_in(masked.trailing_zeros() as usize, offset, bs, carved) {
+                for k in touches(i) {
+                    free[k] += 1;
+                }
+            }
+            masked &= masked - 1;
+        }
+        let mut gone = 0u64;
+        for (k, &free) in free.iter().enumerate().take(pages) {
+            let (lo, hi) = (span.start + k * os_page, span.start + (k + 1) * os_page);
+            if hi <= start || lo >= start + cap * bs {
+                gone |= 1 << k;
+                continue;
+            }
+            // The blocks that touch it, and the never carved ones of them.
+            let first = lo.saturating_sub(start) / bs;
+            let last = ((hi - 1 - start) / bs).min(cap - 1);
+            let uncarved = (last + 1).saturating_sub(first.max(carved));
+            debug_assert!(free as usize + uncarved <= last + 1 - first, "a block counted free twice");
+            if free as usize + uncarved == last + 1 - first {
+                gone |= 1 << k;
+            }
+        }
+        (gone, fresh & gone)
+    }
+}
+
+/// Takes off `page`'s list the blocks whose link lies in a `gone` OS page
+/// of the span (from `base`) and masks them (`Page::purged_free`); the
+/// others stay linked, lowest address first on a page of at most
+/// [`MASKED_BLOCKS`], in their order on the others.
+///
+/// # Safety
+/// `page` is a live page of the caller's; every OS page in `gone` holds
+/// only free blocks' memory, and is still resident or reads as zeroes only
+/// where no listed block's link lies.
+unsafe fn unlist_gone(page: *mut Page, base: usize, gone: u64) {
+    let os_page = crate::os::page_size();
+    // SAFETY: owner-only fields of the caller's live page; the links read
+    // are those of its listed free blocks, still in place (the caller's
+    // word), and those written are of blocks it keeps listed.
+    unsafe {
+        let goes = |b: *mut Block| gone & (1 << ((b as usize - base) / os_page)) != 0;
+        let bs = (*page).info.block_size as usize;
+        let start = (*page).info.start as usize;
+        let masked = (*page).purged_free.get();
+        if ((*page).info.capacity as usize) <= MASKED_BLOCKS {
+            let mut listed = 0u64;
+            let mut b = (*page).free;
+            while !b.is_null() {
+                listed |= 1 << ((b as usize - start) / bs);
+                b = next_of(page, b);
+            }
+            let mut head: *mut Block = ptr::null_mut();
             let mut moved = 0u64;
-            for i in (0..carved).rev().filter(|&i| listed & (1 << i) != 0) {
-                let at = start + i * bs;
-                if gone & (1 << ((at - span.start) / os_page)) != 0 {
+            for i in (0..64).rev().filter(|&i| listed & (1 << i) != 0) {
+                let block = (start + i * bs) as *mut Block;
+                if goes(block) {
                     moved |= 1 << i;
                 } else {
-                    let block = at as *mut Block;
                     (*block).next = link(page, head);
                     head = block;
                 }
             }
             (*page).free = head;
             (*page).purged_free.set(masked | moved);
+            return;
         }
+        let (mut head, mut last): (*mut Block, *mut Block) = (ptr::null_mut(), ptr::null_mut());
+        let mut moved = 0u64;
+        let mut b = (*page).free;
+        while !b.is_null() {
+            let next = next_of(page, b);
+            if goes(b) {
+                moved |= 1 << ((b as usize - base) / os_page);
+            } else {
+                if last.is_null() {
+                    head = b;
+                } else {
+                    (*last).next = link(page, b);
+                }
+                last = b;
+            }
+            b = next;
+        }
+        if !last.is_null() {
+            (*last).next = link(page, ptr::null_mut());
+        }
+        (*page).free = head;
+        (*page).purged_free.set(masked | moved);
     }
 }
 
@@ -281,7 +434,3 @@ std::thread_local! {
     /// The ranges [`Heap::purge_free_blocks`] gave back on this thread.
     pub(crate) static DECOMMITS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
 }
-
-/// Pages of at most this many blocks are purged block by block (a bit
-/// each in `Page::purged_free`).
-pub(crate) const MASKED_BLOCKS: usize = 64;

@@ -12,7 +12,7 @@ use super::{
 };
 use super::{corrupted_list, kind_of, outside};
 use crate::alloc::engine::segment::{self, segment_of};
-use crate::alloc::engine::size_class::CLASSES;
+use crate::alloc::engine::size_class::{CLASSES, MASKED_BLOCKS, starting_in};
 use crate::alloc::engine::types::Arena;
 use crate::alloc::engine::types::{Block, Page, SmallSegment, State};
 use crate::hardened::{self, HARDENED};
@@ -442,6 +442,25 @@ pub(super) unsafe fn carve(page: *mut Page) {
         let bs = (*page).info.block_size as usize;
         let most = (CARVE_BYTES / bs).max(1);
         let masked = (*page).purged_free.get();
+        if masked != 0 && (*page).info.capacity as usize > MASKED_BLOCKS {
+            // A bit an OS page: the blocks that start in the lowest.
+            let offset = (*page).info.start as usize - page_span(page).start;
+            let k = masked.trailing_zeros() as usize;
+            let carved = (*page).carved.get() as usize;
+            let mut head = (*page).free;
+            for i in starting_in(k, offset, bs, carved).rev() {
+                let b = (*page).info.start.add(i * bs).cast::<Block>();
+                (*b).next = link(page, head);
+                if HARDENED {
+                    b.cast::<usize>().add(1).write(0);
+                }
+                head = b;
+            }
+            debug_assert!(head != (*page).free, "an OS page masked that no block starts in");
+            (*page).free = head;
+            (*page).purged_free.set(masked & (masked - 1));
+            return;
+        }
         if masked != 0 {
             // The lowest `most` of them.
             let (mut take, mut rest) = (0u64, masked);
