@@ -28,7 +28,9 @@ writes it to OUT/memory.md (OUT: target/memory).
 - until-null: 1 MiB blocks until malloc fails under `ulimit -v` 300000;
 - robson: Robson's pattern, as Mesh's fragmenter runs it (blocks of one
   size fill 64 MiB, every other one freed, the size doubled, from 16 B to
-  8 KiB): peak resident / budget, resident / live at the end;
+  8 KiB): peak resident / budget, resident / live at the end (before
+  any other call), after 2 s of a malloc/free every 10 ms and after
+  `malloc_trim(0)` (where the allocator has one), the survivors live;
 - redis: Debian's redis-server (where installed) fills 300,000 keys of
   128-byte values, deletes 75% of them at random, then fills 60,000 keys
   of 512-byte values (the bytes it deleted): the server's peak resident and
@@ -214,6 +216,8 @@ def main():
         ("malloc until NULL under ulimit -v 300000 (MiB)", "until", "mib_until_null", "{:.0f}"),
         ("robson: peak resident / 64 MiB budget", "robson", "peak_rss_per_budget", "{:.2f}"),
         ("robson: resident / live at the end", "robson", "end_rss_per_live", "{:.2f}"),
+        ("robson: the same after 2 s of a malloc/free every 10 ms", "robson", "quiet_rss_per_live", "{:.2f}"),
+        ("robson: the same after malloc_trim(0)", "robson", "trimmed_rss_per_live", "{:.2f}"),
         ("redis fill, delete 75%, refill larger: peak resident (MiB)", "redis", "peak_mib", "{:.1f}"),
         ("same: resident at the end (MiB)", "redis", "end_mib", "{:.1f}"),
         ("python3 virtual size at start (MiB)", "pyvsz", "vsz", "{:.1f}"),
