@@ -135,7 +135,12 @@ pub(super) fn purged_pages_come_back_on_their_node(t: &Topology, _: Option<&Gues
         let mut seen = HashSet::new();
         let _g =
             numaweave::with_policy(Policy::Interleave(Interleave::new(nodes, Granularity::Count(1)).unwrap())).unwrap();
-        for shape in SHAPES {
+        for (size, count, keep) in SHAPES {
+            // Blocks below 4 KiB follow the cursor a heap page (64 KiB) at
+            // a time: a page more than there are nodes, so that each has
+            // one (the first few blocks come from a shared heap's page).
+            let count = if size < 4096 { count.max((64 << 10) / size * (nodes.len() + 1)) } else { count };
+            let shape = (size, count, keep);
             let (purged, served) = partly_used_pages_round(
                 shape,
                 |b, g| {
@@ -189,9 +194,10 @@ fn partly_used_pages_round(
         // SAFETY: a live block of `l.size()` bytes.
         unsafe { (b as *mut u8).write_bytes(i as u8, l.size()) };
     }
-    // Every other block of each node's (an interleave of one block a node
-    // over an even count of nodes would put only freed blocks on some
-    // nodes' pages: emptied whole, not partly used).
+    // One in `keep` of each node's blocks kept (counted by node: an
+    // interleave of one block a node over an even count of nodes would
+    // put only freed blocks on some nodes' pages: emptied whole, not
+    // partly used).
     let mut seen_on: std::collections::HashMap<usize, usize> = Default::default();
     let (live, freed): (Vec<_>, Vec<_>) = blocks.iter().enumerate().partition(|&(_, &b)| {
         // SAFETY: a live block of `A`'s.

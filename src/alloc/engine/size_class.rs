@@ -472,6 +472,25 @@ mod tests {
     }
 
     #[test]
+    fn an_os_page_masks_the_blocks_that_start_in_it() {
+        let os = crate::os::page_size();
+        // 96 B blocks from the span's start: block 42 starts at 4032 and
+        // ends past the first OS page, which it belongs to.
+        assert_eq!(starting_in(0, 0, 96, 1000), 0..(os.div_ceil(96)));
+        assert_eq!(starting_in(1, 0, 96, 1000), os.div_ceil(96)..(2 * os).div_ceil(96));
+        // Only carved blocks; none past `carved`, however late the page.
+        assert_eq!(starting_in(1, 0, 96, 50), os.div_ceil(96)..50);
+        assert!(starting_in(3, 0, 96, 50).is_empty());
+        // A first block `offset` bytes in: OS page 0 holds blocks from 0.
+        assert_eq!(starting_in(0, 64, 96, 1000), 0..(os - 64).div_ceil(96));
+        // The count: a bit a block up to MASKED_BLOCKS, else by OS page.
+        assert_eq!(masked_blocks(0b1011, 64, 0, 1024, 64), 3);
+        let by_page = (0..3).map(|k| starting_in(k, 0, 16, 4096).len()).sum::<usize>();
+        assert_eq!(masked_blocks(0b111, 4096, 0, 16, 4096), by_page);
+        assert_eq!(by_page, 3 * os / 16);
+    }
+
+    #[test]
     fn pages_hold_several_blocks_below_64_kib_and_one_from_there() {
         for c in 0..CLASSES {
             let (bs, room) = (class_size(c), page_slots(c) * 65536);

@@ -61,8 +61,7 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
-    /// A header of `kind` for the mapping `map_base..map_base + map_len` of
-    /// the arena of `node`.
+    /// A header of `kind` for the mapping `map_base..+map_len` of node `node`'s arena.
     pub(crate) fn new(kind: SegmentKind, node: usize, map_base: *mut u8, map_len: usize) -> Self {
         debug_assert!(node < crate::topology::MAX_NODES);
         debug_assert!(map_len >= crate::os::page_size() && (map_base as usize).is_multiple_of(crate::os::page_size()));
@@ -183,7 +182,8 @@ pub(crate) struct Page {
     /// Links in the heap's list of pages whose remote frees wait (owner only).
     pub(crate) pend_prev: *mut Page,
     pub(crate) pend_next: *mut Page,
-    /// Free blocks off `free`, their links' OS pages purged: bit i block i, or OS page i of the span on a page of over 64 blocks (`size_class::starting_in`).
+    /// Free blocks off `free`, their links' OS pages purged: bit i block i, or on a
+    /// page of over 64 blocks OS page i of the span (`size_class::starting_in`).
     pub(crate) purged_free: OwnerMask,
     pub(crate) info: Info,
     pub(crate) remote: Remote,

@@ -106,8 +106,8 @@ pub struct ClassUsage {
     /// Bytes of free blocks in those pages that were ever handed out or
     /// prepared (carved): memory only this class can use again until the
     /// page empties. Resident, but for the parts of it purged once the
-    /// class went quiet (blocks of 1 KiB and more: every OS page that only
-    /// free blocks cover; a block whose link page went counts no more).
+    /// class went quiet (every OS page that only free blocks cover; a
+    /// block whose link page went counts no more).
     /// The pages' never-carved rest counts in neither.
     pub stranded: u64,
 }

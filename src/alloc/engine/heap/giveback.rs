@@ -205,9 +205,13 @@ impl Heap {
                 let first = (tail - span.start) / os_page;
                 gone &= if first >= 64 { u64::MAX } else { (1u64 << first) - 1 };
             }
+            // An OS page masked before went at that purge (or, refused,
+            // stays resident, its blocks masked all the same): not again.
+            let went = if cap > MASKED_BLOCKS { (*page).purged_free.get() } else { 0 };
             // Listed blocks whose link page goes leave the list, for the
             // mask; before the `madvise`, which takes their links.
             unlist_gone(page, span.start, gone);
+            let gone = gone & !went;
             // In runs: one `madvise` for each.
             let (mut k, mut given, mut all) = (0, 0u64, true);
             while k < 64 {
