@@ -255,6 +255,55 @@ unsafe fn decommit(from: usize, to: usize) -> bool {
     unsafe { crate::os::mem::decommit(core::ptr::NonNull::new_unchecked(from as *mut u8), to - from) }.is_ok()
 }
 
+/// A page's blocks as a purge sees them: where they lie in the span.
+struct Blocks {
+    /// The span's start.
+    base: usize,
+    /// The first block's.
+    start: usize,
+    /// A block's size.
+    bs: usize,
+    /// The page's blocks, and those carved.
+    cap: usize,
+    carved: usize,
+    os_page: usize,
+}
+
+impl Blocks {
+    /// # Safety
+    /// `page` is a live page of the caller's, `span` its span.
+    unsafe fn of(page: *mut Page, span: &core::ops::Range<usize>) -> Blocks {
+        // SAFETY: owner-only fields of the caller's live page (its word).
+        unsafe {
+            Blocks {
+                base: span.start,
+                start: (*page).info.start as usize,
+                bs: (*page).info.block_size as usize,
+                cap: (*page).info.capacity as usize,
+                carved: (*page).carved.get() as usize,
+                os_page: crate::os::page_size(),
+            }
+        }
+    }
+
+    /// The blocks that touch OS page `k` of the span (`first..=last`), or
+    /// none (the gap before the first block, the bytes past the last).
+    fn touching(&self, k: usize) -> Option<(usize, usize)> {
+        let (lo, hi) = (self.base + k * self.os_page, self.base + (k + 1) * self.os_page);
+        if hi <= self.start || lo >= self.start + self.cap * self.bs {
+            return None;
+        }
+        Some((lo.saturating_sub(self.start) / self.bs, ((hi - 1 - self.start) / self.bs).min(self.cap - 1)))
+    }
+
+    /// The index of `b`, a block of the page's.
+    fn index(&self, b: *mut Block) -> usize {
+        let at = b as usize - self.start;
+        debug_assert!(at.is_multiple_of(self.bs) && at / self.bs < self.carved, "a free block never carved");
+        at / self.bs
+    }
+}
+
 /// The OS pages of `span` (at most 64) that only free blocks of `page`, a
 /// page of at most [`MASKED_BLOCKS`], cover, and those of them a listed
 /// block touches (`(gone, fresh)`): a bit a block.
@@ -262,35 +311,28 @@ unsafe fn decommit(from: usize, to: usize) -> bool {
 /// # Safety
 /// `page` is a live page of the caller's, `span` its span.
 unsafe fn free_pages_by_block(page: *mut Page, span: core::ops::Range<usize>) -> (u64, u64) {
-    let os_page = crate::os::page_size();
     // SAFETY: owner-only fields of the caller's live page (its word); its
     // list holds free blocks of it, each once.
     unsafe {
-        let bs = (*page).info.block_size as usize;
-        let start = (*page).info.start as usize;
-        let cap = (*page).info.capacity as usize;
-        let carved = (*page).carved.get() as usize;
+        let g = Blocks::of(page, &span);
         let upto = |n: usize| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
         let mut listed = 0u64;
         let mut b = (*page).free;
         while !b.is_null() {
-            let i = (b as usize - start) / bs;
-            debug_assert!(i < carved && (b as usize - start).is_multiple_of(bs) && listed & (1 << i) == 0);
+            let i = g.index(b);
+            debug_assert!(listed & (1 << i) == 0, "a block listed twice");
             listed |= 1 << i;
             b = next_of(page, b);
         }
         let masked = (*page).purged_free.get();
-        debug_assert!(masked & listed == 0 && masked & !upto(carved) == 0);
-        let free = listed | masked | (upto(cap) & !upto(carved));
+        debug_assert!(masked & listed == 0 && masked & !upto(g.carved) == 0);
+        let free = listed | masked | (upto(g.cap) & !upto(g.carved));
         let (mut gone, mut fresh) = (0u64, 0u64);
-        for k in 0..span.len() / os_page {
-            let (lo, hi) = (span.start + k * os_page, span.start + (k + 1) * os_page);
-            if hi <= start || lo >= start + cap * bs {
+        for k in 0..span.len() / g.os_page {
+            let Some((first, last)) = g.touching(k) else {
                 gone |= 1 << k;
                 continue;
-            }
-            let first = lo.saturating_sub(start) / bs;
-            let last = ((hi - 1 - start) / bs).min(cap - 1);
+            };
             let touched = upto(last + 1) & !upto(first);
             if free & touched == touched {
                 gone |= 1 << k;
@@ -310,37 +352,30 @@ unsafe fn free_pages_by_block(page: *mut Page, span: core::ops::Range<usize>) ->
 /// # Safety
 /// As [`free_pages_by_block`].
 unsafe fn free_pages_by_os_page(page: *mut Page, span: core::ops::Range<usize>) -> (u64, u64) {
-    let os_page = crate::os::page_size();
     // SAFETY: as `free_pages_by_block`.
     unsafe {
-        let bs = (*page).info.block_size as usize;
-        let start = (*page).info.start as usize;
-        let cap = (*page).info.capacity as usize;
-        let carved = (*page).carved.get() as usize;
-        let pages = span.len() / os_page;
+        let g = Blocks::of(page, &span);
         // The OS pages block `i` touches.
         let touches = |i: usize| {
-            let at = start + i * bs - span.start;
-            at / os_page..=(at + bs - 1) / os_page
+            let at = g.start + i * g.bs - g.base;
+            at / g.os_page..=(at + g.bs - 1) / g.os_page
         };
         let mut free = [0u32; 64];
         let mut fresh = 0u64;
         let mut b = (*page).free;
         let mut n = 0;
         while !b.is_null() {
-            let i = (b as usize - start) / bs;
-            debug_assert!(i < carved && (b as usize - start).is_multiple_of(bs));
             n += 1;
-            debug_assert!(n <= carved, "a free list longer than the blocks carved");
-            for k in touches(i) {
+            debug_assert!(n <= g.carved, "a free list longer than the blocks carved");
+            for k in touches(g.index(b)) {
                 free[k] += 1;
                 fresh |= 1 << k;
             }
             b = next_of(page, b);
         }
-        let (mut masked, offset) = ((*page).purged_free.get(), start - span.start);
+        let mut masked = (*page).purged_free.get();
         while masked != 0 {
-            for i in starting_in(masked.trailing_zeros() as usize, offset, bs, carved) {
+            for i in starting_in(masked.trailing_zeros() as usize, g.start - g.base, g.bs, g.carved) {
                 for k in touches(i) {
                     free[k] += 1;
                 }
@@ -348,16 +383,13 @@ unsafe fn free_pages_by_os_page(page: *mut Page, span: core::ops::Range<usize>) 
             masked &= masked - 1;
         }
         let mut gone = 0u64;
-        for (k, &free) in free.iter().enumerate().take(pages) {
-            let (lo, hi) = (span.start + k * os_page, span.start + (k + 1) * os_page);
-            if hi <= start || lo >= start + cap * bs {
+        for (k, &free) in free.iter().enumerate().take(span.len() / g.os_page) {
+            let Some((first, last)) = g.touching(k) else {
                 gone |= 1 << k;
                 continue;
-            }
-            // The blocks that touch it, and the never carved ones of them.
-            let first = lo.saturating_sub(start) / bs;
-            let last = ((hi - 1 - start) / bs).min(cap - 1);
-            let uncarved = (last + 1).saturating_sub(first.max(carved));
+            };
+            // The never carved blocks among those that touch it.
+            let uncarved = (last + 1).saturating_sub(first.max(g.carved));
             debug_assert!(free as usize + uncarved <= last + 1 - first, "a block counted free twice");
             if free as usize + uncarved == last + 1 - first {
                 gone |= 1 << k;
