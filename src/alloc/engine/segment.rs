@@ -102,6 +102,29 @@ pub(crate) unsafe fn store_sinks(seg: *mut SmallSegment, page: *mut Page, sink: 
     }
 }
 
+/// Free blocks `page`'s `purged_free` holds off its list (see
+/// [`masked_blocks`](super::size_class::masked_blocks)): for its owner's
+/// count of what its list holds, and for the usage walk, which reads it
+/// from another thread (a mask and a `carved` of different moments only
+/// skew its figure: each OS page's count is bounded by the page itself).
+///
+/// # Safety
+/// `page` is the descriptor of a taken page of a live small segment.
+pub(crate) unsafe fn masked_blocks_of(page: *const Page) -> usize {
+    // SAFETY: a live descriptor (the caller's word); `info` is set when a
+    // heap takes the page and then only read, the mask and `carved` are
+    // atomics.
+    unsafe {
+        super::size_class::masked_blocks(
+            (*page).purged_free.get(),
+            (*page).info.capacity as usize,
+            (*page).info.start as usize & (super::size_class::SLOT_SIZE - 1),
+            (*page).info.block_size as usize,
+            (*page).carved.get() as usize,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,8 @@
 use core::ptr;
 
 use super::Arena;
-use crate::alloc::engine::size_class::{CLASSES, SLOT_SIZE, SLOTS, class_size, masked_blocks};
+use crate::alloc::engine::segment::masked_blocks_of;
+use crate::alloc::engine::size_class::{CLASSES, SLOTS, class_size};
 use crate::alloc::engine::types::{Page, SegmentKind};
 
 /// One page as the walk sees it, in blocks.
@@ -69,13 +70,7 @@ impl Arena {
                             in_use: used - pending,
                             uncollected: pending,
                             // (Blocks a purge masked hold no memory.)
-                            stranded: (carved - used).saturating_sub(masked_blocks(
-                                (*page).purged_free.get(),
-                                (*page).info.capacity as usize,
-                                (*page).info.start as usize & (SLOT_SIZE - 1),
-                                (*page).info.block_size as usize,
-                                carved as usize,
-                            ) as u64),
+                            stranded: (carved - used).saturating_sub(masked_blocks_of(page) as u64),
                         });
                     }
                 }

@@ -5,9 +5,9 @@
 
 use core::ptr;
 
-use super::{Heap, Placement, empty_page, in_page, link, node_of, page_span};
+use super::{Heap, Placement, empty_page, in_page, link, node_of};
 use crate::alloc::engine::segment::{self, segment_of};
-use crate::alloc::engine::size_class::{self, CLASSES, masked_blocks};
+use crate::alloc::engine::size_class::{self, CLASSES};
 use crate::alloc::engine::types::{Block, Page, SmallSegment, State};
 use crate::hardened::HARDENED;
 use crate::sync::{AtomicPtr, Ordering};
@@ -153,13 +153,7 @@ impl Heap {
             let masked = (*page).purged_free.get();
             let n = (*page).carved.get()
                 - ((*page).used.get() - Heap::references(heap, page))
-                - if masked == 0 {
-                    0
-                } else {
-                    let offset = (*page).info.start as usize - page_span(page).start;
-                    let (cap, bs) = ((*page).info.capacity as usize, (*page).info.block_size as usize);
-                    masked_blocks(masked, cap, offset, bs, (*page).carved.get() as usize) as u32
-                };
+                - if masked == 0 { 0 } else { segment::masked_blocks_of(page) as u32 };
             // The page's frees come to the cache again (they may have been
             // sent to the page by a flush).
             segment::set_sink(segment_of((*page).info.start).cast(), page, cache);

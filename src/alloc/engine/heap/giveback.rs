@@ -174,16 +174,13 @@ impl Heap {
                 return;
             }
             (*page).purged_used = (*page).used.get();
-            let os_page = crate::os::page_size();
-            let bs = (*page).info.block_size as usize;
-            let start = (*page).info.start as usize;
             let span = page_span(page);
-            let cap = (*page).info.capacity as usize;
-            let carved = (*page).carved.get() as usize;
+            let g = Blocks::of(page, &span);
+            let os_page = g.os_page;
             // The uncarved tail, from its first whole OS page: given back
             // once (it is not written after: `tail_clean`).
-            let tail = (start + carved * bs).next_multiple_of(os_page).min(span.end);
-            if span.len() / os_page > 64 {
+            let tail = (g.start + g.carved * g.bs).next_multiple_of(os_page).min(span.end);
+            if g.os_pages() > 64 {
                 if !(*page).tail_clean {
                     (*page).tail_clean = decommit(tail, span.end) || tail == span.end;
                 }
@@ -195,10 +192,12 @@ impl Heap {
             // block's). `fresh`: those a listed block touches, whose memory
             // its free left resident; the others went at an earlier purge,
             // or are the tail and the gap, and count in no `purged`.
-            let (mut gone, fresh) = if cap <= MASKED_BLOCKS {
-                free_pages_by_block(page, span.clone())
+            // (`listed`: the listed blocks, a bit each, on a page masked so.)
+            let (mut gone, fresh, listed) = if g.cap <= MASKED_BLOCKS {
+                free_pages_by_block(page, &g)
             } else {
-                free_pages_by_os_page(page, span.clone())
+                let (gone, fresh) = free_pages_by_os_page(page, &g);
+                (gone, fresh, 0)
             };
             // (A tail given back before holds no memory.)
             if (*page).tail_clean {
@@ -207,10 +206,10 @@ impl Heap {
             }
             // An OS page masked before went at that purge (or, refused,
             // stays resident, its blocks masked all the same): not again.
-            let went = if cap > MASKED_BLOCKS { (*page).purged_free.get() } else { 0 };
+            let went = if g.cap > MASKED_BLOCKS { (*page).purged_free.get() } else { 0 };
             // Listed blocks whose link page goes leave the list, for the
             // mask; before the `madvise`, which takes their links.
-            unlist_gone(page, span.start, gone);
+            unlist_gone(page, &g, gone, listed);
             let gone = gone & !went;
             // In runs: one `madvise` for each.
             let (mut k, mut given, mut all) = (0, 0u64, true);
@@ -257,8 +256,9 @@ unsafe fn decommit(from: usize, to: usize) -> bool {
 
 /// A page's blocks as a purge sees them: where they lie in the span.
 struct Blocks {
-    /// The span's start.
+    /// The span's start and length.
     base: usize,
+    span_len: usize,
     /// The first block's.
     start: usize,
     /// A block's size.
@@ -270,6 +270,8 @@ struct Blocks {
 }
 
 impl Blocks {
+    /// Where `page`'s blocks lie, its `carved` as it is now.
+    ///
     /// # Safety
     /// `page` is a live page of the caller's, `span` its span.
     unsafe fn of(page: *mut Page, span: &core::ops::Range<usize>) -> Blocks {
@@ -277,6 +279,7 @@ impl Blocks {
         unsafe {
             Blocks {
                 base: span.start,
+                span_len: span.len(),
                 start: (*page).info.start as usize,
                 bs: (*page).info.block_size as usize,
                 cap: (*page).info.capacity as usize,
@@ -296,6 +299,11 @@ impl Blocks {
         Some((lo.saturating_sub(self.start) / self.bs, ((hi - 1 - self.start) / self.bs).min(self.cap - 1)))
     }
 
+    /// OS pages in the span.
+    fn os_pages(&self) -> usize {
+        self.span_len / self.os_page
+    }
+
     /// The index of `b`, a block of the page's.
     fn index(&self, b: *mut Block) -> usize {
         let at = b as usize - self.start;
@@ -304,17 +312,17 @@ impl Blocks {
     }
 }
 
-/// The OS pages of `span` (at most 64) that only free blocks of `page`, a
-/// page of at most [`MASKED_BLOCKS`], cover, and those of them a listed
-/// block touches (`(gone, fresh)`): a bit a block.
+/// The OS pages of its span (at most 64) that only free blocks of `page`,
+/// a page of at most [`MASKED_BLOCKS`], cover, those of them a listed
+/// block touches, and the listed blocks (`(gone, fresh, listed)`): a bit
+/// a block.
 ///
 /// # Safety
-/// `page` is a live page of the caller's, `span` its span.
-unsafe fn free_pages_by_block(page: *mut Page, span: core::ops::Range<usize>) -> (u64, u64) {
+/// `page` is a live page of the caller's, `g` its blocks.
+unsafe fn free_pages_by_block(page: *mut Page, g: &Blocks) -> (u64, u64, u64) {
     // SAFETY: owner-only fields of the caller's live page (its word); its
     // list holds free blocks of it, each once.
     unsafe {
-        let g = Blocks::of(page, &span);
         let upto = |n: usize| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
         let mut listed = 0u64;
         let mut b = (*page).free;
@@ -328,7 +336,7 @@ unsafe fn free_pages_by_block(page: *mut Page, span: core::ops::Range<usize>) ->
         debug_assert!(masked & listed == 0 && masked & !upto(g.carved) == 0);
         let free = listed | masked | (upto(g.cap) & !upto(g.carved));
         let (mut gone, mut fresh) = (0u64, 0u64);
-        for k in 0..span.len() / g.os_page {
+        for k in 0..g.os_pages() {
             let Some((first, last)) = g.touching(k) else {
                 gone |= 1 << k;
                 continue;
@@ -341,7 +349,7 @@ unsafe fn free_pages_by_block(page: *mut Page, span: core::ops::Range<usize>) ->
                 }
             }
         }
-        (gone, fresh)
+        (gone, fresh, listed)
     }
 }
 
@@ -351,10 +359,9 @@ unsafe fn free_pages_by_block(page: *mut Page, span: core::ops::Range<usize>) ->
 ///
 /// # Safety
 /// As [`free_pages_by_block`].
-unsafe fn free_pages_by_os_page(page: *mut Page, span: core::ops::Range<usize>) -> (u64, u64) {
+unsafe fn free_pages_by_os_page(page: *mut Page, g: &Blocks) -> (u64, u64) {
     // SAFETY: as `free_pages_by_block`.
     unsafe {
-        let g = Blocks::of(page, &span);
         // The OS pages block `i` touches.
         let touches = |i: usize| {
             let at = g.start + i * g.bs - g.base;
@@ -383,7 +390,7 @@ unsafe fn free_pages_by_os_page(page: *mut Page, span: core::ops::Range<usize>) 
             masked &= masked - 1;
         }
         let mut gone = 0u64;
-        for (k, &free) in free.iter().enumerate().take(span.len() / g.os_page) {
+        for (k, &free) in free.iter().enumerate().take(g.os_pages()) {
             let Some((first, last)) = g.touching(k) else {
                 gone |= 1 << k;
                 continue;
@@ -400,35 +407,28 @@ unsafe fn free_pages_by_os_page(page: *mut Page, span: core::ops::Range<usize>) 
 }
 
 /// Takes off `page`'s list the blocks whose link lies in a `gone` OS page
-/// of the span (from `base`) and masks them (`Page::purged_free`); the
-/// others stay linked, lowest address first on a page of at most
-/// [`MASKED_BLOCKS`], in their order on the others.
+/// of the span and masks them (`Page::purged_free`); the others stay
+/// linked, lowest address first on a page of at most [`MASKED_BLOCKS`]
+/// (whose listed blocks `listed` has, a bit each), in their order on the
+/// others.
 ///
 /// # Safety
-/// `page` is a live page of the caller's; every OS page in `gone` holds
-/// only free blocks' memory, and is still resident or reads as zeroes only
-/// where no listed block's link lies.
-unsafe fn unlist_gone(page: *mut Page, base: usize, gone: u64) {
-    let os_page = crate::os::page_size();
+/// `page` is a live page of the caller's, `g` its blocks; every OS page in
+/// `gone` holds only free blocks' memory, and is still resident or reads
+/// as zeroes only where no listed block's link lies.
+unsafe fn unlist_gone(page: *mut Page, g: &Blocks, gone: u64, listed: u64) {
     // SAFETY: owner-only fields of the caller's live page; the links read
     // are those of its listed free blocks, still in place (the caller's
     // word), and those written are of blocks it keeps listed.
     unsafe {
-        let goes = |b: *mut Block| gone & (1 << ((b as usize - base) / os_page)) != 0;
-        let bs = (*page).info.block_size as usize;
-        let start = (*page).info.start as usize;
+        let page_of = |b: *mut Block| (b as usize - g.base) / g.os_page;
+        let goes = |b: *mut Block| gone & (1 << page_of(b)) != 0;
         let masked = (*page).purged_free.get();
-        if ((*page).info.capacity as usize) <= MASKED_BLOCKS {
-            let mut listed = 0u64;
-            let mut b = (*page).free;
-            while !b.is_null() {
-                listed |= 1 << ((b as usize - start) / bs);
-                b = next_of(page, b);
-            }
+        if g.cap <= MASKED_BLOCKS {
             let mut head: *mut Block = ptr::null_mut();
             let mut moved = 0u64;
             for i in (0..64).rev().filter(|&i| listed & (1 << i) != 0) {
-                let block = (start + i * bs) as *mut Block;
+                let block = (g.start + i * g.bs) as *mut Block;
                 if goes(block) {
                     moved |= 1 << i;
                 } else {
@@ -446,7 +446,7 @@ unsafe fn unlist_gone(page: *mut Page, base: usize, gone: u64) {
         while !b.is_null() {
             let next = next_of(page, b);
             if goes(b) {
-                moved |= 1 << ((b as usize - base) / os_page);
+                moved |= 1 << page_of(b);
             } else {
                 if last.is_null() {
                     head = b;

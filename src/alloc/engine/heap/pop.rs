@@ -432,8 +432,8 @@ impl Heap {
 /// Carves up to [`CARVE_BYTES`] worth of blocks (at least one) onto the
 /// page's free list: the free blocks a purge took off it first (lowest
 /// first, their memory faulted in again as the links are written; on a
-/// page masked by OS page, one OS page's), else from its untouched tail. Touching memory as late as possible keeps RSS
-/// low.
+/// page masked by OS page, one OS page's), else from its untouched tail.
+/// Touching memory as late as possible keeps RSS low.
 #[unsafe(link_section = ".text.sorted.numaweave")]
 pub(super) unsafe fn carve(page: *mut Page) {
     // SAFETY: owner-only fields of the caller's page; the blocks linked are
