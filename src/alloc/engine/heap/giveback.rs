@@ -319,6 +319,8 @@ impl Blocks {
 ///
 /// # Safety
 /// `page` is a live page of the caller's, `g` its blocks.
+#[cold]
+#[inline(never)]
 unsafe fn free_pages_by_block(page: *mut Page, g: &Blocks) -> (u64, u64, u64) {
     // SAFETY: owner-only fields of the caller's live page (its word); its
     // list holds free blocks of it, each once.
@@ -359,6 +361,8 @@ unsafe fn free_pages_by_block(page: *mut Page, g: &Blocks) -> (u64, u64, u64) {
 ///
 /// # Safety
 /// As [`free_pages_by_block`].
+#[cold]
+#[inline(never)]
 unsafe fn free_pages_by_os_page(page: *mut Page, g: &Blocks) -> (u64, u64) {
     // SAFETY: as `free_pages_by_block`.
     unsafe {
@@ -416,6 +420,8 @@ unsafe fn free_pages_by_os_page(page: *mut Page, g: &Blocks) -> (u64, u64) {
 /// `page` is a live page of the caller's, `g` its blocks; every OS page in
 /// `gone` holds only free blocks' memory, and is still resident or reads
 /// as zeroes only where no listed block's link lies.
+#[cold]
+#[inline(never)]
 unsafe fn unlist_gone(page: *mut Page, g: &Blocks, gone: u64, listed: u64) {
     // SAFETY: owner-only fields of the caller's live page; the links read
     // are those of its listed free blocks, still in place (the caller's
